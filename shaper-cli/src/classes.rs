@@ -1,0 +1,405 @@
+//! Class state: adding, changing and deleting classes in an attachment's maps.
+//!
+//! Write order keeps the packet path consistent at every instant: a class's config,
+//! bucket and counters exist before any classifier entry points to it, and its entries
+//! are gone (or re-pointed at the next-best class) before its config is cleared.
+
+use crate::{
+    error::{runtime, usage},
+    rules::{bytes, words, PortRange, Proto, Rule},
+    state::{decode_name, encode_name, Attachment},
+};
+use anyhow::Result;
+use aya::maps::{MapError, PerCpuValues};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use shaper_common::{
+    Action, ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
+    FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
+};
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::{Ipv4Addr, Ipv6Addr},
+};
+
+/// Everything that defines a class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassSpec {
+    pub name: String,
+    pub rule: Rule,
+    pub rate_bits_per_sec: u64,
+    pub burst_bytes: u64,
+    pub scope: Scope,
+    pub prio: u32,
+}
+
+pub fn scope_name(scope: Scope) -> &'static str {
+    match scope {
+        Scope::Class => "class",
+        Scope::Flow => "flow",
+        Scope::Src => "src",
+        Scope::Dst => "dst",
+    }
+}
+
+pub fn parse_scope(text: &str) -> Result<Scope, String> {
+    match text {
+        "class" => Ok(Scope::Class),
+        "flow" => Ok(Scope::Flow),
+        "src" => Ok(Scope::Src),
+        "dst" => Ok(Scope::Dst),
+        _ => Err(format!("unknown bucket scope '{text}' (expected class, flow, src or dst)")),
+    }
+}
+
+/// A class as read back from the kernel.
+#[derive(Clone, Debug)]
+pub struct ClassView {
+    pub id: u32,
+    pub spec: ClassSpec,
+    pub seq: u64,
+    pub stats: ClassStats,
+}
+
+fn cidr_from_meta(family: u8, addr: [u32; 4], prefix: u8) -> Option<IpNet> {
+    let raw = bytes(addr);
+    match family {
+        FAMILY_ANY => None,
+        FAMILY_V4 => Ipv4Net::new(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3]), prefix)
+            .ok()
+            .map(IpNet::V4),
+        _ => Ipv6Net::new(Ipv6Addr::from(raw), prefix).ok().map(IpNet::V6),
+    }
+}
+
+fn cidr_to_meta(net: Option<IpNet>) -> (u8, [u32; 4], u8) {
+    match net {
+        None => (FAMILY_ANY, [0; 4], 0),
+        Some(IpNet::V4(v4)) => {
+            let mut raw = [0u8; 16];
+            raw[..4].copy_from_slice(&v4.network().octets());
+            (FAMILY_V4, words(raw), v4.prefix_len())
+        }
+        Some(IpNet::V6(v6)) => (shaper_common::FAMILY_V6, words(v6.network().octets()), v6.prefix_len()),
+    }
+}
+
+impl ClassSpec {
+    fn from_meta(meta: &ClassMeta, scope: Scope) -> Self {
+        Self {
+            name: decode_name(&meta.name),
+            rule: Rule {
+                src: cidr_from_meta(meta.src_family, meta.src_addr, meta.src_prefix),
+                dst: cidr_from_meta(meta.dst_family, meta.dst_addr, meta.dst_prefix),
+                proto: Proto::from_u8(meta.proto),
+                sport: PortRange { lo: meta.sport_lo, hi: meta.sport_hi },
+                dport: PortRange { lo: meta.dport_lo, hi: meta.dport_hi },
+            },
+            rate_bits_per_sec: meta.rate_bits_per_sec,
+            burst_bytes: meta.burst_bytes,
+            scope,
+            prio: meta.prio,
+        }
+    }
+
+    fn to_meta(&self, seq: u64) -> Result<ClassMeta> {
+        let (src_family, src_addr, src_prefix) = cidr_to_meta(self.rule.src);
+        let (dst_family, dst_addr, dst_prefix) = cidr_to_meta(self.rule.dst);
+        Ok(ClassMeta {
+            name: encode_name(&self.name)?,
+            seq,
+            rate_bits_per_sec: self.rate_bits_per_sec,
+            burst_bytes: self.burst_bytes,
+            src_addr,
+            dst_addr,
+            prio: self.prio,
+            sport_lo: self.rule.sport.lo,
+            sport_hi: self.rule.sport.hi,
+            dport_lo: self.rule.dport.lo,
+            dport_hi: self.rule.dport.hi,
+            src_family,
+            src_prefix,
+            dst_family,
+            dst_prefix,
+            proto: self.rule.proto.to_u8(),
+            in_use: 1,
+            ..ClassMeta::default()
+        })
+    }
+
+    fn config(&self, generation: u32) -> ClassConfig {
+        ClassConfig {
+            cost: ByteCost::new(self.rate_bits_per_sec, self.burst_bytes),
+            generation,
+            scope: self.scope as u8,
+            action: Action::Drop as u8,
+            in_use: 1,
+            ..ClassConfig::default()
+        }
+    }
+}
+
+/// Reads every class of an attachment with its counters.
+pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
+    let configs = attachment.classes()?;
+    let mut views = Vec::new();
+    for (id, meta) in attachment.class_list()? {
+        let config = configs.get(&id, 0)?;
+        let scope = Scope::from_u8(config.scope).unwrap_or(Scope::Class);
+        views.push(ClassView {
+            id,
+            spec: ClassSpec::from_meta(&meta, scope),
+            seq: meta.seq,
+            stats: attachment.class_stats(id)?,
+        });
+    }
+    Ok(views)
+}
+
+fn rank(prio: u32, seq: u64) -> u64 {
+    (u64::from(prio) << 32) | (seq & 0xffff_ffff)
+}
+
+/// Shape slots: the kernel's current table, extended as new masks appear.
+struct ShapeTable {
+    slots: Vec<Shape>,
+}
+
+impl ShapeTable {
+    fn read(attachment: &Attachment) -> Result<Self> {
+        let map = attachment.shapes()?;
+        let slots = (0..MAX_SHAPES).map(|i| map.get(&i, 0)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { slots })
+    }
+
+    /// The slot of `shape`, allocating a free one; fails when all are taken.
+    fn slot(&mut self, shape: &Shape) -> Result<u16> {
+        if let Some(index) = self.slots.iter().position(|s| s.in_use != 0 && s == shape) {
+            return Ok(index as u16);
+        }
+        let free = self.slots.iter().position(|s| s.in_use == 0).ok_or_else(|| {
+            runtime(format!(
+                "too many distinct rule shapes (the limit is {MAX_SHAPES} per interface and \
+                 direction): use fewer distinct prefix lengths or simpler port ranges"
+            ))
+        })?;
+        self.slots[free] = *shape;
+        Ok(free as u16)
+    }
+
+    fn count(&self) -> u32 {
+        self.slots.iter().rposition(|s| s.in_use != 0).map_or(0, |i| i as u32 + 1)
+    }
+}
+
+/// The classifier entries of one class, keyed with shape slots.
+fn class_entries(rule: &Rule, shapes: &mut ShapeTable) -> Result<Vec<RuleKey>> {
+    rule.entries()
+        .into_iter()
+        .map(|(shape, key)| Ok(RuleKey { shape: shapes.slot(&shape)?, ..key }))
+        .collect()
+}
+
+fn write_shapes(attachment: &Attachment, shapes: &ShapeTable, before: &ShapeTable) -> Result<()> {
+    let mut map = attachment.shapes()?;
+    for (index, (new, old)) in shapes.slots.iter().zip(&before.slots).enumerate() {
+        if new != old {
+            map.set(index as u32, *new, 0)?;
+        }
+    }
+    Ok(())
+}
+
+fn set_shape_count(attachment: &Attachment, count: u32) -> Result<()> {
+    let mut globals = attachment.globals()?;
+    if globals.shape_count != count {
+        globals.shape_count = count;
+        attachment.set_globals(globals)?;
+    }
+    Ok(())
+}
+
+fn zero_stats(attachment: &Attachment, id: u32) -> Result<()> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    let zeros = PerCpuValues::try_from(vec![ClassStats::default(); cpus])?;
+    attachment.stats()?.set(id, zeros, 0)?;
+    Ok(())
+}
+
+/// Adds a class; all or nothing.
+pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
+    let existing = attachment.class_list()?;
+    if existing.iter().any(|(_, m)| decode_name(&m.name) == spec.name) {
+        return Err(runtime(format!(
+            "class '{}' already exists on {}; use 'shaper class change'",
+            spec.name,
+            attachment.location.describe()
+        )));
+    }
+    let used: std::collections::HashSet<u32> = existing.iter().map(|(id, _)| *id).collect();
+    let id = (0..MAX_CLASSES).find(|id| !used.contains(id)).ok_or_else(|| {
+        runtime(format!("no room for another class (the limit is {MAX_CLASSES})"))
+    })?;
+    let before = ShapeTable::read(attachment)?;
+    let mut shapes = ShapeTable { slots: before.slots.clone() };
+    let keys = class_entries(&spec.rule, &mut shapes)?;
+    let mut globals = attachment.globals()?;
+    let seq = globals.next_seq;
+    let meta = spec.to_meta(seq)?;
+    globals.next_seq += 1;
+    attachment.set_globals(globals)?;
+
+    // Config, bucket and counters first; nothing points at the id yet.
+    zero_stats(attachment, id)?;
+    attachment.class_buckets()?.set(id, 0, 0)?;
+    attachment.classes()?.set(id, spec.config(seq as u32), 0)?;
+    attachment.meta()?.set(id, meta, 0)?;
+    write_shapes(attachment, &shapes, &before)?;
+
+    let value = RuleValue { class_id: id, _pad: 0, rank: rank(spec.prio, seq) };
+    let mut rules = attachment.rules()?;
+    let mut written: Vec<(RuleKey, Option<RuleValue>)> = Vec::new();
+    let mut outcome = Ok(());
+    for key in keys {
+        let previous = match rules.get(&key, 0) {
+            Ok(v) => Some(v),
+            Err(MapError::KeyNotFound) => None,
+            Err(e) => {
+                outcome = Err(e.into());
+                break;
+            }
+        };
+        if previous.is_some_and(|p| p.rank <= value.rank) {
+            continue; // An older or higher-priority class already owns this key.
+        }
+        if let Err(e) = rules.insert(key, value, 0) {
+            outcome = Err(runtime(format!("cannot add classifier entry: {e}")));
+            break;
+        }
+        written.push((key, previous));
+    }
+    if let Err(error) = outcome {
+        // Roll back to exactly the previous state.
+        for (key, previous) in written.into_iter().rev() {
+            let _ = match previous {
+                Some(v) => rules.insert(key, v, 0),
+                None => rules.remove(&key),
+            };
+        }
+        let _ = attachment.meta()?.set(id, ClassMeta::default(), 0);
+        let _ = attachment.classes()?.set(id, ClassConfig::default(), 0);
+        let _ = write_shapes(attachment, &before, &shapes);
+        return Err(error);
+    }
+    set_shape_count(attachment, shapes.count())?;
+    Ok(id)
+}
+
+/// Finds a class by name.
+pub fn find(attachment: &Attachment, name: &str) -> Result<Option<(u32, ClassMeta)>> {
+    Ok(attachment
+        .class_list()?
+        .into_iter()
+        .find(|(_, m)| decode_name(&m.name) == name))
+}
+
+fn not_found(attachment: &Attachment, name: &str) -> anyhow::Error {
+    runtime(format!("no class '{name}' on {}", attachment.location.describe()))
+}
+
+/// Changes rate and/or burst in place: the bucket word, counters and classifier
+/// entries are untouched, so the change is effective at the next packet.
+pub fn change(
+    attachment: &Attachment,
+    name: &str,
+    rate_bits_per_sec: Option<u64>,
+    burst_bytes: Option<u64>,
+) -> Result<()> {
+    let (id, mut meta) = find(attachment, name)?.ok_or_else(|| not_found(attachment, name))?;
+    if let Some(rate) = rate_bits_per_sec {
+        meta.rate_bits_per_sec = rate;
+    }
+    if let Some(burst) = burst_bytes {
+        meta.burst_bytes = burst;
+    }
+    let mut classes = attachment.classes()?;
+    let mut config = classes.get(&id, 0)?;
+    config.cost = ByteCost::new(meta.rate_bits_per_sec, meta.burst_bytes);
+    classes.set(id, config, 0)?;
+    attachment.meta()?.set(id, meta, 0)?;
+    Ok(())
+}
+
+/// Deletes a class; keys it owned go to the next-best class that matches them.
+pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
+    let all = attachment.class_list()?;
+    let (id, _) = all
+        .iter()
+        .find(|(_, m)| decode_name(&m.name) == name)
+        .cloned()
+        .ok_or_else(|| not_found(attachment, name))?;
+    let configs = attachment.classes()?;
+    let mut shapes = ShapeTable::read(attachment)?;
+    let before = ShapeTable { slots: shapes.slots.clone() };
+    // What every remaining class wants, and the keys of the deleted one.
+    let mut wanted: BTreeMap<RuleKey, RuleValue> = BTreeMap::new();
+    let mut shapes_in_use = vec![false; MAX_SHAPES as usize];
+    let mut deleted_keys = Vec::new();
+    for (class_id, meta) in &all {
+        let scope = Scope::from_u8(configs.get(class_id, 0)?.scope).unwrap_or(Scope::Class);
+        let spec = ClassSpec::from_meta(meta, scope);
+        let keys = class_entries(&spec.rule, &mut shapes)?;
+        if *class_id == id {
+            deleted_keys = keys;
+            continue;
+        }
+        let value = RuleValue { class_id: *class_id, _pad: 0, rank: rank(meta.prio, meta.seq) };
+        for key in keys {
+            shapes_in_use[key.shape as usize] = true;
+            let slot = wanted.entry(key).or_insert(value);
+            if value.rank < slot.rank {
+                *slot = value;
+            }
+        }
+    }
+    let mut rules = attachment.rules()?;
+    for key in &deleted_keys {
+        match wanted.get(key) {
+            Some(next) => rules.insert(key, next, 0)?,
+            None => match rules.remove(key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(e.into()),
+            },
+        }
+    }
+    let mut meta_map = attachment.meta()?;
+    meta_map.set(id, ClassMeta::default(), 0)?;
+    let mut configs = configs;
+    configs.set(id, ClassConfig::default(), 0)?;
+    // Free shapes no class uses any more.
+    for (index, slot) in shapes.slots.iter_mut().enumerate() {
+        if !shapes_in_use[index] {
+            *slot = Shape::default();
+        }
+    }
+    set_shape_count(attachment, shapes.count())?;
+    write_shapes(attachment, &shapes, &before)?;
+    Ok(())
+}
+
+/// Validates a class name without touching state.
+pub fn check_name(name: &str) -> Result<()> {
+    encode_name(name).map(|_| ())
+}
+
+/// Index of classes by name across a set of attachments (for `--direction` inference).
+pub fn names(attachment: &Attachment) -> Result<HashMap<String, u32>> {
+    Ok(attachment
+        .class_list()?
+        .into_iter()
+        .map(|(id, m)| (decode_name(&m.name), id))
+        .collect())
+}
+
+pub fn usage_error(message: impl Into<String>) -> anyhow::Error {
+    usage(message)
+}

@@ -1,0 +1,153 @@
+//! The command line. These spellings are a contract other tools and tests rely on.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(name = "shaper", version, about = "eBPF traffic shaper: police UDP/TCP per class, flow, source or destination")]
+pub struct Cli {
+    /// Operate on an interface inside this named network namespace (ip netns); pins stay
+    /// in the host's bpffs.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub netns: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Attach shaper's program to an interface (idempotent).
+    Attach(AttachArgs),
+    /// Detach shaper from an interface and remove every pin it owns.
+    Detach(DetachArgs),
+    /// Add, change, delete or list classes.
+    #[command(subcommand)]
+    Class(ClassCommand),
+    /// Per-class counters.
+    Stats(StatsArgs),
+    /// What is attached where.
+    Status(StatusArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DirectionArg {
+    Egress,
+    Ingress,
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SingleDirection {
+    Egress,
+    Ingress,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AttachModeArg {
+    Tcx,
+    Clsact,
+}
+
+#[derive(Args, Debug)]
+pub struct AttachArgs {
+    /// Interface name.
+    pub dev: String,
+    #[arg(long, value_enum, default_value = "egress")]
+    pub direction: DirectionArg,
+    /// Force an attach mode; by default TCX, falling back to clsact where TCX is missing.
+    #[arg(long, value_enum)]
+    pub attach_mode: Option<AttachModeArg>,
+    /// Capacity of the per-flow/src/dst bucket table (LRU): the most keys tracked at once.
+    #[arg(long, default_value_t = shaper_common::DEFAULT_FLOW_TABLE_SIZE, value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
+    pub flow_table_size: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct DetachArgs {
+    pub dev: String,
+    /// Default: every direction shaper is attached to.
+    #[arg(long, value_enum)]
+    pub direction: Option<DirectionArg>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClassCommand {
+    /// Add a class: a rule plus a token bucket.
+    Add(ClassAddArgs),
+    /// Change a class's rate and/or burst, effective at once.
+    Change(ClassChangeArgs),
+    /// Delete a class.
+    Del(ClassDelArgs),
+    /// List classes.
+    List(ListArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ClassAddArgs {
+    pub name: String,
+    #[arg(long)]
+    pub dev: String,
+    #[arg(long, value_enum, default_value = "egress")]
+    pub direction: SingleDirection,
+    /// Rate as in tc: 10mbit, 1gbit, 125kbps, ... (bare number = bit/s).
+    #[arg(long)]
+    pub rate: String,
+    /// Burst as in tc: 64k, 1mb, ... Default: max(128k, 10 ms at the rate).
+    #[arg(long)]
+    pub burst: Option<String>,
+    /// Who shares one bucket: the whole class, each flow (5-tuple), each source or
+    /// each destination address.
+    #[arg(long, default_value = "class")]
+    pub per: String,
+    #[arg(long, default_value = "any")]
+    pub proto: String,
+    #[arg(long, value_name = "CIDR")]
+    pub src: Option<String>,
+    #[arg(long, value_name = "CIDR")]
+    pub dst: Option<String>,
+    #[arg(long, value_name = "P[-P]")]
+    pub sport: Option<String>,
+    #[arg(long, value_name = "P[-P]")]
+    pub dport: Option<String>,
+    /// Lower number wins, as in tc.
+    #[arg(long, default_value_t = 100)]
+    pub prio: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct ClassChangeArgs {
+    pub name: String,
+    #[arg(long)]
+    pub dev: String,
+    /// Needed only when the name exists in both directions.
+    #[arg(long, value_enum)]
+    pub direction: Option<SingleDirection>,
+    #[arg(long)]
+    pub rate: Option<String>,
+    #[arg(long)]
+    pub burst: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ClassDelArgs {
+    pub name: String,
+    #[arg(long)]
+    pub dev: String,
+    #[arg(long, value_enum)]
+    pub direction: Option<SingleDirection>,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[arg(long)]
+    pub dev: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub type StatsArgs = ListArgs;
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,43 @@
+use super::{directions, prepare};
+use crate::{
+    cli::{AttachArgs, AttachModeArg},
+    state::{self, AttachMode, Attachment, Location},
+};
+use anyhow::Result;
+
+pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
+    let forced_mode = args.attach_mode.map(|m| match m {
+        AttachModeArg::Tcx => AttachMode::Tcx,
+        AttachModeArg::Clsact => AttachMode::Clsact,
+    });
+    prepare(&netns)?;
+    crate::netns::ifindex(&args.dev)?;
+    let _lock = state::lock()?;
+    let mut attached_now = Vec::new();
+    for direction in directions(args.direction) {
+        let location = Location { netns: netns.clone(), dev: args.dev.clone(), direction };
+        if location.dir().exists() {
+            let status = Attachment::open(&location)?.status()?;
+            if status.live {
+                println!("{}: already attached ({})", location.describe(), status.mode.name());
+                continue;
+            }
+            // The interface was re-created or the program unhooked: start afresh.
+            state::detach(&location)?;
+        }
+        match state::attach_fresh(&location, forced_mode, args.flow_table_size) {
+            Ok(mode) => {
+                println!("{}: attached ({})", location.describe(), mode.name());
+                attached_now.push(location);
+            }
+            Err(error) => {
+                // All or nothing: undo the directions this call attached.
+                for location in &attached_now {
+                    let _ = state::detach(location);
+                }
+                return Err(error);
+            }
+        }
+    }
+    Ok(())
+}

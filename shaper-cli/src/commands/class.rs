@@ -1,0 +1,212 @@
+use super::{prepare, single};
+use crate::{
+    classes::{self, parse_scope, scope_name, ClassSpec, ClassView},
+    cli::{ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection},
+    error::{runtime, usage},
+    rules::{parse_cidr, PortRange, Proto, Rule},
+    state::{self, Attachment, Direction, Location},
+    units::{default_burst, format_rate, format_size, parse_rate, parse_size},
+};
+use anyhow::Result;
+use comfy_table::Table;
+use serde_json::{json, Value};
+
+pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
+    match command {
+        ClassCommand::Add(args) => add(netns, args),
+        ClassCommand::Change(args) => change(netns, args),
+        ClassCommand::Del(args) => del(netns, args),
+        ClassCommand::List(args) => list(netns, args),
+    }
+}
+
+fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
+    classes::check_name(&args.name)?;
+    let rate = parse_rate(&args.rate).map_err(usage)?;
+    let burst = match &args.burst {
+        Some(text) => parse_size(text).map_err(usage)?,
+        None => default_burst(rate),
+    };
+    let port = |text: &Option<String>| match text {
+        Some(text) => PortRange::parse(text).map_err(usage),
+        None => Ok(PortRange::ANY),
+    };
+    let cidr = |text: &Option<String>| text.as_deref().map(parse_cidr).transpose().map_err(usage);
+    let rule = Rule {
+        src: cidr(&args.src)?,
+        dst: cidr(&args.dst)?,
+        proto: Proto::parse(&args.proto).map_err(usage)?,
+        sport: port(&args.sport)?,
+        dport: port(&args.dport)?,
+    };
+    rule.validate().map_err(usage)?;
+    Ok(ClassSpec {
+        name: args.name.clone(),
+        rule,
+        rate_bits_per_sec: rate,
+        burst_bytes: burst,
+        scope: parse_scope(&args.per).map_err(usage)?,
+        prio: args.prio,
+    })
+}
+
+fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
+    let spec = spec_from_args(&args)?;
+    prepare(&netns)?;
+    let location = Location { netns, dev: args.dev.clone(), direction: single(args.direction) };
+    let _lock = state::lock()?;
+    let attachment = Attachment::open(&location)?;
+    classes::add(&attachment, &spec)?;
+    println!(
+        "class {} added on {}: rate {} burst {} per {}",
+        spec.name,
+        location.describe(),
+        format_rate(spec.rate_bits_per_sec),
+        format_size(spec.burst_bytes),
+        scope_name(spec.scope)
+    );
+    Ok(())
+}
+
+/// The attachment holding class `name` on `dev`: the given direction, or the only one
+/// that has it.
+fn locate(netns: &Option<String>, dev: &str, name: &str, direction: Option<SingleDirection>) -> Result<Attachment> {
+    let candidates: Vec<Direction> = match direction {
+        Some(d) => vec![single(d)],
+        None => Direction::BOTH.to_vec(),
+    };
+    let mut holders = Vec::new();
+    let mut attached_any = false;
+    for direction in candidates.iter().copied() {
+        let location = Location { netns: netns.clone(), dev: dev.to_string(), direction };
+        if !location.dir().exists() {
+            continue;
+        }
+        attached_any = true;
+        let attachment = Attachment::open(&location)?;
+        if classes::find(&attachment, name)?.is_some() {
+            holders.push(attachment);
+        }
+    }
+    if !attached_any {
+        let location = Location { netns: netns.clone(), dev: dev.to_string(), direction: candidates[0] };
+        return Attachment::open(&location).map(|_| unreachable!());
+    }
+    match holders.len() {
+        0 => Err(runtime(format!("no class '{name}' on {dev}"))),
+        1 => Ok(holders.remove(0)),
+        _ => Err(usage(format!("class '{name}' exists on both directions of {dev}; pass --direction"))),
+    }
+}
+
+fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
+    let rate = args.rate.as_deref().map(parse_rate).transpose().map_err(usage)?;
+    let burst = args.burst.as_deref().map(parse_size).transpose().map_err(usage)?;
+    if rate.is_none() && burst.is_none() {
+        return Err(usage("class change needs --rate and/or --burst"));
+    }
+    prepare(&netns)?;
+    let _lock = state::lock()?;
+    let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
+    classes::change(&attachment, &args.name, rate, burst)?;
+    println!("class {} changed on {}", args.name, attachment.location.describe());
+    Ok(())
+}
+
+fn del(netns: Option<String>, args: ClassDelArgs) -> Result<()> {
+    prepare(&netns)?;
+    let _lock = state::lock()?;
+    let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
+    classes::delete(&attachment, &args.name)?;
+    println!("class {} deleted from {}", args.name, attachment.location.describe());
+    Ok(())
+}
+
+/// Every class of every selected attachment, as JSON objects (shared with `stats`).
+pub fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Vec<Value>> {
+    let filter = netns.as_ref().map(|n| Some(n.clone()));
+    let mut rows = Vec::new();
+    for location in state::list_locations(filter.as_ref())? {
+        if dev.as_ref().is_some_and(|d| *d != location.dev) {
+            continue;
+        }
+        let attachment = Attachment::open(&location)?;
+        for view in classes::read_classes(&attachment)? {
+            rows.push(class_json(&location, &view));
+        }
+    }
+    if rows.is_empty() {
+        if let Some(dev) = dev {
+            let any = state::list_locations(filter.as_ref())?.iter().any(|l| l.dev == *dev);
+            if !any {
+                return Err(runtime(format!("shaper is not attached to {dev}")));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn class_json(location: &Location, view: &ClassView) -> Value {
+    let spec = &view.spec;
+    let rule = &spec.rule;
+    let ports = |range: PortRange| if range.is_any() { Value::Null } else { json!(range.display()) };
+    json!({
+        "name": spec.name,
+        "dev": location.dev,
+        "netns": location.netns,
+        "direction": location.direction.name(),
+        "id": view.id,
+        "rate_bps": spec.rate_bits_per_sec,
+        "burst_bytes": spec.burst_bytes,
+        "per": scope_name(spec.scope),
+        "prio": spec.prio,
+        "proto": rule.proto.name(),
+        "src": rule.src.map(|n| n.to_string()),
+        "dst": rule.dst.map(|n| n.to_string()),
+        "sport": ports(rule.sport),
+        "dport": ports(rule.dport),
+        "action": "drop",
+        "passed_packets": view.stats.passed_packets,
+        "passed_bytes": view.stats.passed_bytes,
+        "dropped_packets": view.stats.dropped_packets,
+        "dropped_bytes": view.stats.dropped_bytes,
+    })
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "*".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
+    prepare(&None)?;
+    let rows = collect(&netns, &args.dev)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    let mut table = Table::new();
+    table.load_preset(comfy_table::presets::NOTHING);
+    table.set_header(["NAME", "DEV", "DIR", "PRIO", "RATE", "BURST", "PER", "PROTO", "SRC", "DST", "SPORT", "DPORT"]);
+    for row in &rows {
+        table.add_row([
+            text(&row["name"]),
+            text(&row["dev"]),
+            text(&row["direction"]),
+            text(&row["prio"]),
+            format_rate(row["rate_bps"].as_u64().unwrap_or(0)),
+            format_size(row["burst_bytes"].as_u64().unwrap_or(0)),
+            text(&row["per"]),
+            text(&row["proto"]),
+            text(&row["src"]),
+            text(&row["dst"]),
+            text(&row["sport"]),
+            text(&row["dport"]),
+        ]);
+    }
+    println!("{table}");
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! Exit codes: 2 for bad usage (the command line is wrong), 1 for runtime failures
+//! (the system refused, or the state does not allow it).
+
+use std::fmt;
+
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+#[derive(Debug)]
+pub struct RuntimeError(pub String);
+
+impl fmt::Display for RuntimeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RuntimeError {}
+
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    UsageError(message.into()).into()
+}
+
+pub fn runtime(message: impl Into<String>) -> anyhow::Error {
+    RuntimeError(message.into()).into()
+}
+
+pub const EXIT_RUNTIME: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+
+/// The exit code and the one line to print for an error.
+pub fn report(error: &anyhow::Error) -> (i32, String) {
+    let code = if error.downcast_ref::<UsageError>().is_some() {
+        EXIT_USAGE
+    } else {
+        EXIT_RUNTIME
+    };
+    let text = format!("{error:#}");
+    (code, crate::state::one_line(&text))
+}

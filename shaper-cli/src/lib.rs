@@ -1,0 +1,14 @@
+//! shaper's userspace: one module per command over one loader/pinning layer (`state`).
+
+pub mod caps;
+pub mod classes;
+pub mod cli;
+pub mod commands;
+pub mod error;
+pub mod netns;
+pub mod rules;
+pub mod state;
+pub mod units;
+
+/// The eBPF object built by build.rs from shaper-ebpf.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper"));

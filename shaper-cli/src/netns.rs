@@ -1,0 +1,42 @@
+//! Named network namespaces (`ip netns`) and interface lookup.
+//!
+//! `--netns NAME` moves this process into `/run/netns/NAME` with setns(2): netlink and
+//! interface lookups then see that namespace, while the mount namespace (and so the
+//! host's bpffs with shaper's pins) stays the host's. `ip netns exec` would instead give
+//! the command a private /sys, and pins made there vanish when it exits.
+
+use crate::error::runtime;
+use anyhow::Result;
+use nix::sched::{setns, CloneFlags};
+use std::fs::File;
+
+pub fn enter(name: &str) -> Result<()> {
+    if name.is_empty() || name.contains('/') {
+        return Err(crate::error::usage(format!("bad network namespace name '{name}'")));
+    }
+    let path = format!("/run/netns/{name}");
+    let file = File::open(&path)
+        .map_err(|_| runtime(format!("network namespace '{name}' not found (no {path})")))?;
+    setns(file, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| runtime(format!("cannot enter network namespace '{name}': {e}")))?;
+    Ok(())
+}
+
+/// The interface's index in the current namespace, or a one-line error.
+pub fn ifindex(dev: &str) -> Result<u32> {
+    nix::net::if_::if_nametoindex(dev).map_err(|_| runtime(format!("interface '{dev}' not found")))
+}
+
+/// Runs `work` inside the named namespace (or the current one for `None`) and comes back.
+pub fn in_namespace<T>(netns: &Option<String>, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    let Some(name) = netns else {
+        return work();
+    };
+    let home = File::open("/proc/self/ns/net")
+        .map_err(|e| runtime(format!("cannot open the current network namespace: {e}")))?;
+    enter(name)?;
+    let result = work();
+    setns(home, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| runtime(format!("cannot return to the original network namespace: {e}")))?;
+    result
+}

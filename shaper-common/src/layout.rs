@@ -1,0 +1,289 @@
+//! Map keys and values shared by the eBPF program and userspace.
+//!
+//! Every struct is `#[repr(C)]` with explicit padding so both sides agree byte for byte.
+
+use crate::bucket::ByteCost;
+
+/// Capacity of the per-attachment class tables (class ids are `0..MAX_CLASSES`).
+pub const MAX_CLASSES: u32 = 16_384;
+/// Distinct rule shapes (masks) per attachment; the packet path does one hash lookup per
+/// shape, so this bounds the classification cost whatever the number of classes.
+pub const MAX_SHAPES: u32 = 32;
+/// Classification entries (one class expands to a few: port ranges split into prefixes).
+pub const MAX_RULES: u32 = 262_144;
+/// Default number of per-flow/src/dst buckets (LRU); `shaper attach --flow-table-size`.
+pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
+/// Bounded walk over IPv6 extension headers.
+pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
+
+/// Map names, as declared in the eBPF object and pinned by userspace.
+pub mod map_names {
+    pub const GLOBALS: &str = "GLOBALS";
+    pub const SHAPES: &str = "SHAPES";
+    pub const RULES: &str = "RULES";
+    pub const CLASSES: &str = "CLASSES";
+    pub const CLASS_BUCKETS: &str = "CLASS_BUCKETS";
+    pub const KEYED_BUCKETS: &str = "KEYED_BUCKETS";
+    pub const STATS: &str = "STATS";
+    pub const CLASS_META: &str = "CLASS_META";
+    /// Every map of the object, in the order userspace pins them.
+    pub const ALL: [&str; 8] = [
+        GLOBALS,
+        SHAPES,
+        RULES,
+        CLASSES,
+        CLASS_BUCKETS,
+        KEYED_BUCKETS,
+        STATS,
+        CLASS_META,
+    ];
+}
+
+/// Program names in the eBPF object.
+pub mod program_names {
+    /// The classifier attached to interfaces.
+    pub const SHAPER: &str = "shaper";
+    /// Same code, but "now" is taken from `skb->tstamp` so BPF_PROG_TEST_RUN can drive
+    /// the clock; never attached.
+    pub const SHAPER_CLOCKED: &str = "shaper_clocked";
+    /// An empty classifier: the floor for per-packet cost benchmarks.
+    pub const FLOOR: &str = "shaper_floor";
+}
+
+/// Packet-path globals, element 0 of the `GLOBALS` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Globals {
+    /// Shapes `0..shape_count` of `SHAPES` are looked up for every packet.
+    pub shape_count: u32,
+    /// The rest is userspace bookkeeping: interface index at attach time,
+    pub ifindex: u32,
+    /// ATTACH_MODE_*,
+    pub attach_mode: u32,
+    /// 1 when shaper created the clsact qdisc (and so removes it on detach),
+    pub created_clsact: u32,
+    /// and the counter behind class creation sequences and bucket generations.
+    pub next_seq: u64,
+}
+
+pub const ATTACH_MODE_TCX: u32 = 1;
+pub const ATTACH_MODE_CLSACT: u32 = 2;
+
+/// Address family as stored in keys (0 = wildcard).
+pub const FAMILY_ANY: u8 = 0;
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+/// L4 protocol numbers used by the classifier (0 = wildcard).
+pub const PROTO_ANY: u8 = 0;
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_ICMPV6: u8 = 58;
+
+/// `RuleKey::flags`: the packet's ports could not be read (non-first fragment, truncated
+/// L4 header). Such packets match on addresses and protocol alone.
+pub const KEY_PORTS_UNKNOWN: u8 = 1;
+/// `RuleKey::flags`: the packet's L4 protocol could not be determined (truncated or too
+/// long IPv6 extension chain, truncated IPv4 header). Such packets match on addresses alone.
+pub const KEY_PROTO_UNKNOWN: u8 = 2;
+
+/// One mask of the tuple-space classifier: which bits of a packet's fields a group of
+/// rules looks at. Addresses are in network byte order, as read from the packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Shape {
+    pub src_mask: [u32; 4],
+    pub dst_mask: [u32; 4],
+    /// Port masks in host byte order.
+    pub sport_mask: u16,
+    pub dport_mask: u16,
+    /// 1 when the family is part of the key (the rule has an address), else 0.
+    pub match_family: u8,
+    /// 1 when the protocol is part of the key, else 0.
+    pub match_proto: u8,
+    /// 1 when the slot is in use (userspace bookkeeping; unused slots never match).
+    pub in_use: u8,
+    pub _pad: u8,
+}
+
+/// Exact-match key of the tuple-space classifier: a packet's fields masked by a shape.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleKey {
+    pub shape: u16,
+    pub family: u8,
+    pub proto: u8,
+    pub flags: u8,
+    pub _pad: [u8; 3],
+    pub sport: u16,
+    pub dport: u16,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+}
+
+/// What a classification entry points to. `rank` orders classes: lower wins
+/// (`prio << 32 | creation sequence`, so equal priorities go to the older class).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleValue {
+    pub class_id: u32,
+    pub _pad: u32,
+    pub rank: u64,
+}
+
+/// Bucket scope: which packets share one bucket within a class.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Class = 0,
+    Flow = 1,
+    Src = 2,
+    Dst = 3,
+}
+
+impl Scope {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::Class),
+            1 => Some(Self::Flow),
+            2 => Some(Self::Src),
+            3 => Some(Self::Dst),
+            _ => None,
+        }
+    }
+}
+
+/// What happens to packets over the rate. Packets within the rate always pass
+/// untouched. `action_arg`/`action_mask` carry the parameter (DSCP value, fwmark and
+/// mask) so marking and shaping need no new map layout.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Police: drop (`TC_ACT_SHOT`).
+    Drop = 0,
+    /// Count only (monitor mode).
+    Pass = 1,
+    /// Set ECN CE on ECN-capable packets, drop the rest.
+    Ecn = 2,
+    /// Rewrite DSCP to `action_arg` and pass.
+    Dscp = 3,
+    /// Set `skb->mark = (mark & !action_mask) | action_arg` and pass.
+    Fwmark = 4,
+    /// Delay instead of drop.
+    Shape = 5,
+}
+
+/// Per-class configuration read by the packet path, indexed by class id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassConfig {
+    pub cost: ByteCost,
+    /// Per-key buckets are keyed with this, so a re-created class id starts afresh.
+    pub generation: u32,
+    pub scope: u8,
+    pub action: u8,
+    /// 1 while the class exists.
+    pub in_use: u8,
+    pub _pad: u8,
+    pub action_arg: u32,
+    pub action_mask: u32,
+    /// Second bucket for two-rate/three-colour meters (zero when unused).
+    pub peak_cost: ByteCost,
+}
+
+/// Key of the per-flow/src/dst bucket table. Fields a scope ignores are zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BucketKey {
+    pub class_id: u32,
+    pub generation: u32,
+    pub family: u8,
+    pub proto: u8,
+    pub _pad: u16,
+    pub sport: u16,
+    pub dport: u16,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+}
+
+/// Per-class, per-CPU counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+    pub marked_packets: u64,
+    pub marked_bytes: u64,
+}
+
+/// Length of a class name, NUL-padded.
+pub const CLASS_NAME_LEN: usize = 48;
+
+/// Userspace-only description of a class, kept in a pinned map next to the packet-path
+/// maps so every CLI invocation rebuilds its view from the kernel. Never read by the
+/// packet path.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassMeta {
+    pub name: [u8; CLASS_NAME_LEN],
+    /// Creation sequence (tie-break between equal priorities).
+    pub seq: u64,
+    pub rate_bits_per_sec: u64,
+    pub burst_bytes: u64,
+    pub src_addr: [u32; 4],
+    pub dst_addr: [u32; 4],
+    pub prio: u32,
+    pub sport_lo: u16,
+    pub sport_hi: u16,
+    pub dport_lo: u16,
+    pub dport_hi: u16,
+    /// FAMILY_* of the source/destination CIDR (FAMILY_ANY = no address rule).
+    pub src_family: u8,
+    pub src_prefix: u8,
+    pub dst_family: u8,
+    pub dst_prefix: u8,
+    pub proto: u8,
+    pub in_use: u8,
+    pub _pad: [u8; 6],
+}
+
+impl Default for ClassMeta {
+    fn default() -> Self {
+        Self {
+            name: [0; CLASS_NAME_LEN],
+            seq: 0,
+            rate_bits_per_sec: 0,
+            burst_bytes: 0,
+            src_addr: [0; 4],
+            dst_addr: [0; 4],
+            prio: 0,
+            sport_lo: 0,
+            sport_hi: 0,
+            dport_lo: 0,
+            dport_hi: 0,
+            src_family: 0,
+            src_prefix: 0,
+            dst_family: 0,
+            dst_prefix: 0,
+            proto: 0,
+            in_use: 0,
+            _pad: [0; 6],
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for Globals {}
+    unsafe impl aya::Pod for Shape {}
+    unsafe impl aya::Pod for RuleKey {}
+    unsafe impl aya::Pod for RuleValue {}
+    unsafe impl aya::Pod for ClassConfig {}
+    unsafe impl aya::Pod for BucketKey {}
+    unsafe impl aya::Pod for ClassStats {}
+    unsafe impl aya::Pod for ClassMeta {}
+}

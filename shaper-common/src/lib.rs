@@ -1,0 +1,11 @@
+//! Types and arithmetic shared by the eBPF program and userspace.
+//!
+//! Everything here is `no_std` and allocation-free so the very code that runs in the
+//! kernel is unit- and property-tested on the host.
+#![no_std]
+
+pub mod bucket;
+pub mod layout;
+
+pub use bucket::{conform, ByteCost};
+pub use layout::*;

@@ -1,0 +1,373 @@
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    helpers::bpf_ktime_get_ns,
+    macros::{classifier, map},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    programs::TcContext,
+};
+use core::intrinsics::{atomic_cxchg, AtomicOrdering};
+use shaper_common::{
+    conform, Action, BucketKey, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey, RuleValue,
+    Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
+    KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES, PROTO_TCP,
+    PROTO_UDP,
+};
+
+#[map]
+static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
+#[map]
+static SHAPES: Array<Shape> = Array::with_max_entries(MAX_SHAPES, 0);
+#[map]
+static RULES: HashMap<RuleKey, RuleValue> = HashMap::with_max_entries(MAX_RULES, 0);
+#[map]
+static CLASSES: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Class-scoped buckets: the GCRA word per class id.
+#[map]
+static CLASS_BUCKETS: Array<u64> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Flow/src/dst-scoped buckets, created on a key's first packet; userspace resizes it.
+#[map]
+static KEYED_BUCKETS: LruHashMap<BucketKey, u64> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+#[map]
+static STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+/// Userspace bookkeeping only (names, rules); declared here so it is created and pinned
+/// with the rest of the attachment's state.
+#[map]
+static CLASS_META: Array<ClassMeta> = Array::with_max_entries(MAX_CLASSES, 0);
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88A8;
+const VLAN_HLEN: usize = 4;
+const MAX_VLAN_TAGS: usize = 2;
+/// Compare-and-swap attempts on one bucket before the packet is judged over the rate.
+const CAS_ATTEMPTS: u32 = 16;
+
+/// What classification needs from a packet. Addresses are raw network-order words.
+struct Packet {
+    family: u8,
+    proto: u8,
+    flags: u8,
+    sport: u16,
+    dport: u16,
+    src: [u32; 4],
+    dst: [u32; 4],
+    /// Bytes on the wire: skb->len plus the headers of every extra GSO segment.
+    wire_len: u64,
+}
+
+#[classifier]
+pub fn shaper(ctx: TcContext) -> i32 {
+    run(&ctx, unsafe { bpf_ktime_get_ns() })
+}
+
+/// The same program with the clock taken from `skb->tstamp`, so BPF_PROG_TEST_RUN can
+/// check the bucket against the host model packet by packet. Never attached.
+#[classifier]
+pub fn shaper_clocked(ctx: TcContext) -> i32 {
+    let now = unsafe { (*ctx.skb.skb).tstamp };
+    run(&ctx, now)
+}
+
+/// The per-packet cost floor for benchmarks: an empty classifier in the same object.
+#[classifier]
+pub fn shaper_floor(_ctx: TcContext) -> i32 {
+    TC_ACT_OK as i32
+}
+
+#[inline(always)]
+fn run(ctx: &TcContext, now: u64) -> i32 {
+    let Some(packet) = parse(ctx) else {
+        return TC_ACT_UNSPEC;
+    };
+    let Some(class_id) = classify(&packet) else {
+        return TC_ACT_UNSPEC;
+    };
+    let Some(class) = CLASSES.get(class_id) else {
+        return TC_ACT_UNSPEC;
+    };
+    if class.in_use == 0 {
+        return TC_ACT_UNSPEC;
+    }
+    let within_rate = charge_bucket(class_id, class, &packet, now);
+    act(class_id, class, within_rate, packet.wire_len)
+}
+
+// ---------------------------------------------------------------------------------------
+// parse
+
+#[inline(always)]
+fn load<T>(ctx: &TcContext, offset: usize) -> Option<T> {
+    ctx.load::<T>(offset).ok()
+}
+
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Option<Packet> {
+    let mut ethertype = u16::from_be(load::<u16>(ctx, 12)?);
+    let mut l3 = ETH_HLEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
+            break;
+        }
+        ethertype = u16::from_be(load::<u16>(ctx, l3 + 2)?);
+        l3 += VLAN_HLEN;
+    }
+    let skb_len = ctx.len() as u64;
+    let mut packet = Packet {
+        family: 0,
+        proto: 0,
+        flags: KEY_PORTS_UNKNOWN | KEY_PROTO_UNKNOWN,
+        sport: 0,
+        dport: 0,
+        src: [0; 4],
+        dst: [0; 4],
+        wire_len: skb_len,
+    };
+    let l4 = match ethertype {
+        ETH_P_IP => parse_ipv4(ctx, l3, &mut packet),
+        ETH_P_IPV6 => parse_ipv6(ctx, l3, &mut packet),
+        _ => return None,
+    };
+    if let Some(l4) = l4 {
+        parse_l4(ctx, l4, &mut packet);
+    }
+    Some(packet)
+}
+
+/// Fills addresses and protocol; returns the L4 offset when the ports are worth reading.
+#[inline(always)]
+fn parse_ipv4(ctx: &TcContext, l3: usize, packet: &mut Packet) -> Option<usize> {
+    packet.family = FAMILY_V4;
+    // A header too short to hold both addresses keeps them zero, protocol unknown.
+    let header = load::<[u32; 5]>(ctx, l3)?;
+    let bytes0 = header[0].to_ne_bytes();
+    let bytes2 = header[2].to_ne_bytes();
+    let bytes1 = header[1].to_ne_bytes();
+    packet.src[0] = header[3];
+    packet.dst[0] = header[4];
+    let ihl = (bytes0[0] & 0x0f) as usize;
+    if bytes0[0] >> 4 != 4 || ihl < 5 {
+        return None;
+    }
+    packet.proto = bytes2[1];
+    packet.flags = KEY_PORTS_UNKNOWN;
+    let fragment_offset = u16::from_be_bytes([bytes1[2], bytes1[3]]) & 0x1fff;
+    if fragment_offset != 0 {
+        // Non-first fragments carry no L4 header: classified by addresses and protocol.
+        return None;
+    }
+    Some(l3 + ihl * 4)
+}
+
+#[inline(always)]
+fn parse_ipv6(ctx: &TcContext, l3: usize, packet: &mut Packet) -> Option<usize> {
+    packet.family = FAMILY_V6;
+    let header = load::<[u32; 10]>(ctx, l3)?;
+    packet.src = [header[2], header[3], header[4], header[5]];
+    packet.dst = [header[6], header[7], header[8], header[9]];
+    let mut next_header = header[1].to_ne_bytes()[2];
+    let mut offset = l3 + 40;
+    let mut first_fragment = true;
+    for _ in 0..MAX_IPV6_EXT_HEADERS {
+        match next_header {
+            // Hop-by-hop, routing, destination options: length in 8-byte units after the first 8.
+            0 | 43 | 60 => {
+                let ext = load::<[u8; 2]>(ctx, offset)?;
+                next_header = ext[0];
+                offset += (ext[1] as usize + 1) * 8;
+            }
+            // Fragment header: fixed 8 bytes; a non-zero offset means no L4 header here.
+            44 => {
+                let ext = load::<[u8; 4]>(ctx, offset)?;
+                next_header = ext[0];
+                if (u16::from_be_bytes([ext[2], ext[3]]) >> 3) != 0 {
+                    first_fragment = false;
+                }
+                offset += 8;
+            }
+            // Authentication header: length in 4-byte units, minus 2.
+            51 => {
+                let ext = load::<[u8; 2]>(ctx, offset)?;
+                next_header = ext[0];
+                offset += (ext[1] as usize + 2) * 4;
+            }
+            _ => {
+                packet.proto = next_header;
+                packet.flags = KEY_PORTS_UNKNOWN;
+                return if first_fragment { Some(offset) } else { None };
+            }
+        }
+    }
+    // The chain is longer than we walk: the protocol stays unknown.
+    None
+}
+
+#[inline(always)]
+fn parse_l4(ctx: &TcContext, l4: usize, packet: &mut Packet) {
+    if packet.proto != PROTO_TCP && packet.proto != PROTO_UDP {
+        // Other protocols have no ports to match.
+        packet.flags = 0;
+        return;
+    }
+    let Some(ports) = load::<[u16; 2]>(ctx, l4) else {
+        return; // Truncated: ports stay unknown.
+    };
+    packet.sport = u16::from_be(ports[0]);
+    packet.dport = u16::from_be(ports[1]);
+    packet.flags = 0;
+    // A GSO packet leaves as gso_segs frames, each with its own headers: charge them all.
+    let segments = unsafe { (*ctx.skb.skb).gso_segs } as u64;
+    if segments > 1 {
+        let l4_header = if packet.proto == PROTO_TCP {
+            load::<u8>(ctx, l4 + 12).map_or(20, |b| ((b >> 4) as usize) * 4)
+        } else {
+            8
+        };
+        packet.wire_len += (segments - 1) * (l4 + l4_header) as u64;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// classify
+
+#[inline(always)]
+fn masked(value: [u32; 4], mask: [u32; 4]) -> [u32; 4] {
+    [
+        value[0] & mask[0],
+        value[1] & mask[1],
+        value[2] & mask[2],
+        value[3] & mask[3],
+    ]
+}
+
+#[inline(always)]
+fn classify(packet: &Packet) -> Option<u32> {
+    let shape_count = GLOBALS.get(0)?.shape_count;
+    let mut best_class = 0u32;
+    let mut best_rank = u64::MAX;
+    for index in 0..MAX_SHAPES {
+        if index >= shape_count {
+            break;
+        }
+        let Some(shape) = SHAPES.get(index) else {
+            break;
+        };
+        if shape.in_use == 0 {
+            continue;
+        }
+        let key = RuleKey {
+            shape: index as u16,
+            family: if shape.match_family != 0 { packet.family } else { 0 },
+            proto: if shape.match_proto != 0 { packet.proto } else { 0 },
+            flags: packet.flags,
+            _pad: [0; 3],
+            sport: packet.sport & shape.sport_mask,
+            dport: packet.dport & shape.dport_mask,
+            src: masked(packet.src, shape.src_mask),
+            dst: masked(packet.dst, shape.dst_mask),
+        };
+        if let Some(hit) = unsafe { RULES.get(&key) } {
+            if hit.rank < best_rank {
+                best_rank = hit.rank;
+                best_class = hit.class_id;
+            }
+        }
+    }
+    if best_rank == u64::MAX {
+        None
+    } else {
+        Some(best_class)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// bucket
+
+#[inline(always)]
+fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> bool {
+    let cost = class.cost.nanos_for(packet.wire_len);
+    let tolerance = class.cost.tolerance_ns;
+    let bucket = match Scope::from_u8(class.scope) {
+        Some(Scope::Class) | None => CLASS_BUCKETS.get_ptr_mut(class_id),
+        Some(scope) => keyed_bucket(class_id, class.generation, scope, packet),
+    };
+    match bucket {
+        Some(word) => charge(word, now, cost, tolerance),
+        // The LRU could not hold a new bucket (every entry busy on other CPUs): fail open.
+        None => true,
+    }
+}
+
+#[inline(always)]
+fn keyed_bucket(class_id: u32, generation: u32, scope: Scope, packet: &Packet) -> Option<*mut u64> {
+    let mut key = BucketKey {
+        class_id,
+        generation,
+        family: packet.family,
+        ..BucketKey::default()
+    };
+    match scope {
+        Scope::Src => key.src = packet.src,
+        Scope::Dst => key.dst = packet.dst,
+        _ => {
+            key.proto = packet.proto;
+            key.sport = packet.sport;
+            key.dport = packet.dport;
+            key.src = packet.src;
+            key.dst = packet.dst;
+        }
+    }
+    if let Some(word) = KEYED_BUCKETS.get_ptr_mut(&key) {
+        return Some(word);
+    }
+    // A fresh bucket is full: tat = 0 is "long ago". NOEXIST keeps a racing CPU's bucket.
+    let _ = KEYED_BUCKETS.insert(&key, &0, aya_ebpf::bindings::BPF_NOEXIST as u64);
+    KEYED_BUCKETS.get_ptr_mut(&key)
+}
+
+/// Applies [`conform`] to the bucket word with compare-and-swap, so concurrent CPUs
+/// never admit more than the bucket holds.
+#[inline(always)]
+fn charge(word: *mut u64, now: u64, cost: u64, tolerance: u64) -> bool {
+    for _ in 0..CAS_ATTEMPTS {
+        let tat = unsafe { core::ptr::read_volatile(word) };
+        let Some(next) = conform(tat, now, cost, tolerance) else {
+            return false;
+        };
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                word, tat, next,
+            )
+        };
+        if swapped {
+            return true;
+        }
+    }
+    false
+}
+
+// ---------------------------------------------------------------------------------------
+// act
+
+#[inline(always)]
+fn act(class_id: u32, class: &ClassConfig, within_rate: bool, wire_len: u64) -> i32 {
+    let Some(stats) = STATS.get_ptr_mut(class_id) else {
+        return TC_ACT_UNSPEC;
+    };
+    let stats = unsafe { &mut *stats };
+    if within_rate {
+        stats.passed_packets += 1;
+        stats.passed_bytes += wire_len;
+        return TC_ACT_UNSPEC;
+    }
+    if class.action == Action::Pass as u8 {
+        stats.marked_packets += 1;
+        stats.marked_bytes += wire_len;
+        return TC_ACT_UNSPEC;
+    }
+    stats.dropped_packets += 1;
+    stats.dropped_bytes += wire_len;
+    TC_ACT_SHOT as i32
+}
