@@ -1,10 +1,28 @@
 use clap::Parser as _;
+use shaper_cli::error::{report, EXIT_USAGE};
 
 fn main() {
-    let cli = shaper_cli::cli::Cli::parse();
+    let cli = match shaper_cli::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) if !error.use_stderr() => error.exit(), // --help, --version
+        Err(error) => {
+            eprintln!("shaper: {}", one_line_clap_error(&error.to_string()));
+            std::process::exit(EXIT_USAGE);
+        }
+    };
     if let Err(error) = shaper_cli::commands::run(cli) {
-        let (code, line) = shaper_cli::error::report(&error);
+        let (code, line) = report(&error);
         eprintln!("shaper: {line}");
         std::process::exit(code);
     }
+}
+
+/// clap's multi-line errors as one line: the message plus any hint, without the usage.
+fn one_line_clap_error(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(|l| l.trim_start_matches("error: "))
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
-    conform, Action, BucketKey, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey, RuleValue,
+    conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey, RuleValue,
     Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
     KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES, PROTO_TCP,
     PROTO_UDP,
@@ -287,14 +287,12 @@ fn classify(packet: &Packet) -> Option<u32> {
 
 #[inline(always)]
 fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> bool {
-    let cost = class.cost.nanos_for(packet.wire_len);
-    let tolerance = class.cost.tolerance_ns;
     let bucket = match Scope::from_u8(class.scope) {
         Some(Scope::Class) | None => CLASS_BUCKETS.get_ptr_mut(class_id),
         Some(scope) => keyed_bucket(class_id, class.generation, scope, packet),
     };
     match bucket {
-        Some(word) => charge(word, now, cost, tolerance),
+        Some(word) => charge(word, now, packet.wire_len, &class.cost),
         // The LRU could not hold a new bucket (every entry busy on other CPUs): fail open.
         None => true,
     }
@@ -330,10 +328,10 @@ fn keyed_bucket(class_id: u32, generation: u32, scope: Scope, packet: &Packet) -
 /// Applies [`conform`] to the bucket word with compare-and-swap, so concurrent CPUs
 /// never admit more than the bucket holds.
 #[inline(always)]
-fn charge(word: *mut u64, now: u64, cost: u64, tolerance: u64) -> bool {
+fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> bool {
     for _ in 0..CAS_ATTEMPTS {
         let tat = unsafe { core::ptr::read_volatile(word) };
-        let Some(next) = conform(tat, now, cost, tolerance) else {
+        let Some(next) = conform(tat, now, bytes, cost) else {
             return false;
         };
         let (_, swapped) = unsafe {
