@@ -118,23 +118,24 @@ impl UdpResult {
         self.stream_l2_bps.iter().sum()
     }
 
-    /// Received L2 rate (bit/s) over the server intervals ending within [from, to] s.
+    /// Received L2 rate (bit/s) over the one-second server intervals whose end, rounded
+    /// to the second, lies in (from, to].
     pub fn l2_bps_between(&self, from: f64, to: f64) -> f64 {
         let mut bits = 0.0;
-        let mut start = None;
-        let mut end = 0.0;
+        let mut seconds = 0.0;
         let mut previous_end = 0.0;
         for (interval_end, interval_bits) in &self.intervals {
-            if *interval_end > from && *interval_end <= to + 1e-6 {
-                start.get_or_insert(previous_end);
+            let second = interval_end.round();
+            if second > from && second <= to {
                 bits += interval_bits;
-                end = *interval_end;
+                seconds += interval_end - previous_end;
             }
             previous_end = *interval_end;
         }
-        match start {
-            Some(start) if end > start => bits / (end - start),
-            _ => 0.0,
+        if seconds > 0.0 {
+            bits / seconds
+        } else {
+            0.0
         }
     }
 }

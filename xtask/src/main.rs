@@ -1,1 +1,126 @@
-fn main(){}
+//! `cargo xtask setup | demo | test | bench`: everything that orchestrates.
+
+mod demo;
+mod setup;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+use std::{path::PathBuf, process::Command};
+
+#[derive(Parser)]
+#[command(about = "shaper's project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent).
+    Setup,
+    /// Set up, build, and show shaper policing UDP and TCP on a built-in lab.
+    Demo,
+    /// Set up, check formatting and lints, run unit, property, BPF test-run and
+    /// end-to-end tests.
+    Test,
+    /// Benchmarks side by side with tc (arrives with the bench issue).
+    Bench,
+}
+
+fn main() {
+    if let Err(error) = run(Cli::parse().task) {
+        eprintln!("xtask: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(task: Task) -> Result<()> {
+    with_cargo_bin_on_path();
+    match task {
+        Task::Setup => setup::setup(),
+        Task::Demo => {
+            require_root("demo")?;
+            setup::setup()?;
+            build_shaper()?;
+            demo::run(&shaper_binary())
+        }
+        Task::Test => {
+            require_root("test")?;
+            setup::setup()?;
+            test()
+        }
+        Task::Bench => bail!("`cargo xtask bench` is not implemented yet (tracked by the bench issue)"),
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// cargo-installed tools (bpf-linker) must be found by the eBPF build.
+fn with_cargo_bin_on_path() {
+    let home = std::env::var("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|_| std::env::var("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    if let Ok(cargo_home) = home {
+        let bin = cargo_home.join("bin");
+        let path = std::env::var("PATH").unwrap_or_default();
+        if !path.split(':').any(|p| PathBuf::from(p) == bin) {
+            std::env::set_var("PATH", format!("{}:{path}", bin.display()));
+        }
+    }
+}
+
+fn require_root(task: &str) -> Result<()> {
+    if !nix_is_root() {
+        bail!("`cargo xtask {task}` needs root: it creates network namespaces and loads BPF programs");
+    }
+    Ok(())
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    println!("[xtask] cargo {}", args.join(" "));
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .context("cannot run cargo")?;
+    if !status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+fn shaper_binary() -> PathBuf {
+    workspace_root().join("target/debug/shaper")
+}
+
+fn build_shaper() -> Result<()> {
+    cargo(&["build", "--package", "shaper-cli"])
+}
+
+fn test() -> Result<()> {
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    build_shaper()?;
+    // Unit and property tests run in parallel; the lab tests one at a time, since
+    // their measurements share two cores.
+    cargo(&["test", "--workspace", "--exclude", "shaper-tests"])?;
+    std::env::set_var("SHAPER_BIN", shaper_binary());
+    cargo(&["test", "--package", "shaper-tests", "--", "--test-threads=1"])?;
+    Ok(())
+}
