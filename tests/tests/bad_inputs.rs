@@ -1,0 +1,166 @@
+//! Scenario 10: every bad input prints one line on stderr, exits 2 (usage) or 1
+//! (runtime), and leaves the configured state exactly as it was.
+
+use serde_json::Value;
+use shaper_tests::{shaper_bin, Lab, ROUTER_TO_CLIENT, ROUTER_TO_SERVER};
+use std::process::Command;
+
+/// Everything a user can observe: attachments and classes with their settings.
+fn snapshot(lab: &Lab, router: &str) -> (Value, Value) {
+    let status = lab.shaper(&["--netns", router, "status", "--json"]);
+    let classes = lab.shaper(&["--netns", router, "class", "list", "--json"]);
+    let mut classes: Value = serde_json::from_slice(&classes.stdout).unwrap();
+    // Counters may move with background traffic (none here, but be exact about intent).
+    for class in classes.as_array_mut().unwrap() {
+        for counter in ["passed_packets", "passed_bytes", "dropped_packets", "dropped_bytes"] {
+            class.as_object_mut().unwrap().remove(counter);
+        }
+    }
+    (serde_json::from_slice(&status.stdout).unwrap(), classes)
+}
+
+#[test]
+fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
+    let lab = Lab::new().unwrap();
+    let router = lab.router.name.clone();
+    let ns = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["--netns".to_string(), router.clone()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        all
+    };
+    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER]).unwrap();
+    lab.shaper_in(&lab.router, &["class", "add", "web", "--dev", ROUTER_TO_SERVER, "--rate", "10mbit", "--proto", "tcp", "--dport", "80"]).unwrap();
+    let before = snapshot(&lab, &router);
+    assert_eq!(before.0.as_array().unwrap().len(), 1);
+    assert_eq!(before.1.as_array().unwrap().len(), 1);
+
+    let r1 = ROUTER_TO_SERVER;
+    let cases: Vec<(&str, Vec<String>, i32)> = vec![
+        ("unknown device", ns(&["attach", "nosuchdev0"]), 1),
+        ("unknown namespace", vec!["--netns".into(), "shp-no-such-ns".into(), "attach".into(), r1.into()], 1),
+        ("bad attach mode", ns(&["attach", r1, "--attach-mode", "xdp"]), 2),
+        ("bad direction", ns(&["attach", r1, "--direction", "sideways"]), 2),
+        ("bad rate word", ns(&["class", "add", "x", "--dev", r1, "--rate", "fast"]), 2),
+        ("zero rate", ns(&["class", "add", "x", "--dev", r1, "--rate", "0"]), 2),
+        ("rate above 400gbit", ns(&["class", "add", "x", "--dev", r1, "--rate", "1tbit"]), 2),
+        ("bad rate unit", ns(&["class", "add", "x", "--dev", r1, "--rate", "10mbits"]), 2),
+        ("bad size unit", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--burst", "12q"]), 2),
+        ("burst below one frame", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--burst", "100"]), 2),
+        ("bad CIDR", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--src", "300.1.1.1/8"]), 2),
+        ("bad prefix", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--dst", "198.18.0.0/40"]), 2),
+        ("mixed families", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--src", "198.18.0.0/15", "--dst", "fd00::/8"]), 2),
+        ("empty port range", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "udp", "--dport", "9-1"]), 2),
+        ("port out of range", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "udp", "--sport", "70000"]), 2),
+        ("ports without tcp/udp", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--dport", "53"]), 2),
+        ("bad protocol", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "sctp"]), 2),
+        ("bad scope", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--per", "packet"]), 2),
+        ("bad class name", ns(&["class", "add", "bad/name", "--dev", r1, "--rate", "1mbit"]), 2),
+        ("duplicate class", ns(&["class", "add", "web", "--dev", r1, "--rate", "1mbit"]), 1),
+        ("class on a device not attached", ns(&["class", "add", "x", "--dev", ROUTER_TO_CLIENT, "--rate", "1mbit"]), 1),
+        ("change unknown class", ns(&["class", "change", "nosuch", "--dev", r1, "--rate", "1mbit"]), 1),
+        ("change with nothing to change", ns(&["class", "change", "web", "--dev", r1]), 2),
+        ("change to a bad rate", ns(&["class", "change", "web", "--dev", r1, "--rate", "-3mbit"]), 2),
+        ("delete unknown class", ns(&["class", "del", "nosuch", "--dev", r1]), 1),
+        ("detach a device not attached", ns(&["detach", ROUTER_TO_CLIENT]), 1),
+        ("stats of a device not attached", ns(&["stats", "--dev", ROUTER_TO_CLIENT]), 1),
+        ("unknown command", ns(&["explode"]), 2),
+    ];
+    let mut failures = Vec::new();
+    for (what, args, expected_code) in &cases {
+        let output = Command::new(shaper_bin()).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        let lines: Vec<&str> = stderr.lines().collect();
+        println!("{what:32} exit {:?}  {}", output.status.code(), stderr.trim());
+        if output.status.code() != Some(*expected_code) {
+            failures.push(format!("{what}: exit {:?}, expected {expected_code}", output.status.code()));
+        }
+        if lines.len() != 1 || !lines[0].starts_with("shaper: ") {
+            failures.push(format!("{what}: stderr is not one 'shaper: ...' line: {stderr:?}"));
+        }
+        if snapshot(&lab, &router) != before {
+            failures.push(format!("{what}: the state changed"));
+        }
+    }
+
+    // Without CAP_NET_ADMIN (and CAP_BPF/CAP_SYS_ADMIN): a clear line, exit 1.
+    for (cap, name) in [("-net_admin", "CAP_NET_ADMIN"), ("-bpf,-sys_admin", "CAP_BPF")] {
+        let output = Command::new("setpriv")
+            .args(["--inh-caps", "-all", "--bounding-set", cap])
+            .arg(shaper_bin())
+            .args(ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit"]))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        println!("{:32} exit {:?}  {}", format!("without {name}"), output.status.code(), stderr.trim());
+        if output.status.code() != Some(1) || stderr.lines().count() != 1 || !stderr.contains(name) {
+            failures.push(format!("without {name}: exit {:?}, stderr {stderr:?}", output.status.code()));
+        }
+        if snapshot(&lab, &router) != before {
+            failures.push(format!("without {name}: the state changed"));
+        }
+    }
+    assert!(failures.is_empty(), "bad inputs handled badly:\n{}", failures.join("\n"));
+}
+
+/// Idempotent attach and concurrent invocations: no duplicate, no lost class.
+#[test]
+fn attach_is_idempotent_and_concurrent_adds_all_land() {
+    let lab = Lab::new().unwrap();
+    let router = lab.router.name.clone();
+    for _ in 0..2 {
+        lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER]).unwrap();
+    }
+    let status: Value = serde_json::from_str(&lab.shaper_in(&lab.router, &["status", "--json"]).unwrap()).unwrap();
+    assert_eq!(status.as_array().unwrap().len(), 1, "a second attach must not add a second program");
+    // Eight invocations at once, each adding a class.
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            Command::new(shaper_bin())
+                .args(["--netns", &router, "class", "add", &format!("c{i}"), "--dev", ROUTER_TO_SERVER, "--rate", "1mbit", "--proto", "udp", "--dport", &(7000 + i).to_string()])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let router = router.clone();
+            std::thread::spawn(move || {
+                Command::new(shaper_bin())
+                    .args(["--netns", &router, "class", "change", &format!("c{i}"), "--dev", ROUTER_TO_SERVER, "--rate", &format!("{}mbit", i + 2)])
+                    .status()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for handle in handles {
+        assert!(handle.join().unwrap().success());
+    }
+    let list: Value = serde_json::from_str(&lab.shaper_in(&lab.router, &["class", "list", "--json"]).unwrap()).unwrap();
+    let mut rates: Vec<(String, u64)> = list.as_array().unwrap().iter().map(|c| (c["name"].as_str().unwrap().to_string(), c["rate_bps"].as_u64().unwrap())).collect();
+    rates.sort();
+    let expected: Vec<(String, u64)> = (0..8).map(|i| (format!("c{i}"), (i + 2) * 1_000_000)).collect();
+    assert_eq!(rates, expected);
+    // Adds racing each other from threads.
+    let handles: Vec<_> = (8..16)
+        .map(|i| {
+            let router = router.clone();
+            std::thread::spawn(move || {
+                Command::new(shaper_bin())
+                    .args(["--netns", &router, "class", "add", &format!("c{i}"), "--dev", ROUTER_TO_SERVER, "--rate", "1mbit", "--proto", "udp", "--dport", &(7000 + i).to_string()])
+                    .status()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for handle in handles {
+        assert!(handle.join().unwrap().success());
+    }
+    let list: Value = serde_json::from_str(&lab.shaper_in(&lab.router, &["class", "list", "--json"]).unwrap()).unwrap();
+    let mut ids: Vec<u64> = list.as_array().unwrap().iter().map(|c| c["id"].as_u64().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 16, "every concurrent add got its own class id");
+}

@@ -1,0 +1,321 @@
+//! BPF_PROG_TEST_RUN on the real, loaded program: crafted packets get the expected class
+//! and verdict, and a 1000-packet sequence admits exactly what the host-side bucket
+//! model (the same `conform` function) predicts.
+//!
+//! The classes live on a veth that is left down, so no real packet touches them; the
+//! test drives `shaper_clocked` (same code, clock from `skb->tstamp`) against the very
+//! maps the attached program uses.
+
+use aya::programs::{TestRun as _, TestRunOptions};
+use shaper_cli::state::{self, Attachment, Direction, Location};
+use shaper_common::{conform, program_names, ByteCost, ClassStats};
+use shaper_tests::Lab;
+use std::collections::HashMap;
+
+const DEV: &str = "trun0";
+const PASS: u32 = u32::MAX; // TC_ACT_UNSPEC (-1): pass to the next hook/filter
+const SHOT: u32 = 2;
+
+// __sk_buff (include/uapi/linux/bpf.h) is 192 bytes; offsets of the fields set here.
+const SKB_SIZE: usize = 192;
+const SKB_TSTAMP: usize = 152;
+const SKB_WIRE_LEN: usize = 160;
+const SKB_GSO_SEGS: usize = 164;
+const SKB_GSO_SIZE: usize = 176;
+
+// ---- packet builders (checksums are irrelevant to the classifier) ----
+
+const V4_SERVER: [u8; 4] = [198, 18, 2, 2];
+const V4_CLIENT: [u8; 4] = [198, 18, 1, 2];
+const V4_ELSEWHERE: [u8; 4] = [198, 18, 9, 9];
+
+fn v6(last: u8, net: u8) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a[0] = 0xfd;
+    a[3] = net;
+    a[15] = last;
+    a
+}
+
+fn ethernet(tags: &[u16], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1];
+    for tpid in tags {
+        frame.extend_from_slice(&tpid.to_be_bytes());
+        frame.extend_from_slice(&[0x00, 0x64]); // VLAN 100
+    }
+    frame.extend_from_slice(&ethertype.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+fn l4_ports(sport: u16, dport: u16, header_len: usize, payload: usize) -> Vec<u8> {
+    let mut l4 = vec![0u8; header_len + payload];
+    l4[..2].copy_from_slice(&sport.to_be_bytes());
+    l4[2..4].copy_from_slice(&dport.to_be_bytes());
+    if header_len == 20 {
+        l4[12] = 5 << 4; // TCP data offset
+    }
+    l4
+}
+
+fn udp(dport: u16, payload: usize) -> (u8, Vec<u8>) {
+    (17, l4_ports(40000, dport, 8, payload))
+}
+
+fn tcp(dport: u16, payload: usize) -> (u8, Vec<u8>) {
+    (6, l4_ports(40000, dport, 20, payload))
+}
+
+struct V4 {
+    dst: [u8; 4],
+    option_words: usize,
+    fragment_offset: u16,
+    more_fragments: bool,
+}
+
+impl Default for V4 {
+    fn default() -> Self {
+        Self { dst: V4_SERVER, option_words: 0, fragment_offset: 0, more_fragments: false }
+    }
+}
+
+fn ipv4(options: V4, (proto, l4): (u8, Vec<u8>)) -> Vec<u8> {
+    let ihl = 5 + options.option_words;
+    let mut header = vec![0u8; ihl * 4];
+    header[0] = 0x40 | ihl as u8;
+    let total = (ihl * 4 + l4.len()) as u16;
+    header[2..4].copy_from_slice(&total.to_be_bytes());
+    let flags = (options.fragment_offset & 0x1fff) | if options.more_fragments { 0x2000 } else { 0 };
+    header[6..8].copy_from_slice(&flags.to_be_bytes());
+    header[8] = 64;
+    header[9] = proto;
+    header[12..16].copy_from_slice(&V4_CLIENT);
+    header[16..20].copy_from_slice(&options.dst);
+    for byte in header.iter_mut().skip(20) {
+        *byte = 1; // NOP options
+    }
+    header.extend_from_slice(&l4);
+    ethernet(&[], 0x0800, &header)
+}
+
+/// IPv6 with extension headers given as (type, total length in bytes, multiple of 8).
+fn ipv6(dst: [u8; 16], extensions: &[(u8, usize)], (proto, l4): (u8, Vec<u8>), fragment_offset: u16) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (index, (kind, length)) in extensions.iter().enumerate() {
+        let next = extensions.get(index + 1).map_or(proto, |(k, _)| *k);
+        let mut ext = vec![0u8; *length];
+        ext[0] = next;
+        if *kind == 44 {
+            ext[2..4].copy_from_slice(&(fragment_offset << 3).to_be_bytes());
+        } else {
+            ext[1] = (*length / 8 - 1) as u8;
+        }
+        body.extend_from_slice(&ext);
+    }
+    body.extend_from_slice(&l4);
+    let mut header = vec![0u8; 40];
+    header[0] = 0x60;
+    header[4..6].copy_from_slice(&(body.len() as u16).to_be_bytes());
+    header[6] = extensions.first().map_or(proto, |(k, _)| *k);
+    header[7] = 64;
+    header[8..24].copy_from_slice(&v6(2, 1));
+    header[24..40].copy_from_slice(&dst);
+    header.extend_from_slice(&body);
+    ethernet(&[], 0x86dd, &header)
+}
+
+// ---- the harness ----
+
+struct Harness {
+    _lab: Lab,
+    attachment: Attachment,
+    ebpf: aya::Ebpf,
+    names: HashMap<u32, String>,
+}
+
+impl Harness {
+    fn new(classes: &[&[&str]]) -> Self {
+        let lab = Lab::new().unwrap();
+        lab.router.run("ip", &["link", "add", DEV, "type", "veth", "peer", "name", "trun1"]).unwrap();
+        lab.shaper_in(&lab.router, &["attach", DEV]).unwrap();
+        for class in classes {
+            let mut args = vec!["class", "add"];
+            args.extend_from_slice(class);
+            lab.shaper_in(&lab.router, &args).unwrap();
+        }
+        let location = Location { netns: Some(lab.router.name.clone()), dev: DEV.into(), direction: Direction::Egress };
+        let attachment = Attachment::open(&location).unwrap();
+        let names = attachment
+            .class_list()
+            .unwrap()
+            .into_iter()
+            .map(|(id, meta)| (id, state::decode_name(&meta.name)))
+            .collect();
+        // The pinned maps are reused: the test program shares state with the attached one.
+        let mut ebpf = state::load_object(attachment.dir(), 1024).unwrap();
+        state::load_program(&mut ebpf, program_names::SHAPER_CLOCKED).unwrap();
+        Self { _lab: lab, attachment, ebpf, names }
+    }
+
+    fn counters(&self) -> HashMap<u32, ClassStats> {
+        self.names.keys().map(|id| (*id, self.attachment.class_stats(*id).unwrap())).collect()
+    }
+
+    /// Runs one packet at `now_ns`; returns the verdict and the class that counted it.
+    fn run(&mut self, frame: &[u8], now_ns: u64, gso_segs: u32) -> (u32, Option<String>) {
+        let before = self.counters();
+        let mut ctx = vec![0u8; SKB_SIZE];
+        ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now_ns.to_ne_bytes());
+        if gso_segs > 1 {
+            // The kernel takes a GSO context only with a wire length and a segment size.
+            let wire_len = frame.len() as u32 + (gso_segs - 1) * 54;
+            ctx[SKB_WIRE_LEN..SKB_WIRE_LEN + 4].copy_from_slice(&wire_len.to_ne_bytes());
+            ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&gso_segs.to_ne_bytes());
+            ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&1000u32.to_ne_bytes());
+        }
+        let program: &aya::programs::SchedClassifier =
+            self.ebpf.program(program_names::SHAPER_CLOCKED).unwrap().try_into().unwrap();
+        let result = program
+            .test_run(TestRunOptions { data_in: Some(frame), ctx_in: Some(&ctx), ..TestRunOptions::default() })
+            .unwrap();
+        let after = self.counters();
+        let counted: Vec<String> = after
+            .iter()
+            .filter(|(id, stats)| {
+                let b = before[*id];
+                stats.passed_packets + stats.dropped_packets > b.passed_packets + b.dropped_packets
+            })
+            .map(|(id, _)| self.names[id].clone())
+            .collect();
+        assert!(counted.len() <= 1, "one packet counted by several classes: {counted:?}");
+        (result.return_value, counted.into_iter().next())
+    }
+
+    fn class_id(&self, name: &str) -> u32 {
+        *self.names.iter().find(|(_, n)| *n == name).unwrap().0
+    }
+}
+
+#[test]
+fn crafted_packets_get_the_expected_class_and_verdict() {
+    let mut harness = Harness::new(&[
+        &["dns", "--dev", DEV, "--proto", "udp", "--dport", "53", "--prio", "10", "--rate", "400gbit"],
+        &["web", "--dev", DEV, "--proto", "tcp", "--dport", "80", "--prio", "20", "--rate", "8kbit", "--burst", "1514"],
+        &["icmp", "--dev", DEV, "--proto", "icmp", "--prio", "30", "--rate", "400gbit"],
+        &["net4", "--dev", DEV, "--dst", "198.18.2.0/24", "--prio", "50", "--rate", "400gbit"],
+        &["net6", "--dev", DEV, "--dst", "fd00:2::/64", "--prio", "50", "--rate", "400gbit"],
+    ]);
+    let server6 = v6(2, 2);
+    let arp = ethernet(&[], 0x0806, &[0u8; 28]);
+    let lldp = ethernet(&[], 0x88cc, &[0u8; 40]);
+    let mut truncated_udp = ipv4(V4::default(), udp(53, 0));
+    truncated_udp.truncate(14 + 20 + 2);
+    let mut truncated_tcp = ipv4(V4::default(), tcp(80, 0));
+    truncated_tcp.truncate(14 + 20 + 3);
+    // (An IPv4 header cut short cannot be tested: BPF_PROG_TEST_RUN itself refuses it.)
+    let mut truncated_ext = ipv6(server6, &[(0, 16)], udp(53, 8), 0);
+    truncated_ext.truncate(14 + 40 + 1);
+    let mut bad_ihl = ipv4(V4::default(), udp(53, 0));
+    bad_ihl[14] = 0x44;
+    let echo = (1u8, vec![8u8, 0, 0, 0, 0, 1, 0, 1]);
+    let echo6 = (58u8, vec![128u8, 0, 0, 0, 0, 1, 0, 1]);
+    let cases: Vec<(&str, Vec<u8>, u32, Option<&str>)> = vec![
+        ("802.1Q VLAN, IPv4 UDP :53", ethernet(&[0x8100], 0x0800, &ipv4(V4::default(), udp(53, 32))[14..]), PASS, Some("dns")),
+        ("QinQ 802.1ad+802.1Q, IPv4 UDP :53", ethernet(&[0x88a8, 0x8100], 0x0800, &ipv4(V4::default(), udp(53, 32))[14..]), PASS, Some("dns")),
+        ("IPv4 with 8 bytes of options, UDP :53", ipv4(V4 { option_words: 2, ..V4::default() }, udp(53, 32)), PASS, Some("dns")),
+        ("IPv6 hop-by-hop + destination options, UDP :53", ipv6(server6, &[(0, 8), (60, 16)], udp(53, 32), 0), PASS, Some("dns")),
+        ("IPv6 routing header, TCP :80, 1600 bytes", ipv6(server6, &[(43, 24)], tcp(80, 1500), 0), SHOT, Some("web")),
+        ("IPv4 TCP :80, small", ipv4(V4::default(), tcp(80, 10)), PASS, Some("web")),
+        ("IPv4 TCP :80, 1600 bytes", ipv4(V4::default(), tcp(80, 1546)), SHOT, Some("web")),
+        ("IPv4 first fragment, UDP :53", ipv4(V4 { more_fragments: true, ..V4::default() }, udp(53, 64)), PASS, Some("dns")),
+        ("IPv4 non-first fragment, UDP", ipv4(V4 { fragment_offset: 185, ..V4::default() }, udp(9999, 64)), PASS, Some("dns")),
+        ("IPv4 non-first fragment, TCP, 1600 bytes", ipv4(V4 { fragment_offset: 185, ..V4::default() }, tcp(9999, 1546)), SHOT, Some("web")),
+        ("IPv6 non-first fragment, UDP", ipv6(server6, &[(44, 8)], udp(9999, 64), 100), PASS, Some("dns")),
+        ("IPv4 UDP header cut after 2 bytes", truncated_udp, PASS, Some("dns")),
+        ("IPv4 TCP header cut after 3 bytes", truncated_tcp, PASS, Some("web")),
+        // Protocol unknown: caught by the best class whose address rule matches, whatever
+        // its protocol and port rule ("dns" has no address rule and the best priority).
+        ("IPv6 hop-by-hop header cut after 1 byte", truncated_ext, PASS, Some("dns")),
+        ("IPv4 with IHL 4 (malformed)", bad_ihl, PASS, Some("dns")),
+        ("IPv6 with 9 extension headers, UDP :53", ipv6(server6, &[(60, 8); 9], udp(53, 32), 0), PASS, Some("dns")),
+        ("ICMP echo", ipv4(V4::default(), echo.clone()), PASS, Some("icmp")),
+        ("ICMPv6 echo", ipv6(server6, &[], echo6, 0), PASS, Some("icmp")),
+        ("IPv4 UDP :54 to 198.18.2.2", ipv4(V4::default(), udp(54, 32)), PASS, Some("net4")),
+        ("IPv4 UDP :54 elsewhere", ipv4(V4 { dst: V4_ELSEWHERE, ..V4::default() }, udp(54, 32)), PASS, None),
+        ("IPv6 UDP :54 elsewhere", ipv6(v6(2, 9), &[], udp(54, 32), 0), PASS, None),
+        ("ARP", arp, PASS, None),
+        ("LLDP", lldp, PASS, None),
+    ];
+    let mut failures = Vec::new();
+    for (index, (what, frame, verdict, class)) in cases.iter().enumerate() {
+        // Ten seconds apart: the 8kbit bucket is full again before every packet.
+        let now = (index as u64 + 1) * 10_000_000_000;
+        let (got_verdict, got_class) = harness.run(frame, now, 1);
+        println!("{what:48} verdict {:>2} class {:?}", got_verdict as i32, got_class);
+        if got_verdict != *verdict || got_class.as_deref() != *class {
+            failures.push(format!("{what}: got ({}, {got_class:?}), expected ({}, {class:?})", got_verdict as i32, *verdict as i32));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn gso_packets_are_charged_their_bytes_on_the_wire() {
+    let mut harness = Harness::new(&[&["gso", "--dev", DEV, "--proto", "tcp", "--dport", "9100", "--rate", "1gbit"]]);
+    // Test runs take at most about 3.5 KiB of packet data.
+    let frame = ipv4(V4::default(), tcp(9100, 2000));
+    let (verdict, class) = harness.run(&frame, 1_000_000_000, 4);
+    assert_eq!((verdict, class.as_deref()), (PASS, Some("gso")));
+    let stats = harness.attachment.class_stats(harness.class_id("gso")).unwrap();
+    // Three extra segments, each with its own Ethernet + IPv4 + TCP headers.
+    assert_eq!(stats.passed_bytes, frame.len() as u64 + 3 * (14 + 20 + 20));
+}
+
+/// A deterministic pseudo-random sequence (no extra crate for a test's dice).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % bound
+    }
+}
+
+#[test]
+fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
+    let mut harness = Harness::new(&[
+        &["shared", "--dev", DEV, "--proto", "udp", "--dport", "9000", "--rate", "1mbit", "--burst", "3000"],
+        &["perflow", "--dev", DEV, "--proto", "udp", "--dport", "9001", "--rate", "2mbit", "--burst", "4000", "--per", "flow"],
+    ]);
+    let shared_cost = ByteCost::new(1_000_000, 3000);
+    let flow_cost = ByteCost::new(2_000_000, 4000);
+    let mut model_tat: HashMap<(u16, u16), u64> = HashMap::new();
+    let mut dice = Lcg(7);
+    let mut now = 5_000_000_000u64;
+    let (mut admitted, mut dropped, mut mismatches) = (0, 0, Vec::new());
+    for index in 0..1000 {
+        now += dice.next(3_000_000); // 0-3 ms apart
+        let payload = dice.next(1400) as usize;
+        let (dport, sport) = if index % 2 == 0 { (9000, 1000) } else { (9001, 1000 + dice.next(3) as u16) };
+        let mut datagram = udp(dport, payload);
+        datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
+        let frame = ipv4(V4::default(), datagram);
+        let (cost, key) = if dport == 9000 { (&shared_cost, (dport, 0)) } else { (&flow_cost, (dport, sport)) };
+        let tat = model_tat.entry(key).or_insert(0);
+        let expected = match conform(*tat, now, frame.len() as u64, cost) {
+            Some(next) => {
+                *tat = next;
+                PASS
+            }
+            None => SHOT,
+        };
+        let (verdict, _) = harness.run(&frame, now, 1);
+        if verdict == PASS { admitted += 1 } else { dropped += 1 }
+        if verdict != expected {
+            mismatches.push(format!("packet {index}: {} bytes at {now} ns: got {}, model says {}", frame.len(), verdict as i32, expected as i32));
+        }
+    }
+    println!("1000 packets: {admitted} admitted, {dropped} dropped, {} mismatches", mismatches.len());
+    assert!(dropped > 100 && admitted > 100, "the sequence must exercise both verdicts");
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
