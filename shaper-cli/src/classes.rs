@@ -47,7 +47,9 @@ pub fn parse_scope(text: &str) -> Result<Scope, String> {
         "flow" => Ok(Scope::Flow),
         "src" => Ok(Scope::Src),
         "dst" => Ok(Scope::Dst),
-        _ => Err(format!("unknown bucket scope '{text}' (expected class, flow, src or dst)")),
+        _ => Err(format!(
+            "unknown bucket scope '{text}' (expected class, flow, src or dst)"
+        )),
     }
 }
 
@@ -67,7 +69,9 @@ fn cidr_from_meta(family: u8, addr: [u32; 4], prefix: u8) -> Option<IpNet> {
         FAMILY_V4 => Ipv4Net::new(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3]), prefix)
             .ok()
             .map(IpNet::V4),
-        _ => Ipv6Net::new(Ipv6Addr::from(raw), prefix).ok().map(IpNet::V6),
+        _ => Ipv6Net::new(Ipv6Addr::from(raw), prefix)
+            .ok()
+            .map(IpNet::V6),
     }
 }
 
@@ -79,7 +83,11 @@ fn cidr_to_meta(net: Option<IpNet>) -> (u8, [u32; 4], u8) {
             raw[..4].copy_from_slice(&v4.network().octets());
             (FAMILY_V4, words(raw), v4.prefix_len())
         }
-        Some(IpNet::V6(v6)) => (shaper_common::FAMILY_V6, words(v6.network().octets()), v6.prefix_len()),
+        Some(IpNet::V6(v6)) => (
+            shaper_common::FAMILY_V6,
+            words(v6.network().octets()),
+            v6.prefix_len(),
+        ),
     }
 }
 
@@ -91,8 +99,14 @@ impl ClassSpec {
                 src: cidr_from_meta(meta.src_family, meta.src_addr, meta.src_prefix),
                 dst: cidr_from_meta(meta.dst_family, meta.dst_addr, meta.dst_prefix),
                 proto: Proto::from_u8(meta.proto),
-                sport: PortRange { lo: meta.sport_lo, hi: meta.sport_hi },
-                dport: PortRange { lo: meta.dport_lo, hi: meta.dport_hi },
+                sport: PortRange {
+                    lo: meta.sport_lo,
+                    hi: meta.sport_hi,
+                },
+                dport: PortRange {
+                    lo: meta.dport_lo,
+                    hi: meta.dport_hi,
+                },
             },
             rate_bits_per_sec: meta.rate_bits_per_sec,
             burst_bytes: meta.burst_bytes,
@@ -167,7 +181,9 @@ struct ShapeTable {
 impl ShapeTable {
     fn read(attachment: &Attachment) -> Result<Self> {
         let map = attachment.shapes()?;
-        let slots = (0..MAX_SHAPES).map(|i| map.get(&i, 0)).collect::<Result<Vec<_>, _>>()?;
+        let slots = (0..MAX_SHAPES)
+            .map(|i| map.get(&i, 0))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self { slots })
     }
 
@@ -176,18 +192,25 @@ impl ShapeTable {
         if let Some(index) = self.slots.iter().position(|s| s.in_use != 0 && s == shape) {
             return Ok(index as u16);
         }
-        let free = self.slots.iter().position(|s| s.in_use == 0).ok_or_else(|| {
-            runtime(format!(
-                "too many distinct rule shapes (the limit is {MAX_SHAPES} per interface and \
+        let free = self
+            .slots
+            .iter()
+            .position(|s| s.in_use == 0)
+            .ok_or_else(|| {
+                runtime(format!(
+                    "too many distinct rule shapes (the limit is {MAX_SHAPES} per interface and \
                  direction): use fewer distinct prefix lengths or simpler port ranges"
-            ))
-        })?;
+                ))
+            })?;
         self.slots[free] = *shape;
         Ok(free as u16)
     }
 
     fn count(&self) -> u32 {
-        self.slots.iter().rposition(|s| s.in_use != 0).map_or(0, |i| i as u32 + 1)
+        self.slots
+            .iter()
+            .rposition(|s| s.in_use != 0)
+            .map_or(0, |i| i as u32 + 1)
     }
 }
 
@@ -195,7 +218,12 @@ impl ShapeTable {
 fn class_entries(rule: &Rule, shapes: &mut ShapeTable) -> Result<Vec<RuleKey>> {
     rule.entries()
         .into_iter()
-        .map(|(shape, key)| Ok(RuleKey { shape: shapes.slot(&shape)?, ..key }))
+        .map(|(shape, key)| {
+            Ok(RuleKey {
+                shape: shapes.slot(&shape)?,
+                ..key
+            })
+        })
         .collect()
 }
 
@@ -228,7 +256,10 @@ fn zero_stats(attachment: &Attachment, id: u32) -> Result<()> {
 /// Adds a class; all or nothing.
 pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
     let existing = attachment.class_list()?;
-    if existing.iter().any(|(_, m)| decode_name(&m.name) == spec.name) {
+    if existing
+        .iter()
+        .any(|(_, m)| decode_name(&m.name) == spec.name)
+    {
         return Err(runtime(format!(
             "class '{}' already exists on {}; use 'shaper class change'",
             spec.name,
@@ -236,11 +267,17 @@ pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
         )));
     }
     let used: std::collections::HashSet<u32> = existing.iter().map(|(id, _)| *id).collect();
-    let id = (0..MAX_CLASSES).find(|id| !used.contains(id)).ok_or_else(|| {
-        runtime(format!("no room for another class (the limit is {MAX_CLASSES})"))
-    })?;
+    let id = (0..MAX_CLASSES)
+        .find(|id| !used.contains(id))
+        .ok_or_else(|| {
+            runtime(format!(
+                "no room for another class (the limit is {MAX_CLASSES})"
+            ))
+        })?;
     let before = ShapeTable::read(attachment)?;
-    let mut shapes = ShapeTable { slots: before.slots.clone() };
+    let mut shapes = ShapeTable {
+        slots: before.slots.clone(),
+    };
     let keys = class_entries(&spec.rule, &mut shapes)?;
     let mut globals = attachment.globals()?;
     let seq = globals.next_seq;
@@ -255,7 +292,11 @@ pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
     attachment.meta()?.set(id, meta, 0)?;
     write_shapes(attachment, &shapes, &before)?;
 
-    let value = RuleValue { class_id: id, _pad: 0, rank: rank(spec.prio, seq) };
+    let value = RuleValue {
+        class_id: id,
+        _pad: 0,
+        rank: rank(spec.prio, seq),
+    };
     let mut rules = attachment.rules()?;
     let mut written: Vec<(RuleKey, Option<RuleValue>)> = Vec::new();
     let mut outcome = Ok(());
@@ -303,7 +344,10 @@ pub fn find(attachment: &Attachment, name: &str) -> Result<Option<(u32, ClassMet
 }
 
 fn not_found(attachment: &Attachment, name: &str) -> anyhow::Error {
-    runtime(format!("no class '{name}' on {}", attachment.location.describe()))
+    runtime(format!(
+        "no class '{name}' on {}",
+        attachment.location.describe()
+    ))
 }
 
 /// Changes rate and/or burst in place: the bucket word, counters and classifier
@@ -339,7 +383,9 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
         .ok_or_else(|| not_found(attachment, name))?;
     let configs = attachment.classes()?;
     let mut shapes = ShapeTable::read(attachment)?;
-    let before = ShapeTable { slots: shapes.slots.clone() };
+    let before = ShapeTable {
+        slots: shapes.slots.clone(),
+    };
     // What every remaining class wants, and the keys of the deleted one.
     let mut wanted: BTreeMap<RuleKey, RuleValue> = BTreeMap::new();
     let mut shapes_in_use = vec![false; MAX_SHAPES as usize];
@@ -352,7 +398,11 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
             deleted_keys = keys;
             continue;
         }
-        let value = RuleValue { class_id: *class_id, _pad: 0, rank: rank(meta.prio, meta.seq) };
+        let value = RuleValue {
+            class_id: *class_id,
+            _pad: 0,
+            rank: rank(meta.prio, meta.seq),
+        };
         for key in keys {
             shapes_in_use[key.shape as usize] = true;
             let slot = wanted.entry(key).or_insert(value);

@@ -3,7 +3,11 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "shaper", version, about = "eBPF traffic shaper: police UDP/TCP per class, flow, source or destination")]
+#[command(
+    name = "shaper",
+    version,
+    about = "eBPF traffic shaper: police UDP/TCP per class, flow, source or destination"
+)]
 pub struct Cli {
     /// Operate on an interface inside this named network namespace (ip netns); pins stay
     /// in the host's bpffs.
@@ -21,7 +25,7 @@ pub enum Command {
     Detach(DetachArgs),
     /// Add, change, delete or list classes.
     #[command(subcommand)]
-    Class(ClassCommand),
+    Class(Box<ClassCommand>),
     /// Per-class counters.
     Stats(StatsArgs),
     /// What is attached where.

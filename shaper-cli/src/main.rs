@@ -21,7 +21,9 @@ fn main() {
 fn one_line_clap_error(text: &str) -> String {
     text.lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information")
+        })
         .map(|l| l.trim_start_matches("error: "))
         .collect::<Vec<_>>()
         .join(" ")

@@ -12,7 +12,9 @@ use std::fs::File;
 
 pub fn enter(name: &str) -> Result<()> {
     if name.is_empty() || name.contains('/') {
-        return Err(crate::error::usage(format!("bad network namespace name '{name}'")));
+        return Err(crate::error::usage(format!(
+            "bad network namespace name '{name}'"
+        )));
     }
     let path = format!("/run/netns/{name}");
     let file = File::open(&path)
@@ -36,7 +38,10 @@ pub fn in_namespace<T>(netns: &Option<String>, work: impl FnOnce() -> Result<T>)
         .map_err(|e| runtime(format!("cannot open the current network namespace: {e}")))?;
     enter(name)?;
     let result = work();
-    setns(home, CloneFlags::CLONE_NEWNET)
-        .map_err(|e| runtime(format!("cannot return to the original network namespace: {e}")))?;
+    setns(home, CloneFlags::CLONE_NEWNET).map_err(|e| {
+        runtime(format!(
+            "cannot return to the original network namespace: {e}"
+        ))
+    })?;
     result
 }

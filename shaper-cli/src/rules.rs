@@ -29,7 +29,9 @@ impl Proto {
             "tcp" => Ok(Self::Tcp),
             "udp" => Ok(Self::Udp),
             "icmp" => Ok(Self::Icmp),
-            _ => Err(format!("unknown protocol '{text}' (expected tcp, udp, icmp or any)")),
+            _ => Err(format!(
+                "unknown protocol '{text}' (expected tcp, udp, icmp or any)"
+            )),
         }
     }
 
@@ -70,7 +72,10 @@ pub struct PortRange {
 }
 
 impl PortRange {
-    pub const ANY: Self = Self { lo: 0, hi: u16::MAX };
+    pub const ANY: Self = Self {
+        lo: 0,
+        hi: u16::MAX,
+    };
 
     /// Parses "P" or "P-Q".
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -106,7 +111,11 @@ impl PortRange {
         let end = self.hi as u32;
         while start <= end {
             // Largest aligned block starting at `start` that stays within the range.
-            let mut size = if start == 0 { 1 << 16 } else { 1 << start.trailing_zeros() };
+            let mut size = if start == 0 {
+                1 << 16
+            } else {
+                1 << start.trailing_zeros()
+            };
             while start + size - 1 > end {
                 size >>= 1;
             }
@@ -151,7 +160,9 @@ impl Rule {
     pub fn validate(&self) -> Result<(), String> {
         if let (Some(src), Some(dst)) = (self.src, self.dst) {
             if src.addr().is_ipv4() != dst.addr().is_ipv4() {
-                return Err(format!("--src {src} and --dst {dst} are of different address families"));
+                return Err(format!(
+                    "--src {src} and --dst {dst} are of different address families"
+                ));
             }
         }
         let has_ports = !self.sport.is_any() || !self.dport.is_any();
@@ -292,7 +303,10 @@ mod tests {
 
     #[test]
     fn port_ranges_split_into_prefixes() {
-        assert_eq!(PortRange::parse("80").unwrap().prefix_blocks(), vec![(80, 0xffff)]);
+        assert_eq!(
+            PortRange::parse("80").unwrap().prefix_blocks(),
+            vec![(80, 0xffff)]
+        );
         assert_eq!(
             PortRange::parse("1024-2047").unwrap().prefix_blocks(),
             vec![(1024, 0xfc00)]
@@ -301,10 +315,17 @@ mod tests {
         // Every port in the range is covered by exactly one block, none outside.
         for port in 0..=u16::MAX {
             let hits = blocks.iter().filter(|(v, m)| port & m == *v).count();
-            assert_eq!(hits, usize::from((1000..=1999).contains(&port)), "port {port}");
+            assert_eq!(
+                hits,
+                usize::from((1000..=1999).contains(&port)),
+                "port {port}"
+            );
         }
         assert!(blocks.len() <= 30);
-        assert_eq!(PortRange::parse("0-65535").unwrap().prefix_blocks(), vec![(0, 0)]);
+        assert_eq!(
+            PortRange::parse("0-65535").unwrap().prefix_blocks(),
+            vec![(0, 0)]
+        );
         assert!(PortRange::parse("9-8").is_err());
         assert!(PortRange::parse("70000").is_err());
         assert!(PortRange::parse("a-b").is_err());
@@ -312,8 +333,14 @@ mod tests {
 
     #[test]
     fn cidrs_are_truncated_and_hosts_accepted() {
-        assert_eq!(parse_cidr("198.18.1.7/16").unwrap().to_string(), "198.18.0.0/16");
-        assert_eq!(parse_cidr("198.18.1.7").unwrap().to_string(), "198.18.1.7/32");
+        assert_eq!(
+            parse_cidr("198.18.1.7/16").unwrap().to_string(),
+            "198.18.0.0/16"
+        );
+        assert_eq!(
+            parse_cidr("198.18.1.7").unwrap().to_string(),
+            "198.18.1.7/32"
+        );
         assert_eq!(parse_cidr("fd00::1/8").unwrap().to_string(), "fd00::/8");
         assert!(parse_cidr("198.18.0.0/33").is_err());
         assert!(parse_cidr("nonsense").is_err());
@@ -346,7 +373,11 @@ mod tests {
             sport: PortRange::ANY,
             dport: PortRange::ANY,
         };
-        let protos: Vec<(u8, u8)> = rule.entries().iter().map(|(_, k)| (k.family, k.proto)).collect();
+        let protos: Vec<(u8, u8)> = rule
+            .entries()
+            .iter()
+            .map(|(_, k)| (k.family, k.proto))
+            .collect();
         assert!(protos.contains(&(FAMILY_V4, PROTO_ICMP)));
         assert!(protos.contains(&(FAMILY_V6, PROTO_ICMPV6)));
     }

@@ -11,7 +11,9 @@ use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray},
     programs::{
-        links::FdLink, tc::{NlOptions, TcAttachOptions}, LinkOrder, SchedClassifier, TcAttachType,
+        links::FdLink,
+        tc::{NlOptions, TcAttachOptions},
+        LinkOrder, SchedClassifier, TcAttachType,
     },
     Ebpf, EbpfLoader,
 };
@@ -102,7 +104,10 @@ impl Location {
             None => HOST_NAMESPACE_DIR.to_string(),
             Some(name) => format!("{NETNS_DIR_PREFIX}{}", escape(name)),
         };
-        Path::new(PIN_ROOT).join(ns).join(escape(&self.dev)).join(self.direction.name())
+        Path::new(PIN_ROOT)
+            .join(ns)
+            .join(escape(&self.dev))
+            .join(self.direction.name())
     }
 
     pub fn describe(&self) -> String {
@@ -142,7 +147,8 @@ pub fn list_locations(netns_filter: Option<&Option<String>>) -> Result<Vec<Locat
         }
         for dev_entry in fs::read_dir(ns_entry.path())?.flatten() {
             for dir_entry in fs::read_dir(dev_entry.path())?.flatten() {
-                let Some(direction) = Direction::from_name(&dir_entry.file_name().to_string_lossy())
+                let Some(direction) =
+                    Direction::from_name(&dir_entry.file_name().to_string_lossy())
                 else {
                     continue;
                 };
@@ -161,7 +167,7 @@ pub fn list_locations(netns_filter: Option<&Option<String>>) -> Result<Vec<Locat
 /// Mounts bpffs at /sys/fs/bpf when it is not there yet and creates the pin root.
 pub fn ensure_bpffs() -> Result<()> {
     let mounted = nix::sys::statfs::statfs(BPFFS)
-        .map(|fs| fs.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+        .map(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
         .unwrap_or(false);
     if !mounted {
         fs::create_dir_all(BPFFS).with_context(|| format!("cannot create {BPFFS}"))?;
@@ -201,9 +207,12 @@ pub fn load_object(dir: &Path, flow_table_size: u32) -> Result<Ebpf> {
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());
     }
-    loader
-        .load(crate::EBPF_OBJECT)
-        .map_err(|e| runtime(format!("cannot load the eBPF object: {}", one_line(&e.to_string()))))
+    loader.load(crate::EBPF_OBJECT).map_err(|e| {
+        runtime(format!(
+            "cannot load the eBPF object: {}",
+            one_line(&e.to_string())
+        ))
+    })
 }
 
 /// Loads (verifies) one program of a loaded object.
@@ -212,9 +221,12 @@ pub fn load_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedC
         .program_mut(name)
         .with_context(|| format!("program {name} missing from the eBPF object"))?
         .try_into()?;
-    program
-        .load()
-        .map_err(|e| runtime(format!("the kernel refused program {name}: {}", one_line(&format!("{e:#}")))))?;
+    program.load().map_err(|e| {
+        runtime(format!(
+            "the kernel refused program {name}: {}",
+            one_line(&format!("{e:#}"))
+        ))
+    })?;
     Ok(program)
 }
 
@@ -239,18 +251,24 @@ pub fn attach_fresh(
     let staging = final_dir.with_file_name(format!("{}-staging", location.direction.name()));
     // A crash may have left a staging directory: it never holds a live attachment.
     let _ = fs::remove_dir_all(&staging);
-    fs::create_dir_all(&staging)
-        .with_context(|| format!("cannot create {}", staging.display()))?;
+    fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
     let mut detach_on_failure = None;
     let result = (|| -> Result<AttachMode> {
         let mut ebpf = load_object(&staging, flow_table_size)?;
         let program = load_program(&mut ebpf, program_names::SHAPER)?;
         program.pin(staging.join(PROG_PIN))?;
-        let (mode, created_clsact) =
-            attach_program(program, location, forced_mode, &staging, &mut detach_on_failure)?;
+        let (mode, created_clsact) = attach_program(
+            program,
+            location,
+            forced_mode,
+            &staging,
+            &mut detach_on_failure,
+        )?;
         let ifindex = crate::netns::ifindex(&location.dev)?;
-        let mut globals: Array<_, Globals> =
-            Array::try_from(ebpf.map_mut(map_names::GLOBALS).context("GLOBALS map missing")?)?;
+        let mut globals: Array<_, Globals> = Array::try_from(
+            ebpf.map_mut(map_names::GLOBALS)
+                .context("GLOBALS map missing")?,
+        )?;
         globals.set(
             0,
             Globals {
@@ -312,8 +330,18 @@ fn attach_program(
     let created_clsact = aya::programs::tc::qdisc_add_clsact(&location.dev).is_ok();
     *detach_on_failure = Some((location.dev.clone(), location.direction, created_clsact));
     let link_id = program
-        .attach_with_options(&location.dev, attach_type, TcAttachOptions::Netlink(NlOptions::default()))
-        .map_err(|e| runtime(format!("clsact attach failed on {}: {}", location.dev, one_line(&format!("{e:#}")))))?;
+        .attach_with_options(
+            &location.dev,
+            attach_type,
+            TcAttachOptions::Netlink(NlOptions::default()),
+        )
+        .map_err(|e| {
+            runtime(format!(
+                "clsact attach failed on {}: {}",
+                location.dev,
+                one_line(&format!("{e:#}"))
+            ))
+        })?;
     // The netlink filter lives on in the kernel; dropping our handle must not remove it.
     std::mem::forget(program.take_link(link_id)?);
     Ok((AttachMode::Clsact, created_clsact))
@@ -408,7 +436,11 @@ impl Attachment {
             return Err(runtime(format!(
                 "shaper is not attached to {}; run: shaper{} attach {} --direction {}",
                 location.describe(),
-                location.netns.as_ref().map(|n| format!(" --netns {n}")).unwrap_or_default(),
+                location
+                    .netns
+                    .as_ref()
+                    .map(|n| format!(" --netns {n}"))
+                    .unwrap_or_default(),
                 location.dev,
                 location.direction.name()
             )));
@@ -436,7 +468,10 @@ impl Attachment {
     }
 
     pub fn rules(&self) -> Result<BpfHashMap<MapData, RuleKey, RuleValue>> {
-        Ok(BpfHashMap::try_from(open_map(&self.dir, map_names::RULES)?)?)
+        Ok(BpfHashMap::try_from(open_map(
+            &self.dir,
+            map_names::RULES,
+        )?)?)
     }
 
     pub fn classes(&self) -> Result<Array<MapData, ClassConfig>> {
@@ -444,15 +479,24 @@ impl Attachment {
     }
 
     pub fn class_buckets(&self) -> Result<Array<MapData, u64>> {
-        Ok(Array::try_from(open_map(&self.dir, map_names::CLASS_BUCKETS)?)?)
+        Ok(Array::try_from(open_map(
+            &self.dir,
+            map_names::CLASS_BUCKETS,
+        )?)?)
     }
 
     pub fn stats(&self) -> Result<PerCpuArray<MapData, ClassStats>> {
-        Ok(PerCpuArray::try_from(open_map(&self.dir, map_names::STATS)?)?)
+        Ok(PerCpuArray::try_from(open_map(
+            &self.dir,
+            map_names::STATS,
+        )?)?)
     }
 
     pub fn meta(&self) -> Result<Array<MapData, ClassMeta>> {
-        Ok(Array::try_from(open_map(&self.dir, map_names::CLASS_META)?)?)
+        Ok(Array::try_from(open_map(
+            &self.dir,
+            map_names::CLASS_META,
+        )?)?)
     }
 
     /// Every class in use: (class id, description), in creation order.
@@ -472,14 +516,16 @@ impl Attachment {
     /// Per-class counters summed over CPUs.
     pub fn class_stats(&self, class_id: u32) -> Result<ClassStats> {
         let per_cpu = self.stats()?.get(&class_id, 0)?;
-        Ok(per_cpu.iter().fold(ClassStats::default(), |sum, s| ClassStats {
-            passed_packets: sum.passed_packets + s.passed_packets,
-            passed_bytes: sum.passed_bytes + s.passed_bytes,
-            dropped_packets: sum.dropped_packets + s.dropped_packets,
-            dropped_bytes: sum.dropped_bytes + s.dropped_bytes,
-            marked_packets: sum.marked_packets + s.marked_packets,
-            marked_bytes: sum.marked_bytes + s.marked_bytes,
-        }))
+        Ok(per_cpu
+            .iter()
+            .fold(ClassStats::default(), |sum, s| ClassStats {
+                passed_packets: sum.passed_packets + s.passed_packets,
+                passed_bytes: sum.passed_bytes + s.passed_bytes,
+                dropped_packets: sum.dropped_packets + s.dropped_packets,
+                dropped_bytes: sum.dropped_bytes + s.dropped_bytes,
+                marked_packets: sum.marked_packets + s.marked_packets,
+                marked_bytes: sum.marked_bytes + s.marked_bytes,
+            }))
     }
 
     pub fn status(&self) -> Result<AttachmentStatus> {
@@ -492,9 +538,11 @@ impl Attachment {
             .max_entries();
         let live = crate::netns::ifindex(&self.location.dev).ok() == Some(globals.ifindex)
             && match mode {
-                AttachMode::Tcx => SchedClassifier::query_tcx(&self.location.dev, self.location.direction.tc())
-                    .map(|(_, programs)| programs.iter().any(|p| p.id() == program_id))
-                    .unwrap_or(false),
+                AttachMode::Tcx => {
+                    SchedClassifier::query_tcx(&self.location.dev, self.location.direction.tc())
+                        .map(|(_, programs)| programs.iter().any(|p| p.id() == program_id))
+                        .unwrap_or(false)
+                }
                 AttachMode::Clsact => true,
             };
         Ok(AttachmentStatus {
@@ -519,7 +567,9 @@ impl Attachment {
 pub fn encode_name(name: &str) -> Result<[u8; CLASS_NAME_LEN]> {
     let valid = !name.is_empty()
         && name.len() < CLASS_NAME_LEN
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
     if !valid {
         return Err(usage(format!(
             "bad class name '{name}': use 1-{} characters of letters, digits, '-', '_', '.', ':'",

@@ -71,7 +71,9 @@ fn scale(text: &str, units: &[(&str, f64)], bare: f64, what: &str) -> Result<f64
 pub fn parse_rate(text: &str) -> Result<u64, String> {
     let bits = scale(text, RATE_UNITS, 1.0, "rate")?.round();
     if bits < MIN_RATE_BITS_PER_SEC as f64 {
-        return Err(format!("rate '{text}' is below the minimum of 8bit (1 byte/s)"));
+        return Err(format!(
+            "rate '{text}' is below the minimum of 8bit (1 byte/s)"
+        ));
     }
     if bits > MAX_RATE_BITS_PER_SEC as f64 {
         return Err(format!("rate '{text}' is above the maximum of 400gbit"));
@@ -142,7 +144,10 @@ mod tests {
         assert_eq!(parse_rate("1kibps"), Ok(8192));
         assert_eq!(parse_rate("100"), Ok(100));
         assert_eq!(parse_rate("100bit"), Ok(100));
-        assert_eq!(parse_rate("1tbit"), Err("rate '1tbit' is above the maximum of 400gbit".into()));
+        assert_eq!(
+            parse_rate("1tbit"),
+            Err("rate '1tbit' is above the maximum of 400gbit".into())
+        );
         assert_eq!(parse_rate("400gbit"), Ok(400_000_000_000));
         assert!(parse_rate("0").is_err());
         assert!(parse_rate("7bit").is_err());

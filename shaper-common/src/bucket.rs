@@ -69,7 +69,11 @@ impl ByteCost {
     /// below 2^34 for every rate >= 8 bit/s, so both products stay below 2^58.
     #[inline(always)]
     pub fn ticks_for(&self, bytes: u64) -> u64 {
-        let bytes = if bytes > MAX_CHARGE_BYTES { MAX_CHARGE_BYTES } else { bytes };
+        let bytes = if bytes > MAX_CHARGE_BYTES {
+            MAX_CHARGE_BYTES
+        } else {
+            bytes
+        };
         let whole = bytes * self.ticks_per_byte;
         let frac = (bytes * self.ticks_per_byte_frac + FRAC_MASK) >> FRAC_BITS;
         whole + frac

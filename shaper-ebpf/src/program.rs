@@ -7,8 +7,8 @@ use aya_ebpf::{
 };
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
-    conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey, RuleValue,
-    Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
+    conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
+    RuleValue, Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
     KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES, PROTO_TCP,
     PROTO_UDP,
 };
@@ -259,8 +259,16 @@ fn classify(packet: &Packet) -> Option<u32> {
         }
         let key = RuleKey {
             shape: index as u16,
-            family: if shape.match_family != 0 { packet.family } else { 0 },
-            proto: if shape.match_proto != 0 { packet.proto } else { 0 },
+            family: if shape.match_family != 0 {
+                packet.family
+            } else {
+                0
+            },
+            proto: if shape.match_proto != 0 {
+                packet.proto
+            } else {
+                0
+            },
             flags: packet.flags,
             _pad: [0; 3],
             sport: packet.sport & shape.sport_mask,

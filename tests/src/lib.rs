@@ -46,7 +46,9 @@ pub fn shaper_bin() -> PathBuf {
 }
 
 fn run_checked(command: &mut Command) -> Result<Output> {
-    let output = command.output().with_context(|| format!("cannot run {command:?}"))?;
+    let output = command
+        .output()
+        .with_context(|| format!("cannot run {command:?}"))?;
     if !output.status.success() {
         bail!(
             "{command:?} failed: {}",
@@ -153,7 +155,14 @@ pub struct Udp {
 
 impl Default for Udp {
     fn default() -> Self {
-        Self { rate: "100M", seconds: 5, streams: 1, ipv6: false, port: None, length: 1400 }
+        Self {
+            rate: "100M",
+            seconds: 5,
+            streams: 1,
+            ipv6: false,
+            port: None,
+            length: 1400,
+        }
     }
 }
 
@@ -166,9 +175,15 @@ impl Lab {
             LAB_COUNTER.fetch_add(1, Ordering::SeqCst)
         );
         let lab = Self {
-            client: Netns { name: format!("{id}-client") },
-            router: Netns { name: format!("{id}-router") },
-            server: Netns { name: format!("{id}-server") },
+            client: Netns {
+                name: format!("{id}-client"),
+            },
+            router: Netns {
+                name: format!("{id}-router"),
+            },
+            server: Netns {
+                name: format!("{id}-server"),
+            },
             next_port: 5201,
         };
         // Built inside `lab` so a failure half-way still cleans up on drop.
@@ -181,12 +196,44 @@ impl Lab {
             ip(&["netns", "add", &ns.name])?;
             ns.ip(&["link", "set", "lo", "up"])?;
         }
-        self.client.ip(&["link", "add", CLIENT_DEV, "type", "veth", "peer", "name", ROUTER_TO_CLIENT, "netns", &self.router.name])?;
-        self.server.ip(&["link", "add", SERVER_DEV, "type", "veth", "peer", "name", ROUTER_TO_SERVER, "netns", &self.router.name])?;
+        self.client.ip(&[
+            "link",
+            "add",
+            CLIENT_DEV,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            ROUTER_TO_CLIENT,
+            "netns",
+            &self.router.name,
+        ])?;
+        self.server.ip(&[
+            "link",
+            "add",
+            SERVER_DEV,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            ROUTER_TO_SERVER,
+            "netns",
+            &self.router.name,
+        ])?;
         let addresses = [
             (&self.client, CLIENT_DEV, "198.18.1.2/24", "fd00:1::2/64"),
-            (&self.router, ROUTER_TO_CLIENT, "198.18.1.1/24", "fd00:1::1/64"),
-            (&self.router, ROUTER_TO_SERVER, "198.18.2.1/24", "fd00:2::1/64"),
+            (
+                &self.router,
+                ROUTER_TO_CLIENT,
+                "198.18.1.1/24",
+                "fd00:1::1/64",
+            ),
+            (
+                &self.router,
+                ROUTER_TO_SERVER,
+                "198.18.2.1/24",
+                "fd00:2::1/64",
+            ),
             (&self.server, SERVER_DEV, "198.18.2.2/24", "fd00:2::2/64"),
         ];
         for (ns, dev, v4, v6) in addresses {
@@ -195,10 +242,14 @@ impl Lab {
             ns.ip(&["link", "set", dev, "up"])?;
         }
         // Routes only toward the lab's own prefixes: nothing can leave the machine.
-        self.client.ip(&["route", "add", "198.18.2.0/24", "via", "198.18.1.1"])?;
-        self.client.ip(&["-6", "route", "add", "fd00:2::/64", "via", "fd00:1::1"])?;
-        self.server.ip(&["route", "add", "198.18.1.0/24", "via", "198.18.2.1"])?;
-        self.server.ip(&["-6", "route", "add", "fd00:1::/64", "via", "fd00:2::1"])?;
+        self.client
+            .ip(&["route", "add", "198.18.2.0/24", "via", "198.18.1.1"])?;
+        self.client
+            .ip(&["-6", "route", "add", "fd00:2::/64", "via", "fd00:1::1"])?;
+        self.server
+            .ip(&["route", "add", "198.18.1.0/24", "via", "198.18.2.1"])?;
+        self.server
+            .ip(&["-6", "route", "add", "fd00:1::/64", "via", "fd00:2::1"])?;
         self.router.sysctl("net.ipv4.ip_forward=1")?;
         self.router.sysctl("net.ipv6.conf.all.forwarding=1")?;
         Ok(())
@@ -252,7 +303,9 @@ impl Lab {
             .spawn()?;
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            let out = self.server.run("ss", &["-Hltn", &format!("sport = :{port}")])?;
+            let out = self
+                .server
+                .run("ss", &["-Hltn", &format!("sport = :{port}")])?;
             if !out.stdout.is_empty() {
                 return Ok(child);
             }
@@ -264,11 +317,22 @@ impl Lab {
     fn iperf_client(&self, port: u16, args: &[String]) -> Result<Value> {
         let mut command = self.client.command("timeout");
         // Bounded in time whatever happens to the peer.
-        command.args(["60", "iperf3", "-p", &port.to_string(), "--json", "--get-server-output"]);
+        command.args([
+            "60",
+            "iperf3",
+            "-p",
+            &port.to_string(),
+            "--json",
+            "--get-server-output",
+        ]);
         command.args(args);
         let output = command.output()?;
-        let json: Value = serde_json::from_slice(&output.stdout)
-            .with_context(|| format!("iperf3 printed no JSON: {}", String::from_utf8_lossy(&output.stderr)))?;
+        let json: Value = serde_json::from_slice(&output.stdout).with_context(|| {
+            format!(
+                "iperf3 printed no JSON: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })?;
         if let Some(error) = json.get("error") {
             bail!("iperf3 failed: {error}");
         }
@@ -281,8 +345,17 @@ impl Lab {
         let mut server = self.iperf_server(port)?;
         let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
         let args: Vec<String> = [
-            "-c", target, "-u", "-b", options.rate, "-t", &options.seconds.to_string(),
-            "-P", &options.streams.to_string(), "-l", &options.length.to_string(),
+            "-c",
+            target,
+            "-u",
+            "-b",
+            options.rate,
+            "-t",
+            &options.seconds.to_string(),
+            "-P",
+            &options.streams.to_string(),
+            "-l",
+            &options.length.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -290,7 +363,11 @@ impl Lab {
         let json = self.iperf_client(port, &args);
         let _ = server.wait();
         let json = json?;
-        let overhead = if options.ipv6 { UDP_V6_OVERHEAD } else { UDP_V4_OVERHEAD };
+        let overhead = if options.ipv6 {
+            UDP_V6_OVERHEAD
+        } else {
+            UDP_V4_OVERHEAD
+        };
         parse_udp(&json, options, overhead)
     }
 
@@ -313,12 +390,16 @@ impl Lab {
 
 fn parse_udp(json: &Value, options: &Udp, overhead: u64) -> Result<UdpResult> {
     let server = &json["server_output_json"];
-    let intervals = server["intervals"].as_array().context("no server intervals")?;
+    let intervals = server["intervals"]
+        .as_array()
+        .context("no server intervals")?;
     // L2 bits of what arrived: payload plus the headers of every datagram.
     let l2_bits = |sample: &Value| {
         let bytes = sample["bytes"].as_u64().unwrap_or(0);
         // iperf3's "packets" counts sequence numbers seen, lost ones included.
-        let packets = sample["packets"].as_u64().unwrap_or(0)
+        let packets = sample["packets"]
+            .as_u64()
+            .unwrap_or(0)
             .saturating_sub(sample["lost_packets"].as_u64().unwrap_or(0));
         (bytes + packets * overhead) as f64 * 8.0
     };
@@ -336,7 +417,12 @@ fn parse_udp(json: &Value, options: &Udp, overhead: u64) -> Result<UdpResult> {
             continue;
         }
         steady_seconds += seconds;
-        for (stream_index, stream) in interval["streams"].as_array().into_iter().flatten().enumerate() {
+        for (stream_index, stream) in interval["streams"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             if stream_index < streams {
                 per_stream_bits[stream_index] += l2_bits(stream);
             }
@@ -386,7 +472,10 @@ fn remove_namespace(name: &str) {
     }
     // Whatever detach could not remove (a missing binary, a half-made attachment).
     let _ = std::fs::remove_dir_all(&pin_dir);
-    let _ = Command::new("ip").args(["netns", "del", name]).stderr(Stdio::null()).status();
+    let _ = Command::new("ip")
+        .args(["netns", "del", name])
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Removes namespaces (and their pins) left by lab runs whose process is gone.
@@ -414,7 +503,13 @@ fn sweep_stale() {
 /// Asserts `value` is within `tolerance` (fraction) of `expected`, with a clear message.
 pub fn assert_within(what: &str, value: f64, expected: f64, tolerance: f64) {
     let error = (value - expected) / expected;
-    println!("{what}: {:.3} Mbit/s, expected {:.3} ±{:.1} % → error {:+.2} %", value / 1e6, expected / 1e6, tolerance * 100.0, error * 100.0);
+    println!(
+        "{what}: {:.3} Mbit/s, expected {:.3} ±{:.1} % → error {:+.2} %",
+        value / 1e6,
+        expected / 1e6,
+        tolerance * 100.0,
+        error * 100.0
+    );
     assert!(
         error.abs() <= tolerance,
         "{what}: measured {:.3} Mbit/s, expected {:.3} Mbit/s ±{:.1} % (error {:+.2} %)",

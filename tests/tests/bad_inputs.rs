@@ -12,7 +12,12 @@ fn snapshot(lab: &Lab, router: &str) -> (Value, Value) {
     let mut classes: Value = serde_json::from_slice(&classes.stdout).unwrap();
     // Counters may move with background traffic (none here, but be exact about intent).
     for class in classes.as_array_mut().unwrap() {
-        for counter in ["passed_packets", "passed_bytes", "dropped_packets", "dropped_bytes"] {
+        for counter in [
+            "passed_packets",
+            "passed_bytes",
+            "dropped_packets",
+            "dropped_bytes",
+        ] {
             class.as_object_mut().unwrap().remove(counter);
         }
     }
@@ -28,8 +33,25 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
         all.extend(args.iter().map(|s| s.to_string()));
         all
     };
-    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER]).unwrap();
-    lab.shaper_in(&lab.router, &["class", "add", "web", "--dev", ROUTER_TO_SERVER, "--rate", "10mbit", "--proto", "tcp", "--dport", "80"]).unwrap();
+    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER])
+        .unwrap();
+    lab.shaper_in(
+        &lab.router,
+        &[
+            "class",
+            "add",
+            "web",
+            "--dev",
+            ROUTER_TO_SERVER,
+            "--rate",
+            "10mbit",
+            "--proto",
+            "tcp",
+            "--dport",
+            "80",
+        ],
+    )
+    .unwrap();
     let before = snapshot(&lab, &router);
     assert_eq!(before.0.as_array().unwrap().len(), 1);
     assert_eq!(before.1.as_array().unwrap().len(), 1);
@@ -37,32 +59,197 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
     let r1 = ROUTER_TO_SERVER;
     let cases: Vec<(&str, Vec<String>, i32)> = vec![
         ("unknown device", ns(&["attach", "nosuchdev0"]), 1),
-        ("unknown namespace", vec!["--netns".into(), "shp-no-such-ns".into(), "attach".into(), r1.into()], 1),
-        ("bad attach mode", ns(&["attach", r1, "--attach-mode", "xdp"]), 2),
-        ("bad direction", ns(&["attach", r1, "--direction", "sideways"]), 2),
-        ("bad rate word", ns(&["class", "add", "x", "--dev", r1, "--rate", "fast"]), 2),
-        ("zero rate", ns(&["class", "add", "x", "--dev", r1, "--rate", "0"]), 2),
-        ("rate above 400gbit", ns(&["class", "add", "x", "--dev", r1, "--rate", "1tbit"]), 2),
-        ("bad rate unit", ns(&["class", "add", "x", "--dev", r1, "--rate", "10mbits"]), 2),
-        ("bad size unit", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--burst", "12q"]), 2),
-        ("burst below one frame", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--burst", "100"]), 2),
-        ("bad CIDR", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--src", "300.1.1.1/8"]), 2),
-        ("bad prefix", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--dst", "198.18.0.0/40"]), 2),
-        ("mixed families", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--src", "198.18.0.0/15", "--dst", "fd00::/8"]), 2),
-        ("empty port range", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "udp", "--dport", "9-1"]), 2),
-        ("port out of range", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "udp", "--sport", "70000"]), 2),
-        ("ports without tcp/udp", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--dport", "53"]), 2),
-        ("bad protocol", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "sctp"]), 2),
-        ("bad scope", ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit", "--per", "packet"]), 2),
-        ("bad class name", ns(&["class", "add", "bad/name", "--dev", r1, "--rate", "1mbit"]), 2),
-        ("duplicate class", ns(&["class", "add", "web", "--dev", r1, "--rate", "1mbit"]), 1),
-        ("class on a device not attached", ns(&["class", "add", "x", "--dev", ROUTER_TO_CLIENT, "--rate", "1mbit"]), 1),
-        ("change unknown class", ns(&["class", "change", "nosuch", "--dev", r1, "--rate", "1mbit"]), 1),
-        ("change with nothing to change", ns(&["class", "change", "web", "--dev", r1]), 2),
-        ("change to a bad rate", ns(&["class", "change", "web", "--dev", r1, "--rate", "-3mbit"]), 2),
-        ("delete unknown class", ns(&["class", "del", "nosuch", "--dev", r1]), 1),
-        ("detach a device not attached", ns(&["detach", ROUTER_TO_CLIENT]), 1),
-        ("stats of a device not attached", ns(&["stats", "--dev", ROUTER_TO_CLIENT]), 1),
+        (
+            "unknown namespace",
+            vec![
+                "--netns".into(),
+                "shp-no-such-ns".into(),
+                "attach".into(),
+                r1.into(),
+            ],
+            1,
+        ),
+        (
+            "bad attach mode",
+            ns(&["attach", r1, "--attach-mode", "xdp"]),
+            2,
+        ),
+        (
+            "bad direction",
+            ns(&["attach", r1, "--direction", "sideways"]),
+            2,
+        ),
+        (
+            "bad rate word",
+            ns(&["class", "add", "x", "--dev", r1, "--rate", "fast"]),
+            2,
+        ),
+        (
+            "zero rate",
+            ns(&["class", "add", "x", "--dev", r1, "--rate", "0"]),
+            2,
+        ),
+        (
+            "rate above 400gbit",
+            ns(&["class", "add", "x", "--dev", r1, "--rate", "1tbit"]),
+            2,
+        ),
+        (
+            "bad rate unit",
+            ns(&["class", "add", "x", "--dev", r1, "--rate", "10mbits"]),
+            2,
+        ),
+        (
+            "bad size unit",
+            ns(&[
+                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--burst", "12q",
+            ]),
+            2,
+        ),
+        (
+            "burst below one frame",
+            ns(&[
+                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--burst", "100",
+            ]),
+            2,
+        ),
+        (
+            "bad CIDR",
+            ns(&[
+                "class",
+                "add",
+                "x",
+                "--dev",
+                r1,
+                "--rate",
+                "1mbit",
+                "--src",
+                "300.1.1.1/8",
+            ]),
+            2,
+        ),
+        (
+            "bad prefix",
+            ns(&[
+                "class",
+                "add",
+                "x",
+                "--dev",
+                r1,
+                "--rate",
+                "1mbit",
+                "--dst",
+                "198.18.0.0/40",
+            ]),
+            2,
+        ),
+        (
+            "mixed families",
+            ns(&[
+                "class",
+                "add",
+                "x",
+                "--dev",
+                r1,
+                "--rate",
+                "1mbit",
+                "--src",
+                "198.18.0.0/15",
+                "--dst",
+                "fd00::/8",
+            ]),
+            2,
+        ),
+        (
+            "empty port range",
+            ns(&[
+                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "udp", "--dport",
+                "9-1",
+            ]),
+            2,
+        ),
+        (
+            "port out of range",
+            ns(&[
+                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "udp", "--sport",
+                "70000",
+            ]),
+            2,
+        ),
+        (
+            "ports without tcp/udp",
+            ns(&[
+                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--dport", "53",
+            ]),
+            2,
+        ),
+        (
+            "bad protocol",
+            ns(&[
+                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "sctp",
+            ]),
+            2,
+        ),
+        (
+            "bad scope",
+            ns(&[
+                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--per", "packet",
+            ]),
+            2,
+        ),
+        (
+            "bad class name",
+            ns(&["class", "add", "bad/name", "--dev", r1, "--rate", "1mbit"]),
+            2,
+        ),
+        (
+            "duplicate class",
+            ns(&["class", "add", "web", "--dev", r1, "--rate", "1mbit"]),
+            1,
+        ),
+        (
+            "class on a device not attached",
+            ns(&[
+                "class",
+                "add",
+                "x",
+                "--dev",
+                ROUTER_TO_CLIENT,
+                "--rate",
+                "1mbit",
+            ]),
+            1,
+        ),
+        (
+            "change unknown class",
+            ns(&["class", "change", "nosuch", "--dev", r1, "--rate", "1mbit"]),
+            1,
+        ),
+        (
+            "change with nothing to change",
+            ns(&["class", "change", "web", "--dev", r1]),
+            2,
+        ),
+        (
+            "change to a bad rate",
+            ns(&["class", "change", "web", "--dev", r1, "--rate", "-3mbit"]),
+            2,
+        ),
+        (
+            "delete unknown class",
+            ns(&["class", "del", "nosuch", "--dev", r1]),
+            1,
+        ),
+        (
+            "detach a device not attached",
+            ns(&["detach", ROUTER_TO_CLIENT]),
+            1,
+        ),
+        (
+            "stats of a device not attached",
+            ns(&["stats", "--dev", ROUTER_TO_CLIENT]),
+            1,
+        ),
         ("unknown command", ns(&["explode"]), 2),
     ];
     let mut failures = Vec::new();
@@ -70,12 +257,21 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
         let output = Command::new(shaper_bin()).args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr).to_string();
         let lines: Vec<&str> = stderr.lines().collect();
-        println!("{what:32} exit {:?}  {}", output.status.code(), stderr.trim());
+        println!(
+            "{what:32} exit {:?}  {}",
+            output.status.code(),
+            stderr.trim()
+        );
         if output.status.code() != Some(*expected_code) {
-            failures.push(format!("{what}: exit {:?}, expected {expected_code}", output.status.code()));
+            failures.push(format!(
+                "{what}: exit {:?}, expected {expected_code}",
+                output.status.code()
+            ));
         }
         if lines.len() != 1 || !lines[0].starts_with("shaper: ") {
-            failures.push(format!("{what}: stderr is not one 'shaper: ...' line: {stderr:?}"));
+            failures.push(format!(
+                "{what}: stderr is not one 'shaper: ...' line: {stderr:?}"
+            ));
         }
         if snapshot(&lab, &router) != before {
             failures.push(format!("{what}: the state changed"));
@@ -83,7 +279,10 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
     }
 
     // Without CAP_NET_ADMIN (and CAP_BPF/CAP_SYS_ADMIN): a clear line, exit 1.
-    for (cap, name) in [("-net_admin", "CAP_NET_ADMIN"), ("-bpf,-sys_admin", "CAP_BPF")] {
+    for (cap, name) in [
+        ("-net_admin", "CAP_NET_ADMIN"),
+        ("-bpf,-sys_admin", "CAP_BPF"),
+    ] {
         let output = Command::new("setpriv")
             .args(["--inh-caps", "-all", "--bounding-set", cap])
             .arg(shaper_bin())
@@ -91,15 +290,28 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-        println!("{:32} exit {:?}  {}", format!("without {name}"), output.status.code(), stderr.trim());
-        if output.status.code() != Some(1) || stderr.lines().count() != 1 || !stderr.contains(name) {
-            failures.push(format!("without {name}: exit {:?}, stderr {stderr:?}", output.status.code()));
+        println!(
+            "{:32} exit {:?}  {}",
+            format!("without {name}"),
+            output.status.code(),
+            stderr.trim()
+        );
+        if output.status.code() != Some(1) || stderr.lines().count() != 1 || !stderr.contains(name)
+        {
+            failures.push(format!(
+                "without {name}: exit {:?}, stderr {stderr:?}",
+                output.status.code()
+            ));
         }
         if snapshot(&lab, &router) != before {
             failures.push(format!("without {name}: the state changed"));
         }
     }
-    assert!(failures.is_empty(), "bad inputs handled badly:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "bad inputs handled badly:\n{}",
+        failures.join("\n")
+    );
 }
 
 /// Idempotent attach and concurrent invocations: no duplicate, no lost class.
@@ -108,15 +320,35 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
     let lab = Lab::new().unwrap();
     let router = lab.router.name.clone();
     for _ in 0..2 {
-        lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER]).unwrap();
+        lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER])
+            .unwrap();
     }
-    let status: Value = serde_json::from_str(&lab.shaper_in(&lab.router, &["status", "--json"]).unwrap()).unwrap();
-    assert_eq!(status.as_array().unwrap().len(), 1, "a second attach must not add a second program");
+    let status: Value =
+        serde_json::from_str(&lab.shaper_in(&lab.router, &["status", "--json"]).unwrap()).unwrap();
+    assert_eq!(
+        status.as_array().unwrap().len(),
+        1,
+        "a second attach must not add a second program"
+    );
     // Eight invocations at once, each adding a class.
     let children: Vec<_> = (0..8)
         .map(|i| {
             Command::new(shaper_bin())
-                .args(["--netns", &router, "class", "add", &format!("c{i}"), "--dev", ROUTER_TO_SERVER, "--rate", "1mbit", "--proto", "udp", "--dport", &(7000 + i).to_string()])
+                .args([
+                    "--netns",
+                    &router,
+                    "class",
+                    "add",
+                    &format!("c{i}"),
+                    "--dev",
+                    ROUTER_TO_SERVER,
+                    "--rate",
+                    "1mbit",
+                    "--proto",
+                    "udp",
+                    "--dport",
+                    &(7000 + i).to_string(),
+                ])
                 .spawn()
                 .unwrap()
         })
@@ -129,7 +361,17 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
             let router = router.clone();
             std::thread::spawn(move || {
                 Command::new(shaper_bin())
-                    .args(["--netns", &router, "class", "change", &format!("c{i}"), "--dev", ROUTER_TO_SERVER, "--rate", &format!("{}mbit", i + 2)])
+                    .args([
+                        "--netns",
+                        &router,
+                        "class",
+                        "change",
+                        &format!("c{i}"),
+                        "--dev",
+                        ROUTER_TO_SERVER,
+                        "--rate",
+                        &format!("{}mbit", i + 2),
+                    ])
                     .status()
                     .unwrap()
             })
@@ -138,10 +380,26 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
     for handle in handles {
         assert!(handle.join().unwrap().success());
     }
-    let list: Value = serde_json::from_str(&lab.shaper_in(&lab.router, &["class", "list", "--json"]).unwrap()).unwrap();
-    let mut rates: Vec<(String, u64)> = list.as_array().unwrap().iter().map(|c| (c["name"].as_str().unwrap().to_string(), c["rate_bps"].as_u64().unwrap())).collect();
+    let list: Value = serde_json::from_str(
+        &lab.shaper_in(&lab.router, &["class", "list", "--json"])
+            .unwrap(),
+    )
+    .unwrap();
+    let mut rates: Vec<(String, u64)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["rate_bps"].as_u64().unwrap(),
+            )
+        })
+        .collect();
     rates.sort();
-    let expected: Vec<(String, u64)> = (0..8).map(|i| (format!("c{i}"), (i + 2) * 1_000_000)).collect();
+    let expected: Vec<(String, u64)> = (0..8)
+        .map(|i| (format!("c{i}"), (i + 2) * 1_000_000))
+        .collect();
     assert_eq!(rates, expected);
     // Adds racing each other from threads.
     let handles: Vec<_> = (8..16)
@@ -149,7 +407,21 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
             let router = router.clone();
             std::thread::spawn(move || {
                 Command::new(shaper_bin())
-                    .args(["--netns", &router, "class", "add", &format!("c{i}"), "--dev", ROUTER_TO_SERVER, "--rate", "1mbit", "--proto", "udp", "--dport", &(7000 + i).to_string()])
+                    .args([
+                        "--netns",
+                        &router,
+                        "class",
+                        "add",
+                        &format!("c{i}"),
+                        "--dev",
+                        ROUTER_TO_SERVER,
+                        "--rate",
+                        "1mbit",
+                        "--proto",
+                        "udp",
+                        "--dport",
+                        &(7000 + i).to_string(),
+                    ])
                     .status()
                     .unwrap()
             })
@@ -158,8 +430,17 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
     for handle in handles {
         assert!(handle.join().unwrap().success());
     }
-    let list: Value = serde_json::from_str(&lab.shaper_in(&lab.router, &["class", "list", "--json"]).unwrap()).unwrap();
-    let mut ids: Vec<u64> = list.as_array().unwrap().iter().map(|c| c["id"].as_u64().unwrap()).collect();
+    let list: Value = serde_json::from_str(
+        &lab.shaper_in(&lab.router, &["class", "list", "--json"])
+            .unwrap(),
+    )
+    .unwrap();
+    let mut ids: Vec<u64> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 16, "every concurrent add got its own class id");

@@ -25,7 +25,10 @@ fn add_class(lab: &Lab, ns: &Netns, dev: &str, name: &str, rate: &str, extra: &[
 
 fn class_stat(lab: &Lab, ns: &Netns, name: &str, field: &str) -> u64 {
     let stats = lab.stats(ns).unwrap();
-    let class = stats.iter().find(|c| c["name"] == name).expect("class in stats");
+    let class = stats
+        .iter()
+        .find(|c| c["name"] == name)
+        .expect("class in stats");
     class[field].as_u64().unwrap()
 }
 
@@ -33,10 +36,26 @@ fn udp_through_router(mode: &str, ipv6: bool) -> f64 {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
     attach(&lab, &router, ROUTER_TO_SERVER, &["--attach-mode", mode]);
-    let status: Value = serde_json::from_str(&lab.shaper_in(&router, &["status", "--json"]).unwrap()).unwrap();
-    assert_eq!(status[0]["attach_mode"], mode, "status reports the forced mode");
-    add_class(&lab, &router, ROUTER_TO_SERVER, "udp10", "10mbit", &["--proto", "udp"]);
-    let result = lab.udp(&Udp { ipv6, ..Udp::default() }).unwrap();
+    let status: Value =
+        serde_json::from_str(&lab.shaper_in(&router, &["status", "--json"]).unwrap()).unwrap();
+    assert_eq!(
+        status[0]["attach_mode"], mode,
+        "status reports the forced mode"
+    );
+    add_class(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        "udp10",
+        "10mbit",
+        &["--proto", "udp"],
+    );
+    let result = lab
+        .udp(&Udp {
+            ipv6,
+            ..Udp::default()
+        })
+        .unwrap();
     assert!(class_stat(&lab, &router, "udp10", "dropped_packets") > 0);
     result.total_l2_bps()
 }
@@ -44,19 +63,34 @@ fn udp_through_router(mode: &str, ipv6: bool) -> f64 {
 #[test]
 fn scenario01_udp_ipv4_policed_to_10mbit() {
     let rate = udp_through_router("tcx", false);
-    assert_within("UDP/IPv4, 100M offered, 10mbit class on the router (tcx)", rate, TEN_MBIT, 0.03);
+    assert_within(
+        "UDP/IPv4, 100M offered, 10mbit class on the router (tcx)",
+        rate,
+        TEN_MBIT,
+        0.03,
+    );
 }
 
 #[test]
 fn scenario01_udp_ipv6_policed_to_10mbit() {
     let rate = udp_through_router("tcx", true);
-    assert_within("UDP/IPv6, 100M offered, 10mbit class on the router (tcx)", rate, TEN_MBIT, 0.03);
+    assert_within(
+        "UDP/IPv6, 100M offered, 10mbit class on the router (tcx)",
+        rate,
+        TEN_MBIT,
+        0.03,
+    );
 }
 
 #[test]
 fn scenario09_udp_policed_in_clsact_mode() {
     let rate = udp_through_router("clsact", false);
-    assert_within("UDP/IPv4, 100M offered, 10mbit class on the router (clsact)", rate, TEN_MBIT, 0.03);
+    assert_within(
+        "UDP/IPv4, 100M offered, 10mbit class on the router (clsact)",
+        rate,
+        TEN_MBIT,
+        0.03,
+    );
 }
 
 #[test]
@@ -64,11 +98,29 @@ fn scenario02_per_flow_buckets_give_each_flow_the_rate() {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
     attach(&lab, &router, ROUTER_TO_SERVER, &[]);
-    add_class(&lab, &router, ROUTER_TO_SERVER, "perflow", "5mbit", &["--proto", "udp", "--per", "flow"]);
-    let result = lab.udp(&Udp { rate: "20M", streams: 4, ..Udp::default() }).unwrap();
+    add_class(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        "perflow",
+        "5mbit",
+        &["--proto", "udp", "--per", "flow"],
+    );
+    let result = lab
+        .udp(&Udp {
+            rate: "20M",
+            streams: 4,
+            ..Udp::default()
+        })
+        .unwrap();
     assert_eq!(result.stream_l2_bps.len(), 4);
     for (index, rate) in result.stream_l2_bps.iter().enumerate() {
-        assert_within(&format!("flow {index} of 4 at 20M, --per flow 5mbit"), *rate, 5e6, 0.05);
+        assert_within(
+            &format!("flow {index} of 4 at 20M, --per flow 5mbit"),
+            *rate,
+            5e6,
+            0.05,
+        );
     }
 }
 
@@ -77,9 +129,27 @@ fn scenario02_class_bucket_shares_the_rate() {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
     attach(&lab, &router, ROUTER_TO_SERVER, &[]);
-    add_class(&lab, &router, ROUTER_TO_SERVER, "shared", "5mbit", &["--proto", "udp", "--per", "class"]);
-    let result = lab.udp(&Udp { rate: "20M", streams: 4, ..Udp::default() }).unwrap();
-    assert_within("sum of 4 flows at 20M, --per class 5mbit", result.total_l2_bps(), 5e6, 0.03);
+    add_class(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        "shared",
+        "5mbit",
+        &["--proto", "udp", "--per", "class"],
+    );
+    let result = lab
+        .udp(&Udp {
+            rate: "20M",
+            streams: 4,
+            ..Udp::default()
+        })
+        .unwrap();
+    assert_within(
+        "sum of 4 flows at 20M, --per class 5mbit",
+        result.total_l2_bps(),
+        5e6,
+        0.03,
+    );
 }
 
 #[test]
@@ -88,12 +158,33 @@ fn scenario03_unmatched_traffic_is_not_limited() {
     let router = lab.router.clone();
     attach(&lab, &router, ROUTER_TO_SERVER, &[]);
     // Matches UDP to port 6000 only; iperf3 uses 5202 and up.
-    add_class(&lab, &router, ROUTER_TO_SERVER, "other", "1mbit", &["--proto", "udp", "--dport", "6000"]);
-    let result = lab.udp(&Udp { rate: "50M", ..Udp::default() }).unwrap();
+    add_class(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        "other",
+        "1mbit",
+        &["--proto", "udp", "--dport", "6000"],
+    );
+    let result = lab
+        .udp(&Udp {
+            rate: "50M",
+            ..Udp::default()
+        })
+        .unwrap();
     let offered_l2 = 50e6 * (1400.0 + 42.0) / 1400.0;
     let fraction = result.total_l2_bps() / offered_l2;
-    println!("unmatched UDP: {:.2} Mbit/s received of {:.2} offered ({:.1} %)", result.total_l2_bps() / 1e6, offered_l2 / 1e6, fraction * 100.0);
-    assert!(fraction >= 0.90, "unmatched traffic got only {:.1} % of offered", fraction * 100.0);
+    println!(
+        "unmatched UDP: {:.2} Mbit/s received of {:.2} offered ({:.1} %)",
+        result.total_l2_bps() / 1e6,
+        offered_l2 / 1e6,
+        fraction * 100.0
+    );
+    assert!(
+        fraction >= 0.90,
+        "unmatched traffic got only {:.1} % of offered",
+        fraction * 100.0
+    );
     assert_eq!(class_stat(&lab, &router, "other", "passed_packets"), 0);
     assert_eq!(class_stat(&lab, &router, "other", "dropped_packets"), 0);
 }
@@ -103,22 +194,58 @@ fn scenario04_class_change_takes_effect_during_a_run() {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
     attach(&lab, &router, ROUTER_TO_SERVER, &[]);
-    add_class(&lab, &router, ROUTER_TO_SERVER, "changing", "10mbit", &["--proto", "udp"]);
+    add_class(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        "changing",
+        "10mbit",
+        &["--proto", "udp"],
+    );
     let router_name = router.name.clone();
     let changer = thread::spawn(move || {
         thread::sleep(Duration::from_millis(3500));
         let status = Command::new(shaper_bin())
-            .args(["--netns", &router_name, "class", "change", "changing", "--dev", ROUTER_TO_SERVER, "--rate", "20mbit"])
+            .args([
+                "--netns",
+                &router_name,
+                "class",
+                "change",
+                "changing",
+                "--dev",
+                ROUTER_TO_SERVER,
+                "--rate",
+                "20mbit",
+            ])
             .status()
             .unwrap();
         assert!(status.success());
     });
-    let result = lab.udp(&Udp { seconds: 7, ..Udp::default() }).unwrap();
+    let result = lab
+        .udp(&Udp {
+            seconds: 7,
+            ..Udp::default()
+        })
+        .unwrap();
     changer.join().unwrap();
     // The change lands about 3.4 s into the run: seconds 2-3 are before it, 5-7 after.
-    assert_within("before the change (1-3 s)", result.l2_bps_between(1.0, 3.0), 10e6, 0.05);
-    assert_within("after the change to 20mbit (4-7 s)", result.l2_bps_between(4.0, 7.0), 20e6, 0.05);
-    let list: Value = serde_json::from_str(&lab.shaper_in(&router, &["class", "list", "--json"]).unwrap()).unwrap();
+    assert_within(
+        "before the change (1-3 s)",
+        result.l2_bps_between(1.0, 3.0),
+        10e6,
+        0.05,
+    );
+    assert_within(
+        "after the change to 20mbit (4-7 s)",
+        result.l2_bps_between(4.0, 7.0),
+        20e6,
+        0.05,
+    );
+    let list: Value = serde_json::from_str(
+        &lab.shaper_in(&router, &["class", "list", "--json"])
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(list[0]["rate_bps"], 20_000_000);
 }
 
@@ -127,9 +254,21 @@ fn scenario05_ingress_policing_on_the_server() {
     let mut lab = Lab::new().unwrap();
     let server = lab.server.clone();
     attach(&lab, &server, SERVER_DEV, &["--direction", "ingress"]);
-    add_class(&lab, &server, SERVER_DEV, "in10", "10mbit", &["--direction", "ingress", "--proto", "udp"]);
+    add_class(
+        &lab,
+        &server,
+        SERVER_DEV,
+        "in10",
+        "10mbit",
+        &["--direction", "ingress", "--proto", "udp"],
+    );
     let result = lab.udp(&Udp::default()).unwrap();
-    assert_within("UDP/IPv4, 100M offered, 10mbit class on the server's ingress", result.total_l2_bps(), TEN_MBIT, 0.03);
+    assert_within(
+        "UDP/IPv4, 100M offered, 10mbit class on the server's ingress",
+        result.total_l2_bps(),
+        TEN_MBIT,
+        0.03,
+    );
 }
 
 #[test]
@@ -137,7 +276,14 @@ fn scenario06_tcp_through_a_10mbit_class() {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
     attach(&lab, &router, ROUTER_TO_SERVER, &[]);
-    add_class(&lab, &router, ROUTER_TO_SERVER, "tcp10", "10mbit", &["--proto", "tcp"]);
+    add_class(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        "tcp10",
+        "10mbit",
+        &["--proto", "tcp"],
+    );
     let goodput = lab.tcp(5).unwrap();
     let dropped = class_stat(&lab, &router, "tcp10", "dropped_packets");
     println!(
@@ -146,24 +292,50 @@ fn scenario06_tcp_through_a_10mbit_class() {
         goodput / TEN_MBIT * 100.0
     );
     assert!(goodput > 0.0, "TCP made no progress through the policer");
-    assert!(goodput < TEN_MBIT * 1.05, "TCP exceeded the class rate: {goodput}");
+    assert!(
+        goodput < TEN_MBIT * 1.05,
+        "TCP exceeded the class rate: {goodput}"
+    );
 }
 
 fn program_ids() -> Vec<u32> {
-    aya::programs::loaded_programs().flatten().map(|p| p.id()).collect()
+    aya::programs::loaded_programs()
+        .flatten()
+        .map(|p| p.id())
+        .collect()
 }
 
 fn detach_restores(mode: &str) {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
     attach(&lab, &router, ROUTER_TO_SERVER, &["--attach-mode", mode]);
-    add_class(&lab, &router, ROUTER_TO_SERVER, "limit", "10mbit", &["--proto", "udp"]);
-    let status: Value = serde_json::from_str(&lab.shaper_in(&router, &["status", "--json"]).unwrap()).unwrap();
+    add_class(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        "limit",
+        "10mbit",
+        &["--proto", "udp"],
+    );
+    let status: Value =
+        serde_json::from_str(&lab.shaper_in(&router, &["status", "--json"]).unwrap()).unwrap();
     let program_id = status[0]["program_id"].as_u64().unwrap() as u32;
-    let policed = lab.udp(&Udp { rate: "50M", seconds: 3, ..Udp::default() }).unwrap();
-    assert_within("policed before detach", policed.total_l2_bps(), TEN_MBIT, 0.05);
+    let policed = lab
+        .udp(&Udp {
+            rate: "50M",
+            seconds: 3,
+            ..Udp::default()
+        })
+        .unwrap();
+    assert_within(
+        "policed before detach",
+        policed.total_l2_bps(),
+        TEN_MBIT,
+        0.05,
+    );
 
-    lab.shaper_in(&router, &["detach", ROUTER_TO_SERVER]).unwrap();
+    lab.shaper_in(&router, &["detach", ROUTER_TO_SERVER])
+        .unwrap();
     let pins = Path::new("/sys/fs/bpf/shaper").join(format!("netns-{}", router.name));
     assert!(!pins.exists(), "pins left behind in {}", pins.display());
     // The kernel frees an unreferenced program asynchronously (RCU): poll briefly.
@@ -175,18 +347,48 @@ fn detach_restores(mode: &str) {
         }
         thread::sleep(Duration::from_millis(20));
     }
-    assert!(!still_loaded, "program {program_id} still loaded 2 s after detach");
-    let filters = router.run("tc", &["filter", "show", "dev", ROUTER_TO_SERVER, "egress"]).unwrap();
-    assert!(filters.stdout.is_empty(), "tc filters left: {}", String::from_utf8_lossy(&filters.stdout));
-    let qdiscs = router.run("tc", &["qdisc", "show", "dev", ROUTER_TO_SERVER]).unwrap();
-    assert!(!String::from_utf8_lossy(&qdiscs.stdout).contains("clsact"), "clsact qdisc left behind");
+    assert!(
+        !still_loaded,
+        "program {program_id} still loaded 2 s after detach"
+    );
+    let filters = router
+        .run("tc", &["filter", "show", "dev", ROUTER_TO_SERVER, "egress"])
+        .unwrap();
+    assert!(
+        filters.stdout.is_empty(),
+        "tc filters left: {}",
+        String::from_utf8_lossy(&filters.stdout)
+    );
+    let qdiscs = router
+        .run("tc", &["qdisc", "show", "dev", ROUTER_TO_SERVER])
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&qdiscs.stdout).contains("clsact"),
+        "clsact qdisc left behind"
+    );
     let status = lab.shaper_in(&router, &["status", "--json"]).unwrap();
-    assert_eq!(serde_json::from_str::<Value>(&status).unwrap(), serde_json::json!([]));
+    assert_eq!(
+        serde_json::from_str::<Value>(&status).unwrap(),
+        serde_json::json!([])
+    );
 
-    let free = lab.udp(&Udp { rate: "50M", seconds: 3, ..Udp::default() }).unwrap();
+    let free = lab
+        .udp(&Udp {
+            rate: "50M",
+            seconds: 3,
+            ..Udp::default()
+        })
+        .unwrap();
     let offered_l2 = 50e6 * (1400.0 + 42.0) / 1400.0;
-    println!("after detach ({mode}): {:.2} Mbit/s of {:.2} offered", free.total_l2_bps() / 1e6, offered_l2 / 1e6);
-    assert!(free.total_l2_bps() >= 0.9 * offered_l2, "traffic still limited after detach");
+    println!(
+        "after detach ({mode}): {:.2} Mbit/s of {:.2} offered",
+        free.total_l2_bps() / 1e6,
+        offered_l2 / 1e6
+    );
+    assert!(
+        free.total_l2_bps() >= 0.9 * offered_l2,
+        "traffic still limited after detach"
+    );
 }
 
 #[test]
@@ -208,23 +410,73 @@ fn scenario08_arp_and_icmp_pass_a_udp_only_class() {
     attach(&lab, &router, ROUTER_TO_CLIENT, &["--direction", "both"]);
     for dev in [ROUTER_TO_SERVER, ROUTER_TO_CLIENT] {
         for direction in ["egress", "ingress"] {
-            add_class(&lab, &router, dev, &format!("udp-{direction}"), "8kbit", &["--direction", direction, "--proto", "udp", "--burst", "1514"]);
+            add_class(
+                &lab,
+                &router,
+                dev,
+                &format!("udp-{direction}"),
+                "8kbit",
+                &[
+                    "--direction",
+                    direction,
+                    "--proto",
+                    "udp",
+                    "--burst",
+                    "1514",
+                ],
+            );
         }
     }
     // Forget every neighbour so the pings below need ARP (and ND) through the hooks.
     for ns in [&lab.client, &lab.router, &lab.server] {
         ns.run("ip", &["neigh", "flush", "all"]).unwrap();
     }
-    let ping = lab.client.run("ping", &["-c", "5", "-i", "0.2", "-W", "2", SERVER_V4]);
-    assert!(ping.is_ok(), "IPv4 ping through a UDP-only class failed: {ping:?}");
-    let ping6 = lab.client.run("ping", &["-6", "-c", "5", "-i", "0.2", "-W", "2", "fd00:2::2"]);
-    assert!(ping6.is_ok(), "IPv6 ping through a UDP-only class failed: {ping6:?}");
+    let ping = lab
+        .client
+        .run("ping", &["-c", "5", "-i", "0.2", "-W", "2", SERVER_V4]);
+    assert!(
+        ping.is_ok(),
+        "IPv4 ping through a UDP-only class failed: {ping:?}"
+    );
+    let ping6 = lab.client.run(
+        "ping",
+        &["-6", "-c", "5", "-i", "0.2", "-W", "2", "fd00:2::2"],
+    );
+    assert!(
+        ping6.is_ok(),
+        "IPv6 ping through a UDP-only class failed: {ping6:?}"
+    );
     let stats = lab.stats(&router).unwrap();
-    let touched: u64 = stats.iter().map(|c| c["passed_packets"].as_u64().unwrap() + c["dropped_packets"].as_u64().unwrap()).sum();
-    assert_eq!(touched, 0, "ARP/ICMP/ND were counted by a UDP-only class: {stats:?}");
+    let touched: u64 = stats
+        .iter()
+        .map(|c| c["passed_packets"].as_u64().unwrap() + c["dropped_packets"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        touched, 0,
+        "ARP/ICMP/ND were counted by a UDP-only class: {stats:?}"
+    );
     // The classes are live: UDP is policed hard.
-    let udp = lab.udp(&Udp { rate: "10M", seconds: 2, ..Udp::default() }).unwrap();
-    assert!(udp.total_l2_bps() < 0.1e6, "UDP was not policed: {}", udp.total_l2_bps());
-    let dropped: u64 = lab.stats(&router).unwrap().iter().filter(|c| c["dev"] == ROUTER_TO_SERVER && c["direction"] == "egress").map(|c| c["dropped_packets"].as_u64().unwrap()).sum();
-    assert!(dropped > 0, "the UDP class on the router's egress dropped nothing");
+    let udp = lab
+        .udp(&Udp {
+            rate: "10M",
+            seconds: 2,
+            ..Udp::default()
+        })
+        .unwrap();
+    assert!(
+        udp.total_l2_bps() < 0.1e6,
+        "UDP was not policed: {}",
+        udp.total_l2_bps()
+    );
+    let dropped: u64 = lab
+        .stats(&router)
+        .unwrap()
+        .iter()
+        .filter(|c| c["dev"] == ROUTER_TO_SERVER && c["direction"] == "egress")
+        .map(|c| c["dropped_packets"].as_u64().unwrap())
+        .sum();
+    assert!(
+        dropped > 0,
+        "the UDP class on the router's egress dropped nothing"
+    );
 }

@@ -75,7 +75,12 @@ struct V4 {
 
 impl Default for V4 {
     fn default() -> Self {
-        Self { dst: V4_SERVER, option_words: 0, fragment_offset: 0, more_fragments: false }
+        Self {
+            dst: V4_SERVER,
+            option_words: 0,
+            fragment_offset: 0,
+            more_fragments: false,
+        }
     }
 }
 
@@ -85,7 +90,8 @@ fn ipv4(options: V4, (proto, l4): (u8, Vec<u8>)) -> Vec<u8> {
     header[0] = 0x40 | ihl as u8;
     let total = (ihl * 4 + l4.len()) as u16;
     header[2..4].copy_from_slice(&total.to_be_bytes());
-    let flags = (options.fragment_offset & 0x1fff) | if options.more_fragments { 0x2000 } else { 0 };
+    let flags =
+        (options.fragment_offset & 0x1fff) | if options.more_fragments { 0x2000 } else { 0 };
     header[6..8].copy_from_slice(&flags.to_be_bytes());
     header[8] = 64;
     header[9] = proto;
@@ -99,7 +105,12 @@ fn ipv4(options: V4, (proto, l4): (u8, Vec<u8>)) -> Vec<u8> {
 }
 
 /// IPv6 with extension headers given as (type, total length in bytes, multiple of 8).
-fn ipv6(dst: [u8; 16], extensions: &[(u8, usize)], (proto, l4): (u8, Vec<u8>), fragment_offset: u16) -> Vec<u8> {
+fn ipv6(
+    dst: [u8; 16],
+    extensions: &[(u8, usize)],
+    (proto, l4): (u8, Vec<u8>),
+    fragment_offset: u16,
+) -> Vec<u8> {
     let mut body = Vec::new();
     for (index, (kind, length)) in extensions.iter().enumerate() {
         let next = extensions.get(index + 1).map_or(proto, |(k, _)| *k);
@@ -136,14 +147,23 @@ struct Harness {
 impl Harness {
     fn new(classes: &[&[&str]]) -> Self {
         let lab = Lab::new().unwrap();
-        lab.router.run("ip", &["link", "add", DEV, "type", "veth", "peer", "name", "trun1"]).unwrap();
+        lab.router
+            .run(
+                "ip",
+                &["link", "add", DEV, "type", "veth", "peer", "name", "trun1"],
+            )
+            .unwrap();
         lab.shaper_in(&lab.router, &["attach", DEV]).unwrap();
         for class in classes {
             let mut args = vec!["class", "add"];
             args.extend_from_slice(class);
             lab.shaper_in(&lab.router, &args).unwrap();
         }
-        let location = Location { netns: Some(lab.router.name.clone()), dev: DEV.into(), direction: Direction::Egress };
+        let location = Location {
+            netns: Some(lab.router.name.clone()),
+            dev: DEV.into(),
+            direction: Direction::Egress,
+        };
         let attachment = Attachment::open(&location).unwrap();
         let names = attachment
             .class_list()
@@ -154,11 +174,19 @@ impl Harness {
         // The pinned maps are reused: the test program shares state with the attached one.
         let mut ebpf = state::load_object(attachment.dir(), 1024).unwrap();
         state::load_program(&mut ebpf, program_names::SHAPER_CLOCKED).unwrap();
-        Self { _lab: lab, attachment, ebpf, names }
+        Self {
+            _lab: lab,
+            attachment,
+            ebpf,
+            names,
+        }
     }
 
     fn counters(&self) -> HashMap<u32, ClassStats> {
-        self.names.keys().map(|id| (*id, self.attachment.class_stats(*id).unwrap())).collect()
+        self.names
+            .keys()
+            .map(|id| (*id, self.attachment.class_stats(*id).unwrap()))
+            .collect()
     }
 
     /// Runs one packet at `now_ns`; returns the verdict and the class that counted it.
@@ -173,10 +201,18 @@ impl Harness {
             ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&gso_segs.to_ne_bytes());
             ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&1000u32.to_ne_bytes());
         }
-        let program: &aya::programs::SchedClassifier =
-            self.ebpf.program(program_names::SHAPER_CLOCKED).unwrap().try_into().unwrap();
+        let program: &aya::programs::SchedClassifier = self
+            .ebpf
+            .program(program_names::SHAPER_CLOCKED)
+            .unwrap()
+            .try_into()
+            .unwrap();
         let result = program
-            .test_run(TestRunOptions { data_in: Some(frame), ctx_in: Some(&ctx), ..TestRunOptions::default() })
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                ctx_in: Some(&ctx),
+                ..TestRunOptions::default()
+            })
             .unwrap();
         let after = self.counters();
         let counted: Vec<String> = after
@@ -187,7 +223,10 @@ impl Harness {
             })
             .map(|(id, _)| self.names[id].clone())
             .collect();
-        assert!(counted.len() <= 1, "one packet counted by several classes: {counted:?}");
+        assert!(
+            counted.len() <= 1,
+            "one packet counted by several classes: {counted:?}"
+        );
         (result.return_value, counted.into_iter().next())
     }
 
@@ -199,11 +238,39 @@ impl Harness {
 #[test]
 fn crafted_packets_get_the_expected_class_and_verdict() {
     let mut harness = Harness::new(&[
-        &["dns", "--dev", DEV, "--proto", "udp", "--dport", "53", "--prio", "10", "--rate", "400gbit"],
-        &["web", "--dev", DEV, "--proto", "tcp", "--dport", "80", "--prio", "20", "--rate", "8kbit", "--burst", "1514"],
-        &["icmp", "--dev", DEV, "--proto", "icmp", "--prio", "30", "--rate", "400gbit"],
-        &["net4", "--dev", DEV, "--dst", "198.18.2.0/24", "--prio", "50", "--rate", "400gbit"],
-        &["net6", "--dev", DEV, "--dst", "fd00:2::/64", "--prio", "50", "--rate", "400gbit"],
+        &[
+            "dns", "--dev", DEV, "--proto", "udp", "--dport", "53", "--prio", "10", "--rate",
+            "400gbit",
+        ],
+        &[
+            "web", "--dev", DEV, "--proto", "tcp", "--dport", "80", "--prio", "20", "--rate",
+            "8kbit", "--burst", "1514",
+        ],
+        &[
+            "icmp", "--dev", DEV, "--proto", "icmp", "--prio", "30", "--rate", "400gbit",
+        ],
+        &[
+            "net4",
+            "--dev",
+            DEV,
+            "--dst",
+            "198.18.2.0/24",
+            "--prio",
+            "50",
+            "--rate",
+            "400gbit",
+        ],
+        &[
+            "net6",
+            "--dev",
+            DEV,
+            "--dst",
+            "fd00:2::/64",
+            "--prio",
+            "50",
+            "--rate",
+            "400gbit",
+        ],
     ]);
     let server6 = v6(2, 2);
     let arp = ethernet(&[], 0x0806, &[0u8; 28]);
@@ -220,29 +287,163 @@ fn crafted_packets_get_the_expected_class_and_verdict() {
     let echo = (1u8, vec![8u8, 0, 0, 0, 0, 1, 0, 1]);
     let echo6 = (58u8, vec![128u8, 0, 0, 0, 0, 1, 0, 1]);
     let cases: Vec<(&str, Vec<u8>, u32, Option<&str>)> = vec![
-        ("802.1Q VLAN, IPv4 UDP :53", ethernet(&[0x8100], 0x0800, &ipv4(V4::default(), udp(53, 32))[14..]), PASS, Some("dns")),
-        ("QinQ 802.1ad+802.1Q, IPv4 UDP :53", ethernet(&[0x88a8, 0x8100], 0x0800, &ipv4(V4::default(), udp(53, 32))[14..]), PASS, Some("dns")),
-        ("IPv4 with 8 bytes of options, UDP :53", ipv4(V4 { option_words: 2, ..V4::default() }, udp(53, 32)), PASS, Some("dns")),
-        ("IPv6 hop-by-hop + destination options, UDP :53", ipv6(server6, &[(0, 8), (60, 16)], udp(53, 32), 0), PASS, Some("dns")),
-        ("IPv6 routing header, TCP :80, 1600 bytes", ipv6(server6, &[(43, 24)], tcp(80, 1500), 0), SHOT, Some("web")),
-        ("IPv4 TCP :80, small", ipv4(V4::default(), tcp(80, 10)), PASS, Some("web")),
-        ("IPv4 TCP :80, 1600 bytes", ipv4(V4::default(), tcp(80, 1546)), SHOT, Some("web")),
-        ("IPv4 first fragment, UDP :53", ipv4(V4 { more_fragments: true, ..V4::default() }, udp(53, 64)), PASS, Some("dns")),
-        ("IPv4 non-first fragment, UDP", ipv4(V4 { fragment_offset: 185, ..V4::default() }, udp(9999, 64)), PASS, Some("dns")),
-        ("IPv4 non-first fragment, TCP, 1600 bytes", ipv4(V4 { fragment_offset: 185, ..V4::default() }, tcp(9999, 1546)), SHOT, Some("web")),
-        ("IPv6 non-first fragment, UDP", ipv6(server6, &[(44, 8)], udp(9999, 64), 100), PASS, Some("dns")),
-        ("IPv4 UDP header cut after 2 bytes", truncated_udp, PASS, Some("dns")),
-        ("IPv4 TCP header cut after 3 bytes", truncated_tcp, PASS, Some("web")),
+        (
+            "802.1Q VLAN, IPv4 UDP :53",
+            ethernet(&[0x8100], 0x0800, &ipv4(V4::default(), udp(53, 32))[14..]),
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "QinQ 802.1ad+802.1Q, IPv4 UDP :53",
+            ethernet(
+                &[0x88a8, 0x8100],
+                0x0800,
+                &ipv4(V4::default(), udp(53, 32))[14..],
+            ),
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "IPv4 with 8 bytes of options, UDP :53",
+            ipv4(
+                V4 {
+                    option_words: 2,
+                    ..V4::default()
+                },
+                udp(53, 32),
+            ),
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "IPv6 hop-by-hop + destination options, UDP :53",
+            ipv6(server6, &[(0, 8), (60, 16)], udp(53, 32), 0),
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "IPv6 routing header, TCP :80, 1600 bytes",
+            ipv6(server6, &[(43, 24)], tcp(80, 1500), 0),
+            SHOT,
+            Some("web"),
+        ),
+        (
+            "IPv4 TCP :80, small",
+            ipv4(V4::default(), tcp(80, 10)),
+            PASS,
+            Some("web"),
+        ),
+        (
+            "IPv4 TCP :80, 1600 bytes",
+            ipv4(V4::default(), tcp(80, 1546)),
+            SHOT,
+            Some("web"),
+        ),
+        (
+            "IPv4 first fragment, UDP :53",
+            ipv4(
+                V4 {
+                    more_fragments: true,
+                    ..V4::default()
+                },
+                udp(53, 64),
+            ),
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "IPv4 non-first fragment, UDP",
+            ipv4(
+                V4 {
+                    fragment_offset: 185,
+                    ..V4::default()
+                },
+                udp(9999, 64),
+            ),
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "IPv4 non-first fragment, TCP, 1600 bytes",
+            ipv4(
+                V4 {
+                    fragment_offset: 185,
+                    ..V4::default()
+                },
+                tcp(9999, 1546),
+            ),
+            SHOT,
+            Some("web"),
+        ),
+        (
+            "IPv6 non-first fragment, UDP",
+            ipv6(server6, &[(44, 8)], udp(9999, 64), 100),
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "IPv4 UDP header cut after 2 bytes",
+            truncated_udp,
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "IPv4 TCP header cut after 3 bytes",
+            truncated_tcp,
+            PASS,
+            Some("web"),
+        ),
         // Protocol unknown: caught by the best class whose address rule matches, whatever
         // its protocol and port rule ("dns" has no address rule and the best priority).
-        ("IPv6 hop-by-hop header cut after 1 byte", truncated_ext, PASS, Some("dns")),
+        (
+            "IPv6 hop-by-hop header cut after 1 byte",
+            truncated_ext,
+            PASS,
+            Some("dns"),
+        ),
         ("IPv4 with IHL 4 (malformed)", bad_ihl, PASS, Some("dns")),
-        ("IPv6 with 9 extension headers, UDP :53", ipv6(server6, &[(60, 8); 9], udp(53, 32), 0), PASS, Some("dns")),
-        ("ICMP echo", ipv4(V4::default(), echo.clone()), PASS, Some("icmp")),
-        ("ICMPv6 echo", ipv6(server6, &[], echo6, 0), PASS, Some("icmp")),
-        ("IPv4 UDP :54 to 198.18.2.2", ipv4(V4::default(), udp(54, 32)), PASS, Some("net4")),
-        ("IPv4 UDP :54 elsewhere", ipv4(V4 { dst: V4_ELSEWHERE, ..V4::default() }, udp(54, 32)), PASS, None),
-        ("IPv6 UDP :54 elsewhere", ipv6(v6(2, 9), &[], udp(54, 32), 0), PASS, None),
+        (
+            "IPv6 with 9 extension headers, UDP :53",
+            ipv6(server6, &[(60, 8); 9], udp(53, 32), 0),
+            PASS,
+            Some("dns"),
+        ),
+        (
+            "ICMP echo",
+            ipv4(V4::default(), echo.clone()),
+            PASS,
+            Some("icmp"),
+        ),
+        (
+            "ICMPv6 echo",
+            ipv6(server6, &[], echo6, 0),
+            PASS,
+            Some("icmp"),
+        ),
+        (
+            "IPv4 UDP :54 to 198.18.2.2",
+            ipv4(V4::default(), udp(54, 32)),
+            PASS,
+            Some("net4"),
+        ),
+        (
+            "IPv4 UDP :54 elsewhere",
+            ipv4(
+                V4 {
+                    dst: V4_ELSEWHERE,
+                    ..V4::default()
+                },
+                udp(54, 32),
+            ),
+            PASS,
+            None,
+        ),
+        (
+            "IPv6 UDP :54 elsewhere",
+            ipv6(v6(2, 9), &[], udp(54, 32), 0),
+            PASS,
+            None,
+        ),
         ("ARP", arp, PASS, None),
         ("LLDP", lldp, PASS, None),
     ];
@@ -251,9 +452,15 @@ fn crafted_packets_get_the_expected_class_and_verdict() {
         // Ten seconds apart: the 8kbit bucket is full again before every packet.
         let now = (index as u64 + 1) * 10_000_000_000;
         let (got_verdict, got_class) = harness.run(frame, now, 1);
-        println!("{what:48} verdict {:>2} class {:?}", got_verdict as i32, got_class);
+        println!(
+            "{what:48} verdict {:>2} class {:?}",
+            got_verdict as i32, got_class
+        );
         if got_verdict != *verdict || got_class.as_deref() != *class {
-            failures.push(format!("{what}: got ({}, {got_class:?}), expected ({}, {class:?})", got_verdict as i32, *verdict as i32));
+            failures.push(format!(
+                "{what}: got ({}, {got_class:?}), expected ({}, {class:?})",
+                got_verdict as i32, *verdict as i32
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -261,12 +468,17 @@ fn crafted_packets_get_the_expected_class_and_verdict() {
 
 #[test]
 fn gso_packets_are_charged_their_bytes_on_the_wire() {
-    let mut harness = Harness::new(&[&["gso", "--dev", DEV, "--proto", "tcp", "--dport", "9100", "--rate", "1gbit"]]);
+    let mut harness = Harness::new(&[&[
+        "gso", "--dev", DEV, "--proto", "tcp", "--dport", "9100", "--rate", "1gbit",
+    ]]);
     // Test runs take at most about 3.5 KiB of packet data.
     let frame = ipv4(V4::default(), tcp(9100, 2000));
     let (verdict, class) = harness.run(&frame, 1_000_000_000, 4);
     assert_eq!((verdict, class.as_deref()), (PASS, Some("gso")));
-    let stats = harness.attachment.class_stats(harness.class_id("gso")).unwrap();
+    let stats = harness
+        .attachment
+        .class_stats(harness.class_id("gso"))
+        .unwrap();
     // Three extra segments, each with its own Ethernet + IPv4 + TCP headers.
     assert_eq!(stats.passed_bytes, frame.len() as u64 + 3 * (14 + 20 + 20));
 }
@@ -276,7 +488,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 33) % bound
     }
 }
@@ -284,8 +499,14 @@ impl Lcg {
 #[test]
 fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
     let mut harness = Harness::new(&[
-        &["shared", "--dev", DEV, "--proto", "udp", "--dport", "9000", "--rate", "1mbit", "--burst", "3000"],
-        &["perflow", "--dev", DEV, "--proto", "udp", "--dport", "9001", "--rate", "2mbit", "--burst", "4000", "--per", "flow"],
+        &[
+            "shared", "--dev", DEV, "--proto", "udp", "--dport", "9000", "--rate", "1mbit",
+            "--burst", "3000",
+        ],
+        &[
+            "perflow", "--dev", DEV, "--proto", "udp", "--dport", "9001", "--rate", "2mbit",
+            "--burst", "4000", "--per", "flow",
+        ],
     ]);
     let shared_cost = ByteCost::new(1_000_000, 3000);
     let flow_cost = ByteCost::new(2_000_000, 4000);
@@ -296,11 +517,19 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
     for index in 0..1000 {
         now += dice.next(3_000_000); // 0-3 ms apart
         let payload = dice.next(1400) as usize;
-        let (dport, sport) = if index % 2 == 0 { (9000, 1000) } else { (9001, 1000 + dice.next(3) as u16) };
+        let (dport, sport) = if index % 2 == 0 {
+            (9000, 1000)
+        } else {
+            (9001, 1000 + dice.next(3) as u16)
+        };
         let mut datagram = udp(dport, payload);
         datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
         let frame = ipv4(V4::default(), datagram);
-        let (cost, key) = if dport == 9000 { (&shared_cost, (dport, 0)) } else { (&flow_cost, (dport, sport)) };
+        let (cost, key) = if dport == 9000 {
+            (&shared_cost, (dport, 0))
+        } else {
+            (&flow_cost, (dport, sport))
+        };
         let tat = model_tat.entry(key).or_insert(0);
         let expected = match conform(*tat, now, frame.len() as u64, cost) {
             Some(next) => {
@@ -310,12 +539,27 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
             None => SHOT,
         };
         let (verdict, _) = harness.run(&frame, now, 1);
-        if verdict == PASS { admitted += 1 } else { dropped += 1 }
+        if verdict == PASS {
+            admitted += 1
+        } else {
+            dropped += 1
+        }
         if verdict != expected {
-            mismatches.push(format!("packet {index}: {} bytes at {now} ns: got {}, model says {}", frame.len(), verdict as i32, expected as i32));
+            mismatches.push(format!(
+                "packet {index}: {} bytes at {now} ns: got {}, model says {}",
+                frame.len(),
+                verdict as i32,
+                expected as i32
+            ));
         }
     }
-    println!("1000 packets: {admitted} admitted, {dropped} dropped, {} mismatches", mismatches.len());
-    assert!(dropped > 100 && admitted > 100, "the sequence must exercise both verdicts");
+    println!(
+        "1000 packets: {admitted} admitted, {dropped} dropped, {} mismatches",
+        mismatches.len()
+    );
+    assert!(
+        dropped > 100 && admitted > 100,
+        "the sequence must exercise both verdicts"
+    );
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }

@@ -49,7 +49,9 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             test()
         }
-        Task::Bench => bail!("`cargo xtask bench` is not implemented yet (tracked by the bench issue)"),
+        Task::Bench => {
+            bail!("`cargo xtask bench` is not implemented yet (tracked by the bench issue)")
+        }
     }
 }
 
@@ -68,7 +70,10 @@ fn with_cargo_bin_on_path() {
     if let Ok(cargo_home) = home {
         let bin = cargo_home.join("bin");
         let path = std::env::var("PATH").unwrap_or_default();
-        if !path.split(':').any(|p| PathBuf::from(p) == bin) {
+        if !path
+            .split(':')
+            .any(|p| bin.as_path() == std::path::Path::new(p))
+        {
             std::env::set_var("PATH", format!("{}:{path}", bin.display()));
         }
     }
@@ -76,7 +81,9 @@ fn with_cargo_bin_on_path() {
 
 fn require_root(task: &str) -> Result<()> {
     if !nix_is_root() {
-        bail!("`cargo xtask {task}` needs root: it creates network namespaces and loads BPF programs");
+        bail!(
+            "`cargo xtask {task}` needs root: it creates network namespaces and loads BPF programs"
+        );
     }
     Ok(())
 }
@@ -115,12 +122,25 @@ fn build_shaper() -> Result<()> {
 
 fn test() -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     build_shaper()?;
     // Unit and property tests run in parallel; the lab tests one at a time, since
     // their measurements share two cores.
     cargo(&["test", "--workspace", "--exclude", "shaper-tests"])?;
     std::env::set_var("SHAPER_BIN", shaper_binary());
-    cargo(&["test", "--package", "shaper-tests", "--", "--test-threads=1"])?;
+    cargo(&[
+        "test",
+        "--package",
+        "shaper-tests",
+        "--",
+        "--test-threads=1",
+    ])?;
     Ok(())
 }

@@ -65,15 +65,30 @@ fn nightly_rust_src() -> Result<()> {
     let toolchains = output("rustup", &["toolchain", "list"])?;
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
         step("installing the nightly toolchain (for the eBPF crate)");
-        run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))
-            .context("the nightly toolchain is missing and cannot be installed")?;
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))
+        .context("the nightly toolchain is missing and cannot be installed")?;
     }
-    let installed = output("rustup", &["component", "list", "--toolchain", "nightly", "--installed"])?;
+    let installed = output(
+        "rustup",
+        &["component", "list", "--toolchain", "nightly", "--installed"],
+    )?;
     if installed.lines().any(|l| l.starts_with("rust-src")) {
         step("rust-src on nightly: present");
     } else {
         step("adding rust-src to nightly (build-std=core for bpfel-unknown-none)");
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
     Ok(())
 }
@@ -92,8 +107,13 @@ fn nightly_libllvm() -> Result<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
-            let name = p.file_name().unwrap_or_default().to_string_lossy().to_string();
-            name.starts_with("libLLVM.so.") || (name.starts_with("libLLVM-") && name.ends_with(".so"))
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            name.starts_with("libLLVM.so.")
+                || (name.starts_with("libLLVM-") && name.ends_with(".so"))
         })
         .filter(|p| fs::metadata(p).is_ok_and(|m| m.len() > 1_000_000))
         .collect();
@@ -105,7 +125,11 @@ fn nightly_libllvm() -> Result<PathBuf> {
 
 /// "libLLVM.so.22.1-rust-1.97.0-nightly" -> 22
 fn llvm_major(lib: &Path) -> Result<u32> {
-    let name = lib.file_name().unwrap_or_default().to_string_lossy().to_string();
+    let name = lib
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
     let digits: String = name
         .trim_start_matches("libLLVM.so.")
         .trim_start_matches("libLLVM-")
@@ -146,7 +170,14 @@ fn bpf_linker() -> Result<()> {
     }
     let feature = format!("llvm-{}", llvm_major(&libllvm)?);
     run(Command::new("cargo")
-        .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked", "--force"])
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--locked",
+            "--force",
+        ])
         .args(["--no-default-features", "--features", &feature])
         .env("LLVM_PREFIX", &prefix))
     .context("building bpf-linker failed")?;
@@ -164,7 +195,10 @@ fn debian_packages() -> Result<()> {
         step("Debian packages (iproute2, iperf3, iputils-ping, util-linux): present");
         return Ok(());
     }
-    step(&format!("installing Debian packages: {}", missing.join(" ")));
+    step(&format!(
+        "installing Debian packages: {}",
+        missing.join(" ")
+    ));
     run(Command::new("apt-get").arg("update").arg("-qq"))
         .context("apt-get update failed (are you root?)")?;
     run(Command::new("apt-get")
@@ -181,8 +215,14 @@ mod tests {
 
     #[test]
     fn llvm_major_is_read_from_the_file_name() {
-        assert_eq!(llvm_major(Path::new("/x/libLLVM.so.22.1-rust-1.97.0-nightly")).unwrap(), 22);
-        assert_eq!(llvm_major(Path::new("/x/libLLVM-21-rust-1.9.0-nightly.so")).unwrap(), 21);
+        assert_eq!(
+            llvm_major(Path::new("/x/libLLVM.so.22.1-rust-1.97.0-nightly")).unwrap(),
+            22
+        );
+        assert_eq!(
+            llvm_major(Path::new("/x/libLLVM-21-rust-1.9.0-nightly.so")).unwrap(),
+            21
+        );
         assert!(llvm_major(Path::new("/x/libfoo.so")).is_err());
     }
 }

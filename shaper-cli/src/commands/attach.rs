@@ -15,11 +15,19 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
     let _lock = state::lock()?;
     let mut attached_now = Vec::new();
     for direction in directions(args.direction) {
-        let location = Location { netns: netns.clone(), dev: args.dev.clone(), direction };
+        let location = Location {
+            netns: netns.clone(),
+            dev: args.dev.clone(),
+            direction,
+        };
         if location.dir().exists() {
             let status = Attachment::open(&location)?.status()?;
             if status.live {
-                println!("{}: already attached ({})", location.describe(), status.mode.name());
+                println!(
+                    "{}: already attached ({})",
+                    location.describe(),
+                    status.mode.name()
+                );
                 continue;
             }
             // The interface was re-created or the program unhooked: start afresh.

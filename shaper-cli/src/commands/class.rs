@@ -53,7 +53,11 @@ fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
 fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
     let spec = spec_from_args(&args)?;
     prepare(&netns)?;
-    let location = Location { netns, dev: args.dev.clone(), direction: single(args.direction) };
+    let location = Location {
+        netns,
+        dev: args.dev.clone(),
+        direction: single(args.direction),
+    };
     let _lock = state::lock()?;
     let attachment = Attachment::open(&location)?;
     classes::add(&attachment, &spec)?;
@@ -70,7 +74,12 @@ fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
 
 /// The attachment holding class `name` on `dev`: the given direction, or the only one
 /// that has it.
-fn locate(netns: &Option<String>, dev: &str, name: &str, direction: Option<SingleDirection>) -> Result<Attachment> {
+fn locate(
+    netns: &Option<String>,
+    dev: &str,
+    name: &str,
+    direction: Option<SingleDirection>,
+) -> Result<Attachment> {
     let candidates: Vec<Direction> = match direction {
         Some(d) => vec![single(d)],
         None => Direction::BOTH.to_vec(),
@@ -78,7 +87,11 @@ fn locate(netns: &Option<String>, dev: &str, name: &str, direction: Option<Singl
     let mut holders = Vec::new();
     let mut attached_any = false;
     for direction in candidates.iter().copied() {
-        let location = Location { netns: netns.clone(), dev: dev.to_string(), direction };
+        let location = Location {
+            netns: netns.clone(),
+            dev: dev.to_string(),
+            direction,
+        };
         if !location.dir().exists() {
             continue;
         }
@@ -89,19 +102,35 @@ fn locate(netns: &Option<String>, dev: &str, name: &str, direction: Option<Singl
         }
     }
     if !attached_any {
-        let location = Location { netns: netns.clone(), dev: dev.to_string(), direction: candidates[0] };
+        let location = Location {
+            netns: netns.clone(),
+            dev: dev.to_string(),
+            direction: candidates[0],
+        };
         return Attachment::open(&location).map(|_| unreachable!());
     }
     match holders.len() {
         0 => Err(runtime(format!("no class '{name}' on {dev}"))),
         1 => Ok(holders.remove(0)),
-        _ => Err(usage(format!("class '{name}' exists on both directions of {dev}; pass --direction"))),
+        _ => Err(usage(format!(
+            "class '{name}' exists on both directions of {dev}; pass --direction"
+        ))),
     }
 }
 
 fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
-    let rate = args.rate.as_deref().map(parse_rate).transpose().map_err(usage)?;
-    let burst = args.burst.as_deref().map(parse_size).transpose().map_err(usage)?;
+    let rate = args
+        .rate
+        .as_deref()
+        .map(parse_rate)
+        .transpose()
+        .map_err(usage)?;
+    let burst = args
+        .burst
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .map_err(usage)?;
     if rate.is_none() && burst.is_none() {
         return Err(usage("class change needs --rate and/or --burst"));
     }
@@ -109,7 +138,11 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
     let _lock = state::lock()?;
     let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
     classes::change(&attachment, &args.name, rate, burst)?;
-    println!("class {} changed on {}", args.name, attachment.location.describe());
+    println!(
+        "class {} changed on {}",
+        args.name,
+        attachment.location.describe()
+    );
     Ok(())
 }
 
@@ -118,7 +151,11 @@ fn del(netns: Option<String>, args: ClassDelArgs) -> Result<()> {
     let _lock = state::lock()?;
     let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
     classes::delete(&attachment, &args.name)?;
-    println!("class {} deleted from {}", args.name, attachment.location.describe());
+    println!(
+        "class {} deleted from {}",
+        args.name,
+        attachment.location.describe()
+    );
     Ok(())
 }
 
@@ -137,7 +174,9 @@ pub fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Vec<Value
     }
     if rows.is_empty() {
         if let Some(dev) = dev {
-            let any = state::list_locations(filter.as_ref())?.iter().any(|l| l.dev == *dev);
+            let any = state::list_locations(filter.as_ref())?
+                .iter()
+                .any(|l| l.dev == *dev);
             if !any {
                 return Err(runtime(format!("shaper is not attached to {dev}")));
             }
@@ -149,7 +188,13 @@ pub fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Vec<Value
 fn class_json(location: &Location, view: &ClassView) -> Value {
     let spec = &view.spec;
     let rule = &spec.rule;
-    let ports = |range: PortRange| if range.is_any() { Value::Null } else { json!(range.display()) };
+    let ports = |range: PortRange| {
+        if range.is_any() {
+            Value::Null
+        } else {
+            json!(range.display())
+        }
+    };
     json!({
         "name": spec.name,
         "dev": location.dev,
@@ -190,7 +235,10 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
     }
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["NAME", "DEV", "DIR", "PRIO", "RATE", "BURST", "PER", "PROTO", "SRC", "DST", "SPORT", "DPORT"]);
+    table.set_header([
+        "NAME", "DEV", "DIR", "PRIO", "RATE", "BURST", "PER", "PROTO", "SRC", "DST", "SPORT",
+        "DPORT",
+    ]);
     for row in &rows {
         table.add_row([
             text(&row["name"]),

@@ -9,10 +9,17 @@ use anyhow::Result;
 pub fn run(netns: Option<String>, args: DetachArgs) -> Result<()> {
     prepare(&netns)?;
     let _lock = state::lock()?;
-    let wanted = args.direction.map(directions).unwrap_or_else(|| Direction::BOTH.to_vec());
+    let wanted = args
+        .direction
+        .map(directions)
+        .unwrap_or_else(|| Direction::BOTH.to_vec());
     let present: Vec<Location> = wanted
         .into_iter()
-        .map(|direction| Location { netns: netns.clone(), dev: args.dev.clone(), direction })
+        .map(|direction| Location {
+            netns: netns.clone(),
+            dev: args.dev.clone(),
+            direction,
+        })
         .filter(|location| location.dir().exists())
         .collect();
     if present.is_empty() {

@@ -17,7 +17,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Attach(args) => attach::run(netns, args),
         Command::Detach(args) => detach::run(netns, args),
-        Command::Class(command) => class::run(netns, command),
+        Command::Class(command) => class::run(netns, *command),
         Command::Stats(args) => stats::run(netns, args),
         Command::Status(args) => status::run(netns, args),
     }

@@ -12,7 +12,16 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
     }
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["NAME", "DEV", "DIR", "RATE", "PASSED PKTS", "PASSED BYTES", "DROPPED PKTS", "DROPPED BYTES"]);
+    table.set_header([
+        "NAME",
+        "DEV",
+        "DIR",
+        "RATE",
+        "PASSED PKTS",
+        "PASSED BYTES",
+        "DROPPED PKTS",
+        "DROPPED BYTES",
+    ]);
     for row in &rows {
         let number = |key: &str| row[key].as_u64().unwrap_or(0).to_string();
         table.add_row([

@@ -39,7 +39,16 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
     }
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["DEV", "NETNS", "DIRECTION", "MODE", "PROGRAM", "STATE", "CLASSES", "FLOW TABLE"]);
+    table.set_header([
+        "DEV",
+        "NETNS",
+        "DIRECTION",
+        "MODE",
+        "PROGRAM",
+        "STATE",
+        "CLASSES",
+        "FLOW TABLE",
+    ]);
     for row in rows {
         table.add_row([
             row["dev"].as_str().unwrap_or_default().to_string(),
@@ -47,7 +56,12 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
             row["direction"].as_str().unwrap_or_default().to_string(),
             row["attach_mode"].as_str().unwrap_or_default().to_string(),
             row["program_id"].to_string(),
-            if row["live"].as_bool() == Some(true) { "attached" } else { "stale (interface gone?)" }.to_string(),
+            if row["live"].as_bool() == Some(true) {
+                "attached"
+            } else {
+                "stale (interface gone?)"
+            }
+            .to_string(),
             row["classes"].to_string(),
             row["flow_table_size"].to_string(),
         ]);
