@@ -370,6 +370,27 @@ fn remove_empty_parents(dir: &Path) {
     }
 }
 
+/// Hooks the pinned program of an existing attachment to its interface again (the
+/// interface was re-created: a VM's tap, a container's veth), keeping every class, bucket
+/// and counter.
+pub fn reattach(location: &Location) -> Result<AttachMode> {
+    let dir = location.dir();
+    let attachment = Attachment::open(location)?;
+    let mut globals = attachment.globals()?;
+    let mode = AttachMode::from_globals(globals.attach_mode);
+    let mut program = SchedClassifier::from_pin(dir.join(PROG_PIN))
+        .map_err(|e| runtime(format!("cannot open the pinned program: {e}")))?;
+    // The old link (if any) points at a vanished interface: drop it first.
+    let _ = fs::remove_file(dir.join(LINK_PIN));
+    let mut created = None;
+    let (mode, created_clsact) =
+        attach_program(&mut program, location, Some(mode), &dir, &mut created)?;
+    globals.ifindex = crate::netns::ifindex(&location.dev)?;
+    globals.created_clsact = u32::from(created_clsact);
+    attachment.set_globals(globals)?;
+    Ok(mode)
+}
+
 /// Detaches the program at `location` and removes every pin it owns.
 pub fn detach(location: &Location) -> Result<()> {
     let dir = location.dir();

@@ -445,3 +445,76 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
     ids.dedup();
     assert_eq!(ids.len(), 16, "every concurrent add got its own class id");
 }
+
+/// A re-created interface (a VM's tap, a container's veth) gets the pinned program back
+/// on `attach`, with its classes; until then `status` reports the attachment as stale.
+#[test]
+fn attach_after_the_interface_was_recreated_keeps_classes() {
+    let lab = Lab::new().unwrap();
+    let create = || {
+        lab.router
+            .run(
+                "ip",
+                &[
+                    "link", "add", "tap0", "type", "veth", "peer", "name", "tap1",
+                ],
+            )
+            .unwrap()
+    };
+    create();
+    lab.shaper_in(&lab.router, &["attach", "tap0"]).unwrap();
+    lab.shaper_in(
+        &lab.router,
+        &["class", "add", "vm", "--dev", "tap0", "--rate", "50mbit"],
+    )
+    .unwrap();
+    let live = |lab: &Lab| -> bool {
+        let status: Value =
+            serde_json::from_str(&lab.shaper_in(&lab.router, &["status", "--json"]).unwrap())
+                .unwrap();
+        status[0]["live"].as_bool().unwrap()
+    };
+    assert!(live(&lab));
+    lab.router.run("ip", &["link", "del", "tap0"]).unwrap();
+    assert!(
+        !live(&lab),
+        "status must report an attachment whose interface is gone"
+    );
+    create();
+    let output = lab.shaper_in(&lab.router, &["attach", "tap0"]).unwrap();
+    assert!(output.contains("re-attached"), "{output}");
+    assert!(live(&lab));
+    let list: Value = serde_json::from_str(
+        &lab.shaper_in(&lab.router, &["class", "list", "--json"])
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(list[0]["name"], "vm");
+    assert_eq!(list[0]["rate_bps"], 50_000_000);
+}
+
+/// On a machine where bpffs is not mounted, the first command that needs pins mounts it.
+/// Run in a private mount namespace so the host's bpffs is untouched.
+#[test]
+fn bpffs_is_mounted_when_missing() {
+    let lab = Lab::new().unwrap();
+    let script = format!(
+        "umount /sys/fs/bpf 2>/dev/null; umount /sys/fs/bpf 2>/dev/null; \
+         [ \"$(stat -f -c %T /sys/fs/bpf)\" != bpf_fs ] || exit 10; \
+         {} --netns {} attach {} >/dev/null || exit 11; stat -f -c %T /sys/fs/bpf",
+        shaper_bin().display(),
+        lab.router.name,
+        ROUTER_TO_CLIENT
+    );
+    let output = Command::new("unshare")
+        .args(["--mount", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "exit {:?}: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "bpf_fs");
+}

@@ -30,8 +30,15 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
                 );
                 continue;
             }
-            // The interface was re-created or the program unhooked: start afresh.
-            state::detach(&location)?;
+            // The interface was re-created or the program unhooked: hook the pinned
+            // program again, keeping classes, buckets and counters.
+            let mode = state::reattach(&location)?;
+            println!(
+                "{}: re-attached ({}), classes kept",
+                location.describe(),
+                mode.name()
+            );
+            continue;
         }
         match state::attach_fresh(&location, forced_mode, args.flow_table_size) {
             Ok(mode) => {
