@@ -230,9 +230,12 @@ impl Rule {
                     entries.push((shape, key));
                 }
             }
-            // Ports unknown: addresses and protocol decide.
+            // Ports unknown: addresses and protocol decide. The packet's ports are zero
+            // then, so any of this rule's port shapes can hold these entries: reusing one
+            // costs no extra lookup.
+            let shape = entries.last().map_or(base_shape, |(shape, _)| *shape);
             entries.push((
-                base_shape,
+                shape,
                 RuleKey {
                     flags: KEY_PORTS_UNKNOWN,
                     ..base_key
@@ -240,7 +243,7 @@ impl Rule {
             ));
             // Protocol unknown: addresses decide.
             entries.push((
-                base_shape,
+                shape,
                 RuleKey {
                     flags: KEY_PORTS_UNKNOWN | KEY_PROTO_UNKNOWN,
                     proto: 0,

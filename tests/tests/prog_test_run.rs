@@ -230,6 +230,16 @@ impl Harness {
         (result.return_value, counted.into_iter().next())
     }
 
+    fn reload_names(&mut self) {
+        self.names = self
+            .attachment
+            .class_list()
+            .unwrap()
+            .into_iter()
+            .map(|(id, meta)| (id, state::decode_name(&meta.name)))
+            .collect();
+    }
+
     fn class_id(&self, name: &str) -> u32 {
         *self.names.iter().find(|(_, n)| *n == name).unwrap().0
     }
@@ -562,4 +572,48 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
         "the sequence must exercise both verdicts"
     );
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+/// Classification cost follows the number of rule shapes, not of classes: 200 classes
+/// that differ only in their port share one shape (one hash lookup per packet), and the
+/// right one still wins.
+#[test]
+fn two_hundred_classes_of_one_shape_cost_one_lookup() {
+    use shaper_cli::{
+        classes::{self, ClassSpec},
+        rules::{PortRange, Proto, Rule},
+    };
+    let mut harness = Harness::new(&[]);
+    for index in 0..200u16 {
+        let spec = ClassSpec {
+            name: format!("port{index}"),
+            rule: Rule {
+                src: None,
+                dst: None,
+                proto: Proto::Udp,
+                sport: PortRange::ANY,
+                dport: PortRange {
+                    lo: 20_000 + index,
+                    hi: 20_000 + index,
+                },
+            },
+            rate_bits_per_sec: 1_000_000_000,
+            burst_bytes: 1 << 20,
+            scope: shaper_common::Scope::Class,
+            prio: 100,
+        };
+        classes::add(&harness.attachment, &spec).unwrap();
+    }
+    assert_eq!(harness.attachment.globals().unwrap().shape_count, 1);
+    harness.reload_names();
+    for index in [0u16, 121, 199] {
+        let (verdict, class) = harness.run(
+            &ipv4(V4::default(), udp(20_000 + index, 64)),
+            1_000_000_000,
+            1,
+        );
+        assert_eq!((verdict, class), (PASS, Some(format!("port{index}"))));
+    }
+    let (_, class) = harness.run(&ipv4(V4::default(), udp(20_200, 64)), 1_000_000_000, 1);
+    assert_eq!(class, None);
 }
