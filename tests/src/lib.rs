@@ -314,6 +314,15 @@ impl Lab {
         bail!("iperf3 server did not start listening on port {port}");
     }
 
+    /// One iperf3 run: a one-shot server, the client with `args`, the client's JSON
+    /// (with the server's own report inside).
+    fn iperf(&self, port: u16, args: &[String]) -> Result<Value> {
+        let mut server = self.iperf_server(port)?;
+        let json = self.iperf_client(port, args);
+        let _ = server.wait();
+        json
+    }
+
     fn iperf_client(&self, port: u16, args: &[String]) -> Result<Value> {
         let mut command = self.client.command("timeout");
         // Bounded in time whatever happens to the peer.
@@ -342,7 +351,6 @@ impl Lab {
     /// Runs a UDP flow (or several) from client to server; rates measured at the server.
     pub fn udp(&mut self, options: &Udp) -> Result<UdpResult> {
         let port = options.port.unwrap_or_else(|| self.port());
-        let mut server = self.iperf_server(port)?;
         let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
         let args: Vec<String> = [
             "-c",
@@ -360,9 +368,7 @@ impl Lab {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let json = self.iperf_client(port, &args);
-        let _ = server.wait();
-        let json = json?;
+        let json = self.iperf(port, &args)?;
         let overhead = if options.ipv6 {
             UDP_V6_OVERHEAD
         } else {
@@ -374,14 +380,11 @@ impl Lab {
     /// Runs one TCP flow for `seconds`; returns the goodput received by the server (bit/s).
     pub fn tcp(&mut self, seconds: u32) -> Result<f64> {
         let port = self.port();
-        let mut server = self.iperf_server(port)?;
         let args: Vec<String> = ["-c", SERVER_V4, "-t", &seconds.to_string()]
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let json = self.iperf_client(port, &args);
-        let _ = server.wait();
-        let json = json?;
+        let json = self.iperf(port, &args)?;
         json["end"]["sum_received"]["bits_per_second"]
             .as_f64()
             .context("iperf3 JSON has no end.sum_received.bits_per_second")

@@ -93,8 +93,8 @@ fn scenario09_udp_policed_in_clsact_mode() {
     );
 }
 
-#[test]
-fn scenario02_per_flow_buckets_give_each_flow_the_rate() {
+/// Four UDP flows at 20 Mbit/s each through a 5 Mbit/s class with the given scope.
+fn four_flows_through_5mbit(per: &str) -> shaper_tests::UdpResult {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
     attach(&lab, &router, ROUTER_TO_SERVER, &[]);
@@ -102,9 +102,9 @@ fn scenario02_per_flow_buckets_give_each_flow_the_rate() {
         &lab,
         &router,
         ROUTER_TO_SERVER,
-        "perflow",
+        "five",
         "5mbit",
-        &["--proto", "udp", "--per", "flow"],
+        &["--proto", "udp", "--per", per],
     );
     let result = lab
         .udp(&Udp {
@@ -114,6 +114,12 @@ fn scenario02_per_flow_buckets_give_each_flow_the_rate() {
         })
         .unwrap();
     assert_eq!(result.stream_l2_bps.len(), 4);
+    result
+}
+
+#[test]
+fn scenario02_per_flow_buckets_give_each_flow_the_rate() {
+    let result = four_flows_through_5mbit("flow");
     for (index, rate) in result.stream_l2_bps.iter().enumerate() {
         assert_within(
             &format!("flow {index} of 4 at 20M, --per flow 5mbit"),
@@ -126,24 +132,7 @@ fn scenario02_per_flow_buckets_give_each_flow_the_rate() {
 
 #[test]
 fn scenario02_class_bucket_shares_the_rate() {
-    let mut lab = Lab::new().unwrap();
-    let router = lab.router.clone();
-    attach(&lab, &router, ROUTER_TO_SERVER, &[]);
-    add_class(
-        &lab,
-        &router,
-        ROUTER_TO_SERVER,
-        "shared",
-        "5mbit",
-        &["--proto", "udp", "--per", "class"],
-    );
-    let result = lab
-        .udp(&Udp {
-            rate: "20M",
-            streams: 4,
-            ..Udp::default()
-        })
-        .unwrap();
+    let result = four_flows_through_5mbit("class");
     assert_within(
         "sum of 4 flows at 20M, --per class 5mbit",
         result.total_l2_bps(),

@@ -1,4 +1,4 @@
-use super::{prepare, single};
+use super::{prepare, print_rows, single, text};
 use crate::{
     classes::{self, parse_scope, scope_name, ClassSpec, ClassView},
     cli::{ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection},
@@ -8,7 +8,6 @@ use crate::{
     units::{default_burst, format_rate, format_size, parse_rate, parse_size},
 };
 use anyhow::Result;
-use comfy_table::Table;
 use serde_json::{json, Value};
 
 pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
@@ -218,29 +217,15 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
     })
 }
 
-fn text(value: &Value) -> String {
-    match value {
-        Value::Null => "*".to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
 fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
     prepare(&None)?;
     let rows = collect(&netns, &args.dev)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(());
-    }
-    let mut table = Table::new();
-    table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header([
+    let header = [
         "NAME", "DEV", "DIR", "PRIO", "RATE", "BURST", "PER", "PROTO", "SRC", "DST", "SPORT",
         "DPORT",
-    ]);
-    for row in &rows {
-        table.add_row([
+    ];
+    print_rows(&rows, args.json, &header, |row| {
+        vec![
             text(&row["name"]),
             text(&row["dev"]),
             text(&row["direction"]),
@@ -253,8 +238,6 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
             text(&row["dst"]),
             text(&row["sport"]),
             text(&row["dport"]),
-        ]);
-    }
-    println!("{table}");
-    Ok(())
+        ]
+    })
 }

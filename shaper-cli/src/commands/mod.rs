@@ -46,3 +46,33 @@ fn single(arg: SingleDirection) -> Direction {
         SingleDirection::Ingress => Direction::Ingress,
     }
 }
+
+/// Prints read-command output: pretty JSON for scripts, else an aligned table.
+fn print_rows(
+    rows: &[serde_json::Value],
+    json: bool,
+    header: &[&str],
+    cells: impl Fn(&serde_json::Value) -> Vec<String>,
+) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(rows)?);
+        return Ok(());
+    }
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::NOTHING);
+    table.set_header(header);
+    for row in rows {
+        table.add_row(cells(row));
+    }
+    println!("{table}");
+    Ok(())
+}
+
+/// A JSON field as a table cell: strings bare, null as `*` (matches anything).
+fn text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Null => "*".to_string(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}

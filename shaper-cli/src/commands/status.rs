@@ -1,10 +1,9 @@
-use super::prepare;
+use super::{prepare, print_rows, text};
 use crate::{
     cli::StatusArgs,
     state::{list_locations, Attachment},
 };
 use anyhow::Result;
-use comfy_table::Table;
 use serde_json::json;
 
 pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
@@ -29,17 +28,11 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
             "flow_table_size": status.flow_table_size,
         }));
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(());
-    }
-    if rows.is_empty() {
+    if rows.is_empty() && !args.json {
         println!("shaper is not attached anywhere");
         return Ok(());
     }
-    let mut table = Table::new();
-    table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header([
+    let header = [
         "DEV",
         "NETNS",
         "DIRECTION",
@@ -48,24 +41,22 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
         "STATE",
         "CLASSES",
         "FLOW TABLE",
-    ]);
-    for row in rows {
-        table.add_row([
-            row["dev"].as_str().unwrap_or_default().to_string(),
+    ];
+    print_rows(&rows, args.json, &header, |row| {
+        let state = if row["live"].as_bool() == Some(true) {
+            "attached"
+        } else {
+            "stale (interface gone?)"
+        };
+        vec![
+            text(&row["dev"]),
             row["netns"].as_str().unwrap_or("-").to_string(),
-            row["direction"].as_str().unwrap_or_default().to_string(),
-            row["attach_mode"].as_str().unwrap_or_default().to_string(),
-            row["program_id"].to_string(),
-            if row["live"].as_bool() == Some(true) {
-                "attached"
-            } else {
-                "stale (interface gone?)"
-            }
-            .to_string(),
-            row["classes"].to_string(),
-            row["flow_table_size"].to_string(),
-        ]);
-    }
-    println!("{table}");
-    Ok(())
+            text(&row["direction"]),
+            text(&row["attach_mode"]),
+            text(&row["program_id"]),
+            state.to_string(),
+            text(&row["classes"]),
+            text(&row["flow_table_size"]),
+        ]
+    })
 }
