@@ -3,8 +3,8 @@
 //! State lives only in the kernel, pinned under `/sys/fs/bpf/shaper/<netns>/<dev>/<dir>/`:
 //! one pin per map (named as in the object), `prog` (the attached program) and, in TCX
 //! mode, `link` (the TCX link; unpinning it detaches the program). Every invocation
-//! rebuilds its view from these pins. Mutations take an exclusive `flock` on the
-//! `/sys/fs/bpf/shaper` directory, so two invocations at once never interleave.
+//! rebuilds its view from these pins. Mutations take an exclusive `flock` on
+//! `/run/lock/shaper.lock`, so two invocations at once never interleave.
 
 use crate::error::{runtime, usage};
 use anyhow::{Context as _, Result};
@@ -30,6 +30,8 @@ use std::{
 pub const BPFFS: &str = "/sys/fs/bpf";
 pub const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const LOCK_DIR: &str = "/run/lock";
+const LOCK_FILE: &str = "/run/lock/shaper.lock";
 const HOST_NAMESPACE_DIR: &str = "host";
 const NETNS_DIR_PREFIX: &str = "netns-";
 const PROG_PIN: &str = "prog";
@@ -190,11 +192,18 @@ pub struct StateLock {
 }
 
 pub fn lock() -> Result<StateLock> {
-    ensure_bpffs()?;
-    let dir = fs::File::open(PIN_ROOT).with_context(|| format!("cannot open {PIN_ROOT}"))?;
-    let lock = Flock::lock(dir, FlockArg::LockExclusive)
+    // A lock file outside bpffs, so the pin root itself can go when the last attachment does.
+    fs::create_dir_all(LOCK_DIR).with_context(|| format!("cannot create {LOCK_DIR}"))?;
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_FILE)
+        .with_context(|| format!("cannot open {LOCK_FILE}"))?;
+    let lock = Flock::lock(file, FlockArg::LockExclusive)
         .map_err(|(_, errno)| errno)
-        .with_context(|| format!("cannot lock {PIN_ROOT}"))?;
+        .with_context(|| format!("cannot lock {LOCK_FILE}"))?;
+    ensure_bpffs()?;
     Ok(StateLock { _lock: lock })
 }
 
@@ -363,7 +372,7 @@ fn detach_clsact_filter(dev: &str, direction: Direction, remove_qdisc: bool) {
 fn remove_empty_parents(dir: &Path) {
     let mut current = dir.parent();
     while let Some(parent) = current {
-        if parent == Path::new(PIN_ROOT) || fs::remove_dir(parent).is_err() {
+        if parent == Path::new(BPFFS) || fs::remove_dir(parent).is_err() {
             break;
         }
         current = parent.parent();
