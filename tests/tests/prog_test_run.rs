@@ -617,3 +617,60 @@ fn two_hundred_classes_of_one_shape_cost_one_lookup() {
     let (_, class) = harness.run(&ipv4(V4::default(), udp(20_200, 64)), 1_000_000_000, 1);
     assert_eq!(class, None);
 }
+
+/// Two CPUs charging one bucket at once never admit more than it allows: both run the
+/// attached program (real clock) flat out on the same class bucket, and the bytes passed
+/// stay within burst + rate × wall time, while a racy update would over-admit.
+#[test]
+fn two_cpus_charging_one_bucket_never_over_admit() {
+    let harness = Harness::new(&[&[
+        "race", "--dev", DEV, "--proto", "udp", "--dport", "9200", "--rate", "1gbit", "--burst",
+        "64k",
+    ]]);
+    let frame = ipv4(V4::default(), udp(9200, 958)); // 1000 bytes on the wire
+    let dir = harness.attachment.dir().to_path_buf();
+    let barrier = std::sync::Barrier::new(2);
+    let started = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            let (frame, dir, barrier, started) = (&frame, &dir, &barrier, &started);
+            scope.spawn(move || {
+                // Each thread has its own program instance over the same pinned maps.
+                let mut ebpf = state::load_object(dir, 1024).unwrap();
+                let program = state::load_program(&mut ebpf, program_names::SHAPER).unwrap();
+                barrier.wait();
+                started
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(std::time::Instant::now);
+                program
+                    .test_run(TestRunOptions {
+                        data_in: Some(frame),
+                        repeat: 2_000_000,
+                        ..TestRunOptions::default()
+                    })
+                    .unwrap();
+            });
+        }
+    });
+    let elapsed = started.lock().unwrap().unwrap().elapsed().as_secs_f64();
+    let stats = harness
+        .attachment
+        .class_stats(harness.class_id("race"))
+        .unwrap();
+    let allowed = 65_536.0 + 1e9 / 8.0 * elapsed;
+    println!(
+        "2 CPUs × 2e6 packets in {elapsed:.3} s: {} passed ({} bytes, allowed {allowed:.0}), {} dropped",
+        stats.passed_packets, stats.passed_bytes, stats.dropped_packets
+    );
+    assert_eq!(stats.passed_packets + stats.dropped_packets, 4_000_000);
+    assert!(
+        stats.dropped_packets > 0 && stats.passed_bytes > 65_536,
+        "the bucket must be contended"
+    );
+    assert!(
+        stats.passed_bytes as f64 <= allowed,
+        "over-admitted: {} > {allowed:.0}",
+        stats.passed_bytes
+    );
+}
