@@ -5,6 +5,7 @@
 //! are gone (or re-pointed at the next-best class) before its config is cleared.
 
 use crate::{
+    actions::ActionSpec,
     error::{runtime, usage},
     rules::{bytes, words, PortRange, Proto, Rule},
     state::{decode_name, encode_name, Attachment},
@@ -13,7 +14,7 @@ use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use shaper_common::{
-    Action, ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
+    ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
     FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
 };
 use std::{
@@ -30,6 +31,7 @@ pub struct ClassSpec {
     pub burst_bytes: u64,
     pub scope: Scope,
     pub prio: u32,
+    pub action: ActionSpec,
 }
 
 pub fn scope_name(scope: Scope) -> &'static str {
@@ -92,7 +94,7 @@ fn cidr_to_meta(net: Option<IpNet>) -> (u8, [u32; 4], u8) {
 }
 
 impl ClassSpec {
-    fn from_meta(meta: &ClassMeta, scope: Scope) -> Self {
+    fn from_meta(meta: &ClassMeta, config: &ClassConfig) -> Self {
         Self {
             name: decode_name(&meta.name),
             rule: Rule {
@@ -110,8 +112,9 @@ impl ClassSpec {
             },
             rate_bits_per_sec: meta.rate_bits_per_sec,
             burst_bytes: meta.burst_bytes,
-            scope,
+            scope: Scope::from_u8(config.scope).unwrap_or(Scope::Class),
             prio: meta.prio,
+            action: ActionSpec::from_config(config.action, config.action_arg, config.action_mask),
         }
     }
 
@@ -145,7 +148,9 @@ impl ClassSpec {
             cost: ByteCost::new(self.rate_bits_per_sec, self.burst_bytes),
             generation,
             scope: self.scope as u8,
-            action: Action::Drop as u8,
+            action: self.action.action as u8,
+            action_arg: self.action.arg,
+            action_mask: self.action.mask,
             in_use: 1,
             ..ClassConfig::default()
         }
@@ -158,10 +163,9 @@ pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
     let mut views = Vec::new();
     for (id, meta) in attachment.class_list()? {
         let config = configs.get(&id, 0)?;
-        let scope = Scope::from_u8(config.scope).unwrap_or(Scope::Class);
         views.push(ClassView {
             id,
-            spec: ClassSpec::from_meta(&meta, scope),
+            spec: ClassSpec::from_meta(&meta, &config),
             seq: meta.seq,
             stats: attachment.class_stats(id)?,
         });
@@ -350,14 +354,18 @@ fn not_found(attachment: &Attachment, name: &str) -> anyhow::Error {
     ))
 }
 
-/// Changes rate and/or burst in place: the bucket word, counters and classifier
+/// What `class change` may change.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Change {
+    pub rate_bits_per_sec: Option<u64>,
+    pub burst_bytes: Option<u64>,
+    pub action: Option<ActionSpec>,
+}
+
+/// Changes rate, burst and/or action in place: the bucket word, counters and classifier
 /// entries are untouched, so the change is effective at the next packet.
-pub fn change(
-    attachment: &Attachment,
-    name: &str,
-    rate_bits_per_sec: Option<u64>,
-    burst_bytes: Option<u64>,
-) -> Result<()> {
+pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()> {
+    let Change { rate_bits_per_sec, burst_bytes, action } = change;
     let (id, mut meta) = find(attachment, name)?.ok_or_else(|| not_found(attachment, name))?;
     if let Some(rate) = rate_bits_per_sec {
         meta.rate_bits_per_sec = rate;
@@ -368,6 +376,11 @@ pub fn change(
     let mut classes = attachment.classes()?;
     let mut config = classes.get(&id, 0)?;
     config.cost = ByteCost::new(meta.rate_bits_per_sec, meta.burst_bytes);
+    if let Some(action) = action {
+        config.action = action.action as u8;
+        config.action_arg = action.arg;
+        config.action_mask = action.mask;
+    }
     classes.set(id, config, 0)?;
     attachment.meta()?.set(id, meta, 0)?;
     Ok(())
@@ -391,8 +404,7 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     let mut shapes_in_use = vec![false; MAX_SHAPES as usize];
     let mut deleted_keys = Vec::new();
     for (class_id, meta) in &all {
-        let scope = Scope::from_u8(configs.get(class_id, 0)?.scope).unwrap_or(Scope::Class);
-        let spec = ClassSpec::from_meta(meta, scope);
+        let spec = ClassSpec::from_meta(meta, &configs.get(class_id, 0)?);
         let keys = class_entries(&spec.rule, &mut shapes)?;
         if *class_id == id {
             deleted_keys = keys;

@@ -77,7 +77,7 @@ pub struct DetachArgs {
 pub enum ClassCommand {
     /// Add a class: a rule plus a token bucket.
     Add(ClassAddArgs),
-    /// Change a class's rate and/or burst, effective at once.
+    /// Change a class's rate, burst and/or action, effective at once.
     Change(ClassChangeArgs),
     /// Delete a class.
     Del(ClassDelArgs),
@@ -95,7 +95,7 @@ pub struct ClassAddArgs {
     /// Rate as in tc: 10mbit, 1gbit, 125kbps, ... (bare number = bit/s).
     #[arg(long)]
     pub rate: String,
-    /// Burst as in tc: 64k, 1mb, ... Default: max(128k, 10 ms at the rate).
+    /// Burst as in tc: 64k, 1mb, ... Default: max(128k, 250 ms at the rate).
     #[arg(long)]
     pub burst: Option<String>,
     /// Who shares one bucket: the whole class, each flow (5-tuple), each source or
@@ -115,6 +115,9 @@ pub struct ClassAddArgs {
     /// Lower number wins, as in tc.
     #[arg(long, default_value_t = 100)]
     pub prio: u32,
+    /// What happens to packets over the rate: drop, ecn, dscp=VALUE, fwmark=N[/MASK], pass.
+    #[arg(long, default_value = "drop")]
+    pub action: String,
 }
 
 #[derive(Args, Debug)]
@@ -129,6 +132,8 @@ pub struct ClassChangeArgs {
     pub rate: Option<String>,
     #[arg(long)]
     pub burst: Option<String>,
+    #[arg(long)]
+    pub action: Option<String>,
 }
 
 #[derive(Args, Debug)]

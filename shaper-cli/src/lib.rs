@@ -1,5 +1,6 @@
 //! shaper's userspace: one module per command over one loader/pinning layer (`state`).
 
+pub mod actions;
 pub mod caps;
 pub mod classes;
 pub mod cli;

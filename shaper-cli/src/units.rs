@@ -95,12 +95,14 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// Default burst when `--burst` is omitted: the larger of 128 KiB and 10 ms at the rate.
+/// Default burst when `--burst` is omitted: the larger of 128 KiB and 250 ms at the rate.
 /// 128 KiB holds the largest GSO packet TCP hands the TC hook (64 KiB of payload, about
 /// 68 KiB with per-segment headers) twice over, so one such packet never exceeds a full
-/// bucket; 10 ms at the rate absorbs timer and batching jitter at high rates.
+/// bucket. 250 ms at the rate covers Linux's 200 ms minimum retransmission timeout: a TCP
+/// flow that lost packets to the policer resumes into a bucket that refilled meanwhile,
+/// which is what lets one TCP flow use ~95 % of the rate on short-RTT paths.
 pub fn default_burst(rate_bits_per_sec: u64) -> u64 {
-    (128 * 1024).max(rate_bits_per_sec / 8 / 100)
+    (128 * 1024).max(rate_bits_per_sec / 8 / 4)
 }
 
 /// Formats bits per second the way tc prints rates.
@@ -175,8 +177,9 @@ mod tests {
 
     #[test]
     fn default_burst_is_at_least_128k() {
-        assert_eq!(default_burst(10_000_000), 131_072);
-        assert_eq!(default_burst(10_000_000_000), 12_500_000);
+        assert_eq!(default_burst(1_000_000), 131_072);
+        assert_eq!(default_burst(10_000_000), 312_500);
+        assert_eq!(default_burst(100_000_000), 3_125_000);
     }
 
     #[test]

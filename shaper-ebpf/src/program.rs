@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
-    conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
+    bucket::ticks, conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
     RuleValue, Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
     KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES, PROTO_TCP,
     PROTO_UDP,
@@ -56,6 +56,17 @@ struct Packet {
     dst: [u32; 4],
     /// Bytes on the wire: skb->len plus the headers of every extra GSO segment.
     wire_len: u64,
+    /// Offset of the IP header, and whether its first bytes could be read (for rewrites).
+    l3: usize,
+    ip_readable: bool,
+}
+
+/// The bucket's answer for one packet.
+enum Verdict {
+    /// Within the rate; the bucket is now `occupancy` ticks deep (0 = full, tolerance = empty).
+    Within { occupancy: u64 },
+    /// Over the rate; the bucket is unchanged.
+    Exceed,
 }
 
 #[classifier]
@@ -91,8 +102,8 @@ fn run(ctx: &TcContext, now: u64) -> i32 {
     if class.in_use == 0 {
         return TC_ACT_UNSPEC;
     }
-    let within_rate = charge_bucket(class_id, class, &packet, now);
-    act(class_id, class, within_rate, packet.wire_len)
+    let verdict = charge_bucket(class_id, class, &packet, now);
+    act(ctx, class_id, class, verdict, &packet)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -124,6 +135,8 @@ fn parse(ctx: &TcContext) -> Option<Packet> {
         src: [0; 4],
         dst: [0; 4],
         wire_len: skb_len,
+        l3,
+        ip_readable: false,
     };
     let l4 = match ethertype {
         ETH_P_IP => parse_ipv4(ctx, l3, &mut packet),
@@ -142,6 +155,7 @@ fn parse_ipv4(ctx: &TcContext, l3: usize, packet: &mut Packet) -> Option<usize> 
     packet.family = FAMILY_V4;
     // A header too short to hold both addresses keeps them zero, protocol unknown.
     let header = load::<[u32; 5]>(ctx, l3)?;
+    packet.ip_readable = true;
     let bytes0 = header[0].to_ne_bytes();
     let bytes2 = header[2].to_ne_bytes();
     let bytes1 = header[1].to_ne_bytes();
@@ -165,6 +179,7 @@ fn parse_ipv4(ctx: &TcContext, l3: usize, packet: &mut Packet) -> Option<usize> 
 fn parse_ipv6(ctx: &TcContext, l3: usize, packet: &mut Packet) -> Option<usize> {
     packet.family = FAMILY_V6;
     let header = load::<[u32; 10]>(ctx, l3)?;
+    packet.ip_readable = true;
     packet.src = [header[2], header[3], header[4], header[5]];
     packet.dst = [header[6], header[7], header[8], header[9]];
     let mut next_header = header[1].to_ne_bytes()[2];
@@ -294,7 +309,7 @@ fn classify(packet: &Packet) -> Option<u32> {
 // bucket
 
 #[inline(always)]
-fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> bool {
+fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> Verdict {
     let bucket = match Scope::from_u8(class.scope) {
         Some(Scope::Class) | None => CLASS_BUCKETS.get_ptr_mut(class_id),
         Some(scope) => keyed_bucket(class_id, class.generation, scope, packet),
@@ -302,7 +317,7 @@ fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) 
     match bucket {
         Some(word) => charge(word, now, packet.wire_len, &class.cost),
         // The LRU could not hold a new bucket (every entry busy on other CPUs): fail open.
-        None => true,
+        None => Verdict::Within { occupancy: 0 },
     }
 }
 
@@ -336,11 +351,11 @@ fn keyed_bucket(class_id: u32, generation: u32, scope: Scope, packet: &Packet) -
 /// Applies [`conform`] to the bucket word with compare-and-swap, so concurrent CPUs
 /// never admit more than the bucket holds.
 #[inline(always)]
-fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> bool {
+fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> Verdict {
     for _ in 0..CAS_ATTEMPTS {
         let tat = unsafe { core::ptr::read_volatile(word) };
         let Some(next) = conform(tat, now, bytes, cost) else {
-            return false;
+            return Verdict::Exceed;
         };
         let (_, swapped) = unsafe {
             atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
@@ -348,32 +363,109 @@ fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> bool {
             )
         };
         if swapped {
-            return true;
+            return Verdict::Within { occupancy: next - ticks(now) };
         }
     }
-    false
+    Verdict::Exceed
 }
 
 // ---------------------------------------------------------------------------------------
 // act
 
 #[inline(always)]
-fn act(class_id: u32, class: &ClassConfig, within_rate: bool, wire_len: u64) -> i32 {
+fn act(ctx: &TcContext, class_id: u32, class: &ClassConfig, verdict: Verdict, packet: &Packet) -> i32 {
     let Some(stats) = STATS.get_ptr_mut(class_id) else {
         return TC_ACT_UNSPEC;
     };
     let stats = unsafe { &mut *stats };
-    if within_rate {
-        stats.passed_packets += 1;
-        stats.passed_bytes += wire_len;
-        return TC_ACT_UNSPEC;
-    }
-    if class.action == Action::Pass as u8 {
+    let bytes = packet.wire_len;
+    let action = class.action;
+    let marked = match verdict {
+        // ECN: CE-mark early, once the bucket is more than half drained, so ECN-capable
+        // TCP backs off before anything has to be dropped.
+        Verdict::Within { occupancy } => {
+            action == Action::Ecn as u8
+                && occupancy > class.cost.tolerance_ticks / 2
+                && set_ecn_ce(ctx, packet)
+        }
+        Verdict::Exceed => {
+            let handled = if action == Action::Pass as u8 {
+                true
+            } else if action == Action::Dscp as u8 {
+                set_dscp(ctx, packet, class.action_arg as u8);
+                true
+            } else if action == Action::Fwmark as u8 {
+                let mark = unsafe { (*ctx.skb.skb).mark };
+                ctx.set_mark((mark & !class.action_mask) | class.action_arg);
+                true
+            } else {
+                // Drop, and ECN once the bucket is empty: policing stays exact.
+                false
+            };
+            if !handled {
+                stats.dropped_packets += 1;
+                stats.dropped_bytes += bytes;
+                return TC_ACT_SHOT as i32;
+            }
+            true
+        }
+    };
+    stats.passed_packets += 1;
+    stats.passed_bytes += bytes;
+    if marked {
         stats.marked_packets += 1;
-        stats.marked_bytes += wire_len;
-        return TC_ACT_UNSPEC;
+        stats.marked_bytes += bytes;
     }
-    stats.dropped_packets += 1;
-    stats.dropped_bytes += wire_len;
-    TC_ACT_SHOT as i32
+    TC_ACT_UNSPEC
+}
+
+const IPV4_CHECKSUM_OFFSET: usize = 10;
+const ECN_MASK: u8 = 0x03;
+const ECN_CE: u8 = 0x03;
+
+/// Sets ECN CE on an ECN-capable packet (ECT(0)/ECT(1), or already CE); false when the
+/// packet is not ECN-capable.
+#[inline(always)]
+fn set_ecn_ce(ctx: &TcContext, packet: &Packet) -> bool {
+    if !packet.ip_readable {
+        return false;
+    }
+    rewrite_traffic_class(ctx, packet, |tc| if tc & ECN_MASK == 0 { None } else { Some(tc | ECN_CE) })
+}
+
+/// Rewrites the DSCP (upper six bits of the IPv4 TOS / IPv6 traffic class), keeping ECN.
+#[inline(always)]
+fn set_dscp(ctx: &TcContext, packet: &Packet, dscp: u8) {
+    if packet.ip_readable {
+        rewrite_traffic_class(ctx, packet, |tc| Some((dscp << 2) | (tc & ECN_MASK)));
+    }
+}
+
+/// Applies `change` to the packet's TOS / traffic class byte; IPv4's header checksum is
+/// updated incrementally. Returns false when `change` declines or the write fails.
+#[inline(always)]
+fn rewrite_traffic_class(ctx: &TcContext, packet: &Packet, change: impl Fn(u8) -> Option<u8>) -> bool {
+    let Some(head) = load::<[u8; 2]>(ctx, packet.l3) else {
+        return false;
+    };
+    if packet.family == FAMILY_V4 {
+        let Some(tos) = change(head[1]) else {
+            return false;
+        };
+        if tos == head[1] {
+            return true;
+        }
+        let old = u16::from_ne_bytes(head) as u64;
+        let new = u16::from_ne_bytes([head[0], tos]) as u64;
+        ctx.l3_csum_replace(packet.l3 + IPV4_CHECKSUM_OFFSET, old, new, 2).is_ok()
+            && ctx.store(packet.l3 + 1, &tos, 0).is_ok()
+    } else {
+        // Version (4 bits), traffic class (8 bits) straddling bytes 0 and 1; no checksum.
+        let tc = (head[0] << 4) | (head[1] >> 4);
+        let Some(new_tc) = change(tc) else {
+            return false;
+        };
+        let new = [(head[0] & 0xf0) | (new_tc >> 4), (new_tc << 4) | (head[1] & 0x0f)];
+        ctx.store(packet.l3, &new, 0).is_ok()
+    }
 }

@@ -379,8 +379,13 @@ impl Lab {
 
     /// Runs one TCP flow for `seconds`; returns the goodput received by the server (bit/s).
     pub fn tcp(&mut self, seconds: u32) -> Result<f64> {
+        self.tcp_with(seconds, "cubic")
+    }
+
+    /// One TCP flow with the given congestion control (cubic, bbr, reno).
+    pub fn tcp_with(&mut self, seconds: u32, congestion: &str) -> Result<f64> {
         let port = self.port();
-        let args: Vec<String> = ["-c", SERVER_V4, "-t", &seconds.to_string()]
+        let args: Vec<String> = ["-c", SERVER_V4, "-t", &seconds.to_string(), "-C", congestion]
             .iter()
             .map(|s| s.to_string())
             .collect();

@@ -601,6 +601,7 @@ fn two_hundred_classes_of_one_shape_cost_one_lookup() {
             burst_bytes: 1 << 20,
             scope: shaper_common::Scope::Class,
             prio: 100,
+            action: Default::default(),
         };
         classes::add(&harness.attachment, &spec).unwrap();
     }

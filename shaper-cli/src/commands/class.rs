@@ -1,5 +1,6 @@
 use super::{prepare, print_rows, single, text};
 use crate::{
+    actions::ActionSpec,
     classes::{self, parse_scope, scope_name, ClassSpec, ClassView},
     cli::{ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection},
     error::{runtime, usage},
@@ -9,6 +10,7 @@ use crate::{
 };
 use anyhow::Result;
 use serde_json::{json, Value};
+use shaper_common::Action;
 
 pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     match command {
@@ -46,7 +48,16 @@ fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
         burst_bytes: burst,
         scope: parse_scope(&args.per).map_err(usage)?,
         prio: args.prio,
+        action: parse_action(&args.action)?,
     })
+}
+
+fn parse_action(text: &str) -> Result<ActionSpec> {
+    let action = ActionSpec::parse(text).map_err(usage)?;
+    if action.action == Action::Shape {
+        return Err(usage("--action shape is not available yet; use drop, ecn, dscp, fwmark or pass"));
+    }
+    Ok(action)
 }
 
 fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
@@ -61,12 +72,13 @@ fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
     let attachment = Attachment::open(&location)?;
     classes::add(&attachment, &spec)?;
     println!(
-        "class {} added on {}: rate {} burst {} per {}",
+        "class {} added on {}: rate {} burst {} per {} action {}",
         spec.name,
         location.describe(),
         format_rate(spec.rate_bits_per_sec),
         format_size(spec.burst_bytes),
-        scope_name(spec.scope)
+        scope_name(spec.scope),
+        spec.action.display()
     );
     Ok(())
 }
@@ -130,13 +142,15 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
         .map(parse_size)
         .transpose()
         .map_err(usage)?;
-    if rate.is_none() && burst.is_none() {
-        return Err(usage("class change needs --rate and/or --burst"));
+    let action = args.action.as_deref().map(parse_action).transpose()?;
+    if rate.is_none() && burst.is_none() && action.is_none() {
+        return Err(usage("class change needs --rate, --burst and/or --action"));
     }
     prepare(&netns)?;
     let _lock = state::lock()?;
     let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
-    classes::change(&attachment, &args.name, rate, burst)?;
+    let change = classes::Change { rate_bits_per_sec: rate, burst_bytes: burst, action };
+    classes::change(&attachment, &args.name, change)?;
     println!(
         "class {} changed on {}",
         args.name,
@@ -209,11 +223,13 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
         "dst": rule.dst.map(|n| n.to_string()),
         "sport": ports(rule.sport),
         "dport": ports(rule.dport),
-        "action": "drop",
+        "action": spec.action.display(),
         "passed_packets": view.stats.passed_packets,
         "passed_bytes": view.stats.passed_bytes,
         "dropped_packets": view.stats.dropped_packets,
         "dropped_bytes": view.stats.dropped_bytes,
+        "marked_packets": view.stats.marked_packets,
+        "marked_bytes": view.stats.marked_bytes,
     })
 }
 
@@ -233,6 +249,7 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
             format_rate(row["rate_bps"].as_u64().unwrap_or(0)),
             format_size(row["burst_bytes"].as_u64().unwrap_or(0)),
             text(&row["per"]),
+            text(&row["action"]),
             text(&row["proto"]),
             text(&row["src"]),
             text(&row["dst"]),

@@ -25,6 +25,8 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
             text(&row["passed_bytes"]),
             text(&row["dropped_packets"]),
             text(&row["dropped_bytes"]),
+            text(&row["marked_packets"]),
+            text(&row["marked_bytes"]),
         ]
     })
 }

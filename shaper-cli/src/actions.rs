@@ -1,0 +1,155 @@
+//! What a class does to packets over its rate: `--action`.
+
+use shaper_common::Action;
+
+/// An action with its parameter, as stored in the class config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActionSpec {
+    pub action: Action,
+    /// DSCP value, or fwmark value.
+    pub arg: u32,
+    /// fwmark mask (bits of skb->mark the action sets).
+    pub mask: u32,
+}
+
+impl Default for ActionSpec {
+    fn default() -> Self {
+        Self { action: Action::Drop, arg: 0, mask: 0 }
+    }
+}
+
+const DSCP_NAMES: &[(&str, u32)] = &[
+    ("be", 0),
+    ("cs0", 0),
+    ("cs1", 8),
+    ("af11", 10),
+    ("af12", 12),
+    ("af13", 14),
+    ("cs2", 16),
+    ("af21", 18),
+    ("af22", 20),
+    ("af23", 22),
+    ("cs3", 24),
+    ("af31", 26),
+    ("af32", 28),
+    ("af33", 30),
+    ("cs4", 32),
+    ("af41", 34),
+    ("af42", 36),
+    ("af43", 38),
+    ("cs5", 40),
+    ("ef", 46),
+    ("cs6", 48),
+    ("cs7", 56),
+];
+
+/// Parses a DSCP as a number 0-63 or a name (af11…af43, cs0…cs7, ef, be).
+pub fn parse_dscp(text: &str) -> Result<u32, String> {
+    let lower = text.to_ascii_lowercase();
+    if let Some((_, value)) = DSCP_NAMES.iter().find(|(name, _)| *name == lower) {
+        return Ok(*value);
+    }
+    match parse_number(&lower) {
+        Some(value) if value < 64 => Ok(value),
+        _ => Err(format!("bad DSCP '{text}' (expected 0-63, af11…af43, cs0…cs7, ef or be)")),
+    }
+}
+
+fn parse_number(text: &str) -> Option<u32> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+impl ActionSpec {
+    /// Parses `drop`, `ecn`, `pass`, `shape`, `dscp=VALUE` or `fwmark=N[/MASK]`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (name, value) = match text.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (text, None),
+        };
+        let plain = |action| match value {
+            None => Ok(Self { action, arg: 0, mask: 0 }),
+            Some(_) => Err(format!("action '{name}' takes no value")),
+        };
+        match name.to_ascii_lowercase().as_str() {
+            "drop" => plain(Action::Drop),
+            "ecn" => plain(Action::Ecn),
+            "pass" => plain(Action::Pass),
+            "shape" => plain(Action::Shape),
+            "dscp" => {
+                let value = value.ok_or("dscp needs a value: dscp=VALUE")?;
+                Ok(Self { action: Action::Dscp, arg: parse_dscp(value)?, mask: 0 })
+            }
+            "fwmark" => {
+                let value = value.ok_or("fwmark needs a value: fwmark=N[/MASK]")?;
+                let (mark, mask) = match value.split_once('/') {
+                    Some((mark, mask)) => (mark, Some(mask)),
+                    None => (value, None),
+                };
+                let bad = || format!("bad fwmark '{value}' (expected N or N/MASK, decimal or 0x hex)");
+                let mark = parse_number(mark).ok_or_else(bad)?;
+                let mask = match mask {
+                    Some(mask) => parse_number(mask).ok_or_else(bad)?,
+                    None => u32::MAX,
+                };
+                if mark & !mask != 0 {
+                    return Err(format!("fwmark {mark:#x} has bits outside its mask {mask:#x}"));
+                }
+                Ok(Self { action: Action::Fwmark, arg: mark, mask })
+            }
+            _ => Err(format!(
+                "unknown action '{text}' (expected drop, ecn, dscp=VALUE, fwmark=N[/MASK], pass or shape)"
+            )),
+        }
+    }
+
+    pub fn from_config(action: u8, arg: u32, mask: u32) -> Self {
+        let action = match action {
+            1 => Action::Pass,
+            2 => Action::Ecn,
+            3 => Action::Dscp,
+            4 => Action::Fwmark,
+            5 => Action::Shape,
+            _ => Action::Drop,
+        };
+        Self { action, arg, mask }
+    }
+
+    /// The spelling `parse` accepts.
+    pub fn display(&self) -> String {
+        match self.action {
+            Action::Drop => "drop".into(),
+            Action::Ecn => "ecn".into(),
+            Action::Pass => "pass".into(),
+            Action::Shape => "shape".into(),
+            Action::Dscp => format!("dscp={}", self.arg),
+            Action::Fwmark if self.mask == u32::MAX => format!("fwmark={:#x}", self.arg),
+            Action::Fwmark => format!("fwmark={:#x}/{:#x}", self.arg, self.mask),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_parse_and_print_back() {
+        for text in ["drop", "ecn", "pass", "shape", "dscp=10", "fwmark=0x10", "fwmark=0x10/0xff"] {
+            assert_eq!(ActionSpec::parse(text).unwrap().display(), text);
+        }
+        assert_eq!(ActionSpec::parse("dscp=af11").unwrap().arg, 10);
+        assert_eq!(ActionSpec::parse("dscp=EF").unwrap().arg, 46);
+        assert_eq!(ActionSpec::parse("dscp=cs7").unwrap().arg, 56);
+        assert_eq!(ActionSpec::parse("fwmark=16").unwrap().arg, 16);
+        assert!(ActionSpec::parse("dscp=64").is_err());
+        assert!(ActionSpec::parse("dscp=af44").is_err());
+        assert!(ActionSpec::parse("dscp").is_err());
+        assert!(ActionSpec::parse("fwmark=0x100/0xff").is_err());
+        assert!(ActionSpec::parse("fwmark=x").is_err());
+        assert!(ActionSpec::parse("drop=1").is_err());
+        assert!(ActionSpec::parse("reject").is_err());
+    }
+}
