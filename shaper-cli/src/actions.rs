@@ -14,7 +14,11 @@ pub struct ActionSpec {
 
 impl Default for ActionSpec {
     fn default() -> Self {
-        Self { action: Action::Drop, arg: 0, mask: 0 }
+        Self {
+            action: Action::Drop,
+            arg: 0,
+            mask: 0,
+        }
     }
 }
 
@@ -51,7 +55,9 @@ pub fn parse_dscp(text: &str) -> Result<u32, String> {
     }
     match parse_number(&lower) {
         Some(value) if value < 64 => Ok(value),
-        _ => Err(format!("bad DSCP '{text}' (expected 0-63, af11…af43, cs0…cs7, ef or be)")),
+        _ => Err(format!(
+            "bad DSCP '{text}' (expected 0-63, af11…af43, cs0…cs7, ef or be)"
+        )),
     }
 }
 
@@ -70,7 +76,11 @@ impl ActionSpec {
             None => (text, None),
         };
         let plain = |action| match value {
-            None => Ok(Self { action, arg: 0, mask: 0 }),
+            None => Ok(Self {
+                action,
+                arg: 0,
+                mask: 0,
+            }),
             Some(_) => Err(format!("action '{name}' takes no value")),
         };
         match name.to_ascii_lowercase().as_str() {
@@ -137,7 +147,15 @@ mod tests {
 
     #[test]
     fn actions_parse_and_print_back() {
-        for text in ["drop", "ecn", "pass", "shape", "dscp=10", "fwmark=0x10", "fwmark=0x10/0xff"] {
+        for text in [
+            "drop",
+            "ecn",
+            "pass",
+            "shape",
+            "dscp=10",
+            "fwmark=0x10",
+            "fwmark=0x10/0xff",
+        ] {
             assert_eq!(ActionSpec::parse(text).unwrap().display(), text);
         }
         assert_eq!(ActionSpec::parse("dscp=af11").unwrap().arg, 10);

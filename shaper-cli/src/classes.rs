@@ -14,8 +14,8 @@ use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use shaper_common::{
-    ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
-    FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
+    ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape, FAMILY_ANY,
+    FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
 };
 use std::{
     collections::{BTreeMap, HashMap},
@@ -365,7 +365,11 @@ pub struct Change {
 /// Changes rate, burst and/or action in place: the bucket word, counters and classifier
 /// entries are untouched, so the change is effective at the next packet.
 pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()> {
-    let Change { rate_bits_per_sec, burst_bytes, action } = change;
+    let Change {
+        rate_bits_per_sec,
+        burst_bytes,
+        action,
+    } = change;
     let (id, mut meta) = find(attachment, name)?.ok_or_else(|| not_found(attachment, name))?;
     if let Some(rate) = rate_bits_per_sec {
         meta.rate_bits_per_sec = rate;

@@ -7,10 +7,10 @@ use aya_ebpf::{
 };
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
-    bucket::ticks, conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
-    RuleValue, Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
-    KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES, PROTO_TCP,
-    PROTO_UDP,
+    bucket::ticks, conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats,
+    Globals, RuleKey, RuleValue, Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6,
+    KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES,
+    PROTO_TCP, PROTO_UDP,
 };
 
 #[map]
@@ -363,7 +363,9 @@ fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> Verdict {
             )
         };
         if swapped {
-            return Verdict::Within { occupancy: next - ticks(now) };
+            return Verdict::Within {
+                occupancy: next - ticks(now),
+            };
         }
     }
     Verdict::Exceed
@@ -373,7 +375,13 @@ fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> Verdict {
 // act
 
 #[inline(always)]
-fn act(ctx: &TcContext, class_id: u32, class: &ClassConfig, verdict: Verdict, packet: &Packet) -> i32 {
+fn act(
+    ctx: &TcContext,
+    class_id: u32,
+    class: &ClassConfig,
+    verdict: Verdict,
+    packet: &Packet,
+) -> i32 {
     let Some(stats) = STATS.get_ptr_mut(class_id) else {
         return TC_ACT_UNSPEC;
     };
@@ -430,7 +438,13 @@ fn set_ecn_ce(ctx: &TcContext, packet: &Packet) -> bool {
     if !packet.ip_readable {
         return false;
     }
-    rewrite_traffic_class(ctx, packet, |tc| if tc & ECN_MASK == 0 { None } else { Some(tc | ECN_CE) })
+    rewrite_traffic_class(ctx, packet, |tc| {
+        if tc & ECN_MASK == 0 {
+            None
+        } else {
+            Some(tc | ECN_CE)
+        }
+    })
 }
 
 /// Rewrites the DSCP (upper six bits of the IPv4 TOS / IPv6 traffic class), keeping ECN.
@@ -444,7 +458,11 @@ fn set_dscp(ctx: &TcContext, packet: &Packet, dscp: u8) {
 /// Applies `change` to the packet's TOS / traffic class byte; IPv4's header checksum is
 /// updated incrementally. Returns false when `change` declines or the write fails.
 #[inline(always)]
-fn rewrite_traffic_class(ctx: &TcContext, packet: &Packet, change: impl Fn(u8) -> Option<u8>) -> bool {
+fn rewrite_traffic_class(
+    ctx: &TcContext,
+    packet: &Packet,
+    change: impl Fn(u8) -> Option<u8>,
+) -> bool {
     let Some(head) = load::<[u8; 2]>(ctx, packet.l3) else {
         return false;
     };
@@ -457,7 +475,8 @@ fn rewrite_traffic_class(ctx: &TcContext, packet: &Packet, change: impl Fn(u8) -
         }
         let old = u16::from_ne_bytes(head) as u64;
         let new = u16::from_ne_bytes([head[0], tos]) as u64;
-        ctx.l3_csum_replace(packet.l3 + IPV4_CHECKSUM_OFFSET, old, new, 2).is_ok()
+        ctx.l3_csum_replace(packet.l3 + IPV4_CHECKSUM_OFFSET, old, new, 2)
+            .is_ok()
             && ctx.store(packet.l3 + 1, &tos, 0).is_ok()
     } else {
         // Version (4 bits), traffic class (8 bits) straddling bytes 0 and 1; no checksum.
@@ -465,7 +484,10 @@ fn rewrite_traffic_class(ctx: &TcContext, packet: &Packet, change: impl Fn(u8) -
         let Some(new_tc) = change(tc) else {
             return false;
         };
-        let new = [(head[0] & 0xf0) | (new_tc >> 4), (new_tc << 4) | (head[1] & 0x0f)];
+        let new = [
+            (head[0] & 0xf0) | (new_tc >> 4),
+            (new_tc << 4) | (head[1] & 0x0f),
+        ];
         ctx.store(packet.l3, &new, 0).is_ok()
     }
 }

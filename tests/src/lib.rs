@@ -151,6 +151,8 @@ pub struct Udp {
     pub port: Option<u16>,
     /// Datagram payload size.
     pub length: u32,
+    /// IP TOS byte of the datagrams (iperf3 -S), e.g. 2 for ECT(0).
+    pub tos: Option<u8>,
 }
 
 impl Default for Udp {
@@ -162,6 +164,7 @@ impl Default for Udp {
             ipv6: false,
             port: None,
             length: 1400,
+            tos: None,
         }
     }
 }
@@ -368,6 +371,10 @@ impl Lab {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let mut args = args;
+        if let Some(tos) = options.tos {
+            args.extend(["-S".to_string(), tos.to_string()]);
+        }
         let json = self.iperf(port, &args)?;
         let overhead = if options.ipv6 {
             UDP_V6_OVERHEAD
@@ -385,10 +392,17 @@ impl Lab {
     /// One TCP flow with the given congestion control (cubic, bbr, reno).
     pub fn tcp_with(&mut self, seconds: u32, congestion: &str) -> Result<f64> {
         let port = self.port();
-        let args: Vec<String> = ["-c", SERVER_V4, "-t", &seconds.to_string(), "-C", congestion]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let args: Vec<String> = [
+            "-c",
+            SERVER_V4,
+            "-t",
+            &seconds.to_string(),
+            "-C",
+            congestion,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         let json = self.iperf(port, &args)?;
         json["end"]["sum_received"]["bits_per_second"]
             .as_f64()
@@ -526,4 +540,116 @@ pub fn assert_within(what: &str, value: f64, expected: f64, tolerance: f64) {
         tolerance * 100.0,
         error * 100.0
     );
+}
+
+/// A packet capture (tcpdump) on an interface of a lab namespace, written to a file and
+/// read back with filters once stopped. Bounded: `-c` packets at most.
+pub struct Capture {
+    child: Option<Child>,
+    stderr: Option<std::io::BufReader<std::process::ChildStderr>>,
+    file: PathBuf,
+    /// What tcpdump reported when it stopped (packets captured / dropped by the kernel).
+    pub report: String,
+}
+
+impl Capture {
+    pub fn start(ns: &Netns, dev: &str, filter: &str) -> Result<Self> {
+        use std::io::{BufRead as _, BufReader};
+        static CAPTURES: AtomicU32 = AtomicU32::new(0);
+        let file = std::env::temp_dir().join(format!(
+            "shaper-capture-{}-{}.pcap",
+            std::process::id(),
+            CAPTURES.fetch_add(1, Ordering::SeqCst)
+        ));
+        let mut child = ns
+            .command("tcpdump")
+            .args([
+                "-i",
+                dev,
+                "-n",
+                "-U",
+                "--immediate-mode",
+                "-c",
+                "2000000",
+                "-s",
+                "128",
+                "-w",
+            ])
+            .arg(&file)
+            .arg(filter)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("cannot start tcpdump")?;
+        // tcpdump says "listening on ..." once it captures.
+        let mut stderr = BufReader::new(child.stderr.take().context("no tcpdump stderr")?);
+        let mut line = String::new();
+        stderr.read_line(&mut line)?;
+        if !line.contains("listening") {
+            let _ = child.kill();
+            bail!("tcpdump did not start: {line}");
+        }
+        Ok(Self {
+            child: Some(child),
+            stderr: Some(stderr),
+            file,
+            report: String::new(),
+        })
+    }
+
+    /// Stops capturing (flushes the file).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // tcpdump may still be draining its ring when the traffic ends: wait until the
+            // file stops growing (at most 3 s), or SIGINT would lose the last packets.
+            let size = || std::fs::metadata(&self.file).map(|m| m.len()).unwrap_or(0);
+            let mut last = size();
+            for _ in 0..15 {
+                thread::sleep(Duration::from_millis(200));
+                let now = size();
+                if now == last {
+                    break;
+                }
+                last = now;
+            }
+            let _ = Command::new("kill")
+                .args(["-INT", &child.id().to_string()])
+                .status();
+            if let Some(mut stderr) = self.stderr.take() {
+                use std::io::Read as _;
+                let _ = stderr.read_to_string(&mut self.report);
+            }
+            let _ = child.wait();
+        }
+    }
+
+    /// The decoded lines (`tcpdump -v`) of the captured packets matching `filter`.
+    pub fn lines(&mut self, filter: &str) -> Result<Vec<String>> {
+        self.stop();
+        let output = run_checked(
+            Command::new("tcpdump")
+                .args(["-r"])
+                .arg(&self.file)
+                .args(["-n", "-t", "-v", filter]),
+        )?;
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        // -v puts each IP header on its own line starting with the address family.
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("IP"))
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// How many captured packets match `filter`.
+    pub fn count(&mut self, filter: &str) -> Result<usize> {
+        Ok(self.lines(filter)?.len())
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_file(&self.file);
+    }
 }

@@ -17,6 +17,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iperf3", "iperf3"),
     ("iputils-ping", "ping"),
     ("util-linux", "setpriv"),
+    ("tcpdump", "tcpdump"),
+    ("nftables", "nft"),
 ];
 
 fn step(message: &str) {
@@ -192,7 +194,7 @@ fn debian_packages() -> Result<()> {
         .map(|(package, _)| *package)
         .collect();
     if missing.is_empty() {
-        step("Debian packages (iproute2, iperf3, iputils-ping, util-linux): present");
+        step("Debian packages (iproute2, iperf3, iputils-ping, util-linux, tcpdump, nftables): present");
         return Ok(());
     }
     step(&format!(

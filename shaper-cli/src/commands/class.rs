@@ -55,7 +55,9 @@ fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
 fn parse_action(text: &str) -> Result<ActionSpec> {
     let action = ActionSpec::parse(text).map_err(usage)?;
     if action.action == Action::Shape {
-        return Err(usage("--action shape is not available yet; use drop, ecn, dscp, fwmark or pass"));
+        return Err(usage(
+            "--action shape is not available yet; use drop, ecn, dscp, fwmark or pass",
+        ));
     }
     Ok(action)
 }
@@ -149,7 +151,11 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
     prepare(&netns)?;
     let _lock = state::lock()?;
     let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
-    let change = classes::Change { rate_bits_per_sec: rate, burst_bytes: burst, action };
+    let change = classes::Change {
+        rate_bits_per_sec: rate,
+        burst_bytes: burst,
+        action,
+    };
     classes::change(&attachment, &args.name, change)?;
     println!(
         "class {} changed on {}",

@@ -1,0 +1,312 @@
+//! Actions on packets over the rate, checked on the wire: DSCP and ECN bits on packets
+//! captured in the server namespace, fwmark with a counting nftables rule in the router,
+//! pass (monitor), and TCP goodput through `drop` and `ecn` classes (Cubic and BBR).
+
+use serde_json::Value;
+use shaper_tests::{
+    assert_within, Capture, Lab, Udp, ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,
+};
+
+fn lab_with_class(dev_ns: &str, dev: &str, class: &[&str]) -> Lab {
+    let lab = Lab::new().unwrap();
+    let ns = if dev_ns == "router" {
+        lab.router.clone()
+    } else {
+        lab.server.clone()
+    };
+    let direction = class
+        .iter()
+        .position(|a| *a == "--direction")
+        .map(|i| class[i + 1])
+        .unwrap_or("egress");
+    lab.shaper_in(&ns, &["attach", dev, "--direction", direction])
+        .unwrap();
+    let mut args = vec!["class", "add", "c", "--dev", dev];
+    args.extend_from_slice(class);
+    lab.shaper_in(&ns, &args).unwrap();
+    lab
+}
+
+fn class_stats(lab: &Lab) -> Value {
+    lab.stats(&lab.router).unwrap()[0].clone()
+}
+
+fn counter(stats: &Value, field: &str) -> u64 {
+    stats[field].as_u64().unwrap()
+}
+
+#[test]
+fn dscp_remarks_over_rate_packets_ipv4_and_ipv6() {
+    for ipv6 in [false, true] {
+        let mut lab = lab_with_class(
+            "router",
+            ROUTER_TO_SERVER,
+            &["--rate", "5mbit", "--proto", "udp", "--action", "dscp=af11"],
+        );
+        let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
+        let result = lab
+            .udp(&Udp {
+                rate: "20M",
+                seconds: 3,
+                ipv6,
+                ..Udp::default()
+            })
+            .unwrap();
+        let (af11, all) = if ipv6 {
+            // Traffic class is bits 4-11 of the first 16-bit word; DSCP its upper six.
+            (
+                capture
+                    .count("udp and (ip6[0:2] >> 6) & 0x3f = 10")
+                    .unwrap(),
+                capture.count("udp").unwrap(),
+            )
+        } else {
+            (
+                capture.count("udp and ip[1] & 0xfc = 40").unwrap(),
+                capture.count("udp").unwrap(),
+            )
+        };
+        let bad_checksums = capture
+            .lines("udp")
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("bad cksum"))
+            .count();
+        let stats = class_stats(&lab);
+        println!(
+            "tcpdump: {}; server s0 received {} packets",
+            capture.report.trim().replace('\n', "; "),
+            lab.server.link_stat(SERVER_DEV, "rx_packets").unwrap()
+        );
+        let fraction = af11 as f64 / all as f64;
+        println!(
+            "dscp=af11 ({}): {af11} of {all} captured packets remarked ({:.1} %), stats marked {}, dropped {}, received {:.2} Mbit/s",
+            if ipv6 { "IPv6" } else { "IPv4" },
+            fraction * 100.0,
+            counter(&stats, "marked_packets"),
+            counter(&stats, "dropped_packets"),
+            result.total_l2_bps() / 1e6
+        );
+        assert_eq!(counter(&stats, "dropped_packets"), 0, "dscp must not drop");
+        assert_eq!(bad_checksums, 0, "IPv4 header checksums must be fixed");
+        // 20 Mbit/s offered over a 5 Mbit/s profile: about three quarters are out of profile.
+        assert!(
+            (0.65..=0.80).contains(&fraction),
+            "remarked fraction {fraction:.3}"
+        );
+        assert_eq!(
+            af11 as u64,
+            counter(&stats, "marked_packets"),
+            "every marked packet arrives remarked"
+        );
+        assert!(
+            result.total_l2_bps() > 0.9 * 20e6,
+            "remarked traffic must pass"
+        );
+    }
+}
+
+#[test]
+fn ecn_marks_capable_packets_and_drops_the_rest() {
+    // ECT(0) UDP: CE-marked once the bucket is half drained; over the rate it is dropped.
+    let mut lab = lab_with_class(
+        "router",
+        ROUTER_TO_SERVER,
+        &["--rate", "5mbit", "--proto", "udp", "--action", "ecn"],
+    );
+    let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
+    let ect = lab
+        .udp(&Udp {
+            rate: "10M",
+            seconds: 3,
+            tos: Some(2),
+            ..Udp::default()
+        })
+        .unwrap();
+    let ce = capture.count("udp and ip[1] & 3 = 3").unwrap();
+    let bad = capture
+        .lines("udp")
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("bad cksum"))
+        .count();
+    let stats = class_stats(&lab);
+    println!(
+        "ecn, ECT(0) UDP at 10M through 5mbit: {:.3} Mbit/s, {ce} CE packets captured, stats marked {} dropped {}",
+        ect.total_l2_bps() / 1e6,
+        counter(&stats, "marked_packets"),
+        counter(&stats, "dropped_packets")
+    );
+    assert_eq!(bad, 0, "IPv4 header checksums must be fixed");
+    assert!(ce > 100 && ce as u64 == counter(&stats, "marked_packets"));
+    assert_within(
+        "ECT UDP through an ecn class",
+        ect.total_l2_bps(),
+        5e6,
+        0.03,
+    );
+    // Not ECN-capable: never marked, policed to the rate (UDP at 10× the rate: ±3 %).
+    drop(capture);
+    let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
+    let plain = lab
+        .udp(&Udp {
+            rate: "50M",
+            seconds: 5,
+            ..Udp::default()
+        })
+        .unwrap();
+    assert_eq!(capture.count("udp and ip[1] & 3 != 0").unwrap(), 0);
+    assert_within(
+        "non-ECT UDP at 10× the rate through an ecn class",
+        plain.total_l2_bps(),
+        5e6,
+        0.03,
+    );
+}
+
+#[test]
+fn fwmark_is_set_on_over_rate_packets() {
+    // On the router's ingress, so the router's own nftables sees the mark when forwarding.
+    let mut lab = lab_with_class(
+        "router",
+        ROUTER_TO_CLIENT,
+        &[
+            "--direction",
+            "ingress",
+            "--rate",
+            "5mbit",
+            "--proto",
+            "udp",
+            "--action",
+            "fwmark=0x10/0xff",
+        ],
+    );
+    for command in [
+        "add table inet shaper_test",
+        "add chain inet shaper_test forward { type filter hook forward priority 0 ; }",
+        "add rule inet shaper_test forward udp dport != 0 meta mark & 0xff == 0x10 counter",
+        "add rule inet shaper_test forward udp dport != 0 meta mark & 0xff != 0x10 counter",
+    ] {
+        lab.router.run("nft", &[command]).unwrap();
+    }
+    let result = lab
+        .udp(&Udp {
+            rate: "20M",
+            seconds: 3,
+            ..Udp::default()
+        })
+        .unwrap();
+    let listing = String::from_utf8_lossy(
+        &lab.router
+            .run("nft", &["-j", "list", "table", "inet", "shaper_test"])
+            .unwrap()
+            .stdout,
+    )
+    .to_string();
+    let json: Value = serde_json::from_str(&listing).unwrap();
+    let counters: Vec<u64> = json["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|item| item["rule"]["expr"].as_array())
+        .map(|expr| {
+            expr.iter()
+                .find_map(|e| e["counter"]["packets"].as_u64())
+                .unwrap()
+        })
+        .collect();
+    let stats = lab.stats(&lab.router).unwrap()[0].clone();
+    println!(
+        "fwmark: nftables counted {} marked and {} unmarked forwarded packets; stats marked {} passed {}; {:.2} Mbit/s received",
+        counters[0], counters[1], counter(&stats, "marked_packets"), counter(&stats, "passed_packets"), result.total_l2_bps() / 1e6
+    );
+    assert_eq!(
+        counters[0],
+        counter(&stats, "marked_packets"),
+        "every marked packet seen by nftables"
+    );
+    assert!(counters[0] > 1000 && counters[1] > 1000);
+    assert_eq!(counter(&stats, "dropped_packets"), 0);
+}
+
+#[test]
+fn pass_counts_without_enforcing() {
+    let mut lab = lab_with_class(
+        "router",
+        ROUTER_TO_SERVER,
+        &["--rate", "5mbit", "--proto", "udp", "--action", "pass"],
+    );
+    let result = lab
+        .udp(&Udp {
+            rate: "20M",
+            seconds: 3,
+            ..Udp::default()
+        })
+        .unwrap();
+    let stats = class_stats(&lab);
+    let over = counter(&stats, "marked_bytes") as f64 / counter(&stats, "passed_bytes") as f64;
+    println!(
+        "pass: {:.2} Mbit/s received, {:.1} % of bytes over the rate (counted, not dropped)",
+        result.total_l2_bps() / 1e6,
+        over * 100.0
+    );
+    assert!(result.total_l2_bps() > 0.9 * 20e6 * 1442.0 / 1400.0);
+    assert_eq!(counter(&stats, "dropped_packets"), 0);
+    assert!((0.65..=0.80).contains(&over), "over-rate share {over:.3}");
+}
+
+fn tcp_goodput(rate: &str, rate_bps: f64, action: &str, congestion: &str) -> (f64, Value) {
+    let mut lab = lab_with_class(
+        "router",
+        ROUTER_TO_SERVER,
+        &["--rate", rate, "--action", action],
+    );
+    if action == "ecn" {
+        lab.client
+            .run("sysctl", &["-qw", "net.ipv4.tcp_ecn=1"])
+            .unwrap();
+    }
+    let goodput = lab.tcp_with(10, congestion).unwrap();
+    let stats = class_stats(&lab);
+    println!(
+        "TCP {congestion} through a {rate} {action} class (default burst): {:.3} Mbit/s = {:.1} % of the rate; {} of {} packets dropped, {} CE-marked",
+        goodput / 1e6,
+        goodput / rate_bps * 100.0,
+        counter(&stats, "dropped_packets"),
+        counter(&stats, "passed_packets") + counter(&stats, "dropped_packets"),
+        counter(&stats, "marked_packets")
+    );
+    (goodput / rate_bps, stats)
+}
+
+#[test]
+fn tcp_through_drop_reaches_85_percent() {
+    for (rate, bps) in [("10mbit", 10e6), ("100mbit", 100e6)] {
+        for congestion in ["cubic", "bbr"] {
+            let (fraction, _) = tcp_goodput(rate, bps, "drop", congestion);
+            assert!(
+                fraction >= 0.85,
+                "{congestion} at {rate}: {:.1} % < 85 %",
+                fraction * 100.0
+            );
+        }
+    }
+}
+
+#[test]
+fn tcp_through_ecn_reaches_90_percent() {
+    for (rate, bps) in [("10mbit", 10e6), ("100mbit", 100e6)] {
+        for congestion in ["cubic", "bbr"] {
+            let (fraction, stats) = tcp_goodput(rate, bps, "ecn", congestion);
+            assert!(
+                fraction >= 0.90,
+                "{congestion} at {rate}: {:.1} % < 90 %",
+                fraction * 100.0
+            );
+            assert!(
+                counter(&stats, "marked_packets") > 0,
+                "ECN was negotiated, so packets get CE"
+            );
+        }
+    }
+}
