@@ -7,6 +7,7 @@
 use crate::{
     actions::ActionSpec,
     error::{runtime, usage},
+    qdisc,
     rules::{bytes, words, PortRange, Proto, Rule},
     state::{decode_name, encode_name, Attachment},
 };
@@ -14,8 +15,8 @@ use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use shaper_common::{
-    ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape, FAMILY_ANY,
-    FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
+    Action, ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
+    FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
 };
 use std::{
     collections::{BTreeMap, HashMap},
@@ -283,6 +284,15 @@ pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
         slots: before.slots.clone(),
     };
     let keys = class_entries(&spec.rule, &mut shapes)?;
+    let mut spec = spec.clone();
+    let dev = attachment.location.dev.clone();
+    if spec.action.action == Action::Shape {
+        // The HTB class exists before anything steers packets into it.
+        qdisc::ensure_htb_root(&dev)?;
+        qdisc::set_class(&dev, id, spec.rate_bits_per_sec, spec.burst_bytes, true)?;
+        spec.action.arg = qdisc::class_handle(id);
+    }
+    let spec = &spec;
     let mut globals = attachment.globals()?;
     let seq = globals.next_seq;
     let meta = spec.to_meta(seq)?;
@@ -333,6 +343,9 @@ pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
         let _ = attachment.meta()?.set(id, ClassMeta::default(), 0);
         let _ = attachment.classes()?.set(id, ClassConfig::default(), 0);
         let _ = write_shapes(attachment, &before, &shapes);
+        if spec.action.action == Action::Shape {
+            let _ = qdisc::delete_class(&dev, id);
+        }
         return Err(error);
     }
     set_shape_count(attachment, shapes.count())?;
@@ -379,8 +392,23 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
     }
     let mut classes = attachment.classes()?;
     let mut config = classes.get(&id, 0)?;
+    let shaping = config.action == Action::Shape as u8;
+    if action.is_some_and(|a| (a.action == Action::Shape) != shaping) {
+        return Err(usage(
+            "a class cannot change to or from --action shape; delete it and add it again",
+        ));
+    }
+    if shaping {
+        qdisc::set_class(
+            &attachment.location.dev,
+            id,
+            meta.rate_bits_per_sec,
+            meta.burst_bytes,
+            false,
+        )?;
+    }
     config.cost = ByteCost::new(meta.rate_bits_per_sec, meta.burst_bytes);
-    if let Some(action) = action {
+    if let Some(action) = action.filter(|_| !shaping) {
         config.action = action.action as u8;
         config.action_arg = action.arg;
         config.action_mask = action.mask;
@@ -440,7 +468,11 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     let mut meta_map = attachment.meta()?;
     meta_map.set(id, ClassMeta::default(), 0)?;
     let mut configs = configs;
+    let shaping = configs.get(&id, 0)?.action == Action::Shape as u8;
     configs.set(id, ClassConfig::default(), 0)?;
+    if shaping {
+        qdisc::delete_class(&attachment.location.dev, id)?;
+    }
     // Free shapes no class uses any more.
     for (index, slot) in shapes.slots.iter_mut().enumerate() {
         if !shapes_in_use[index] {

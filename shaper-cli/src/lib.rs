@@ -7,6 +7,7 @@ pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod netns;
+pub mod qdisc;
 pub mod rules;
 pub mod state;
 pub mod units;

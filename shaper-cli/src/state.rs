@@ -432,6 +432,9 @@ pub fn detach(location: &Location) -> Result<()> {
             detach_clsact_filter(&location.dev, location.direction, remove_qdisc);
         }
     }
+    if location.direction == Direction::Egress {
+        crate::qdisc::remove_htb_root(&location.dev);
+    }
     fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
     remove_empty_parents(&dir);
     Ok(())

@@ -130,6 +130,13 @@ fn trim_float(value: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// Default burst of a shaping class: the larger of 64 KiB and 10 ms at the rate. A
+/// shaper queues instead of dropping, so it needs no RTO-sized burst; 64 KiB lets one
+/// GSO packet leave without waiting.
+pub fn default_shape_burst(rate_bits_per_sec: u64) -> u64 {
+    (64 * 1024).max(rate_bits_per_sec / 8 / 100)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

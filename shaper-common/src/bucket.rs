@@ -101,6 +101,26 @@ pub fn conform(tat: u64, now_ns: u64, bytes: u64, cost: &ByteCost) -> Option<u64
     }
 }
 
+/// Earliest-departure-time shaping on the same bucket word: a packet leaves at
+/// `max(tat, now)` and moves `tat` on by its cost, so departures are spaced by len / rate.
+/// Returns the new `tat` and the departure time in nanoseconds, or `None` when the
+/// departure would lie more than `horizon_ticks` in the future (the packet is dropped).
+#[inline(always)]
+pub fn departure(
+    tat: u64,
+    now_ns: u64,
+    bytes: u64,
+    cost: &ByteCost,
+    horizon_ticks: u64,
+) -> Option<(u64, u64)> {
+    let now = ticks(now_ns);
+    let start = if tat > now { tat } else { now };
+    if start - now > horizon_ticks {
+        return None;
+    }
+    Some((start + cost.ticks_for(bytes), start >> TICK_BITS))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +159,24 @@ mod tests {
         let later = now + 1_000_000;
         assert!(conform(tat, later, 1000, &c).is_some());
         assert!(conform(tat, later, 1001, &c).is_none());
+    }
+
+    #[test]
+    fn departures_are_spaced_by_len_over_rate_up_to_the_horizon() {
+        let c = ByteCost::new(8_000_000, 10_000); // 1000 ns per byte
+        let now = 5_000_000_000;
+        let horizon = ticks(2_000_000); // 2 ms
+        let (tat, first) = departure(0, now, 1000, &c, horizon).unwrap();
+        assert_eq!(first, now);
+        let (tat, second) = departure(tat, now, 1000, &c, horizon).unwrap();
+        assert_eq!(second, now + 1_000_000);
+        let (tat, third) = departure(tat, now, 1000, &c, horizon).unwrap();
+        assert_eq!(third, now + 2_000_000);
+        // The fourth would leave 3 ms from now: beyond the horizon.
+        assert!(departure(tat, now, 1000, &c, horizon).is_none());
+        // Later, the queue has drained and the packet leaves at once.
+        let (_, later) = departure(tat, now + 10_000_000, 1000, &c, horizon).unwrap();
+        assert_eq!(later, now + 10_000_000);
     }
 
     #[test]

@@ -1,16 +1,17 @@
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_ktime_get_ns, bpf_skb_set_tstamp},
     macros::{classifier, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
-    bucket::ticks, conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats,
-    Globals, RuleKey, RuleValue, Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6,
-    KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES,
-    PROTO_TCP, PROTO_UDP,
+    bucket::{departure, ticks},
+    conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
+    RuleValue, Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
+    KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES, PROTO_TCP,
+    PROTO_UDP,
 };
 
 #[map]
@@ -101,6 +102,9 @@ fn run(ctx: &TcContext, now: u64) -> i32 {
     };
     if class.in_use == 0 {
         return TC_ACT_UNSPEC;
+    }
+    if class.action == Action::Shape as u8 {
+        return shape(ctx, class_id, class, &packet, now);
     }
     let verdict = charge_bucket(class_id, class, &packet, now);
     act(ctx, class_id, class, verdict, &packet)
@@ -425,6 +429,64 @@ fn act(
         stats.marked_bytes += bytes;
     }
     TC_ACT_UNSPEC
+}
+
+// ---------------------------------------------------------------------------------------
+// shape
+
+const NANOS_PER_MILLI: u64 = 1_000_000;
+/// BPF_SKB_TSTAMP_DELIVERY_MONO (uapi bpf.h): the tstamp is a monotonic departure time.
+const SKB_TSTAMP_DELIVERY_MONO: u32 = 1;
+
+/// `shape`: with an HTB class id in `action_arg`, steer the packet into shaper's HTB class
+/// (skb->priority, so no tc filter runs); without one, pace it by earliest departure time
+/// (skb->tstamp, for the fq qdisc), dropping what would leave beyond the horizon
+/// (`action_mask` milliseconds).
+#[inline(always)]
+fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> i32 {
+    let Some(stats) = STATS.get_ptr_mut(class_id) else {
+        return TC_ACT_UNSPEC;
+    };
+    let stats = unsafe { &mut *stats };
+    if class.action_arg != 0 {
+        unsafe { (*ctx.skb.skb).priority = class.action_arg };
+    } else {
+        let horizon = ticks(class.action_mask as u64 * NANOS_PER_MILLI);
+        let Some(word) = CLASS_BUCKETS.get_ptr_mut(class_id) else {
+            return TC_ACT_UNSPEC;
+        };
+        match schedule(word, now, packet.wire_len, &class.cost, horizon) {
+            Some(leave_at) => unsafe {
+                bpf_skb_set_tstamp(ctx.skb.skb, leave_at, SKB_TSTAMP_DELIVERY_MONO);
+            },
+            None => {
+                stats.dropped_packets += 1;
+                stats.dropped_bytes += packet.wire_len;
+                return TC_ACT_SHOT as i32;
+            }
+        }
+    }
+    stats.passed_packets += 1;
+    stats.passed_bytes += packet.wire_len;
+    TC_ACT_UNSPEC
+}
+
+/// [`departure`] on the bucket word with compare-and-swap; the departure time in ns.
+#[inline(always)]
+fn schedule(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost, horizon: u64) -> Option<u64> {
+    for _ in 0..CAS_ATTEMPTS {
+        let tat = unsafe { core::ptr::read_volatile(word) };
+        let (next, leave_at) = departure(tat, now, bytes, cost, horizon)?;
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                word, tat, next,
+            )
+        };
+        if swapped {
+            return Some(leave_at);
+        }
+    }
+    None
 }
 
 const IPV4_CHECKSUM_OFFSET: usize = 10;

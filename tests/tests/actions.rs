@@ -310,3 +310,137 @@ fn tcp_through_ecn_reaches_90_percent() {
         }
     }
 }
+
+fn root_qdisc(lab: &Lab) -> String {
+    String::from_utf8_lossy(
+        &lab.router
+            .run("tc", &["qdisc", "show", "dev", ROUTER_TO_SERVER, "root"])
+            .unwrap()
+            .stdout,
+    )
+    .to_string()
+}
+
+#[test]
+fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
+    let mut lab = lab_with_class(
+        "router",
+        ROUTER_TO_SERVER,
+        &["--rate", "10mbit", "--action", "shape"],
+    );
+    assert!(
+        root_qdisc(&lab).contains("htb 5348:"),
+        "shaper installs its HTB root: {}",
+        root_qdisc(&lab)
+    );
+    let goodput = lab.tcp_with(10, "cubic").unwrap();
+    println!(
+        "TCP cubic through a 10mbit shape class (HTB): {:.3} Mbit/s = {:.1} % of the rate",
+        goodput / 1e6,
+        goodput / 1e7 * 100.0
+    );
+    assert!(
+        goodput >= 0.95 * 10e6,
+        "shaped TCP goodput {:.3} Mbit/s < 95 %",
+        goodput / 1e6
+    );
+    let udp = lab
+        .udp(&Udp {
+            seconds: 5,
+            ..Udp::default()
+        })
+        .unwrap();
+    assert_within(
+        "UDP 100M through a 10mbit shape class (HTB)",
+        udp.total_l2_bps(),
+        10e6,
+        0.03,
+    );
+    // A rate change reaches the HTB class.
+    lab.shaper_in(
+        &lab.router,
+        &[
+            "class",
+            "change",
+            "c",
+            "--dev",
+            ROUTER_TO_SERVER,
+            "--rate",
+            "20mbit",
+        ],
+    )
+    .unwrap();
+    let udp = lab
+        .udp(&Udp {
+            seconds: 4,
+            ..Udp::default()
+        })
+        .unwrap();
+    assert_within(
+        "UDP 100M after class change to 20mbit (HTB)",
+        udp.total_l2_bps(),
+        20e6,
+        0.03,
+    );
+    lab.shaper_in(&lab.router, &["detach", ROUTER_TO_SERVER])
+        .unwrap();
+    assert!(
+        !root_qdisc(&lab).contains("htb"),
+        "detach removes shaper's HTB: {}",
+        root_qdisc(&lab)
+    );
+}
+
+#[test]
+fn shape_refuses_to_replace_a_root_qdisc_it_did_not_create() {
+    let lab = Lab::new().unwrap();
+    lab.router
+        .run(
+            "tc",
+            &[
+                "qdisc",
+                "add",
+                "dev",
+                ROUTER_TO_SERVER,
+                "root",
+                "tbf",
+                "rate",
+                "50mbit",
+                "burst",
+                "64k",
+                "latency",
+                "50ms",
+            ],
+        )
+        .unwrap();
+    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER])
+        .unwrap();
+    let output = lab.shaper(&[
+        "--netns",
+        &lab.router.name,
+        "class",
+        "add",
+        "s",
+        "--dev",
+        ROUTER_TO_SERVER,
+        "--rate",
+        "10mbit",
+        "--action",
+        "shape",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    println!("{}", stderr.trim());
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("tbf") && stderr.lines().count() == 1);
+    assert!(
+        root_qdisc(&lab).contains("tbf"),
+        "the user's qdisc is untouched"
+    );
+    let list = lab
+        .shaper_in(&lab.router, &["class", "list", "--json"])
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&list).unwrap(),
+        serde_json::json!([])
+    );
+}

@@ -675,3 +675,53 @@ fn two_cpus_charging_one_bucket_never_over_admit() {
         stats.passed_bytes
     );
 }
+
+/// EDT shaping (the fq path, which this kernel cannot run end to end): departure times
+/// written to skb->tstamp advance by len / rate, and a packet that would leave beyond
+/// the horizon is dropped.
+#[test]
+fn edt_shaping_writes_departure_times_and_drops_beyond_the_horizon() {
+    let harness = Harness::new(&[&[
+        "edt", "--dev", DEV, "--proto", "udp", "--dport", "9300", "--rate", "8mbit",
+    ]]);
+    // Switch the class to EDT shaping (no HTB class, 2 ms horizon) in its config entry.
+    let id = harness.class_id("edt");
+    let mut classes = harness.attachment.classes().unwrap();
+    let mut config = classes.get(&id, 0).unwrap();
+    config.action = shaper_common::Action::Shape as u8;
+    config.action_arg = 0;
+    config.action_mask = 2;
+    classes.set(id, config, 0).unwrap();
+
+    let frame = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes: 1 ms at 8 Mbit/s
+    let program: &aya::programs::SchedClassifier = harness
+        .ebpf
+        .program(program_names::SHAPER_CLOCKED)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let send = |now: u64| -> (u32, u64) {
+        let mut ctx = vec![0u8; SKB_SIZE];
+        ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now.to_ne_bytes());
+        let mut ctx_out = vec![0u8; SKB_SIZE];
+        let result = program
+            .test_run(TestRunOptions {
+                data_in: Some(&frame),
+                ctx_in: Some(&ctx),
+                ctx_out: Some(&mut ctx_out),
+                ..TestRunOptions::default()
+            })
+            .unwrap();
+        let tstamp = u64::from_ne_bytes(ctx_out[SKB_TSTAMP..SKB_TSTAMP + 8].try_into().unwrap());
+        (result.return_value, tstamp)
+    };
+    let now = 7_000_000_000u64;
+    let sent: Vec<(u32, u64)> = (0..4).map(|_| send(now)).collect();
+    println!("EDT at t={now}: {sent:?}");
+    assert_eq!(sent[0], (PASS, now));
+    assert_eq!(sent[1], (PASS, now + 1_000_000));
+    assert_eq!(sent[2], (PASS, now + 2_000_000));
+    assert_eq!(sent[3].0, SHOT, "3 ms ahead is beyond the 2 ms horizon");
+    // Once the queue has drained, a packet leaves at once.
+    assert_eq!(send(now + 10_000_000), (PASS, now + 10_000_000));
+}

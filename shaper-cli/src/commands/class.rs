@@ -6,7 +6,7 @@ use crate::{
     error::{runtime, usage},
     rules::{parse_cidr, PortRange, Proto, Rule},
     state::{self, Attachment, Direction, Location},
-    units::{default_burst, format_rate, format_size, parse_rate, parse_size},
+    units::{default_burst, default_shape_burst, format_rate, format_size, parse_rate, parse_size},
 };
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -24,8 +24,15 @@ pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
 fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
     classes::check_name(&args.name)?;
     let rate = parse_rate(&args.rate).map_err(usage)?;
+    let action = parse_action(&args.action)?;
+    if action.action == Action::Shape && args.direction == SingleDirection::Ingress {
+        return Err(usage(
+            "--action shape works on egress only: a packet arriving on ingress cannot be held back; police it (drop/ecn) or shape on the sender's egress",
+        ));
+    }
     let burst = match &args.burst {
         Some(text) => parse_size(text).map_err(usage)?,
+        None if action.action == Action::Shape => default_shape_burst(rate),
         None => default_burst(rate),
     };
     let port = |text: &Option<String>| match text {
@@ -48,18 +55,12 @@ fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
         burst_bytes: burst,
         scope: parse_scope(&args.per).map_err(usage)?,
         prio: args.prio,
-        action: parse_action(&args.action)?,
+        action,
     })
 }
 
 fn parse_action(text: &str) -> Result<ActionSpec> {
-    let action = ActionSpec::parse(text).map_err(usage)?;
-    if action.action == Action::Shape {
-        return Err(usage(
-            "--action shape is not available yet; use drop, ecn, dscp, fwmark or pass",
-        ));
-    }
-    Ok(action)
+    ActionSpec::parse(text).map_err(usage)
 }
 
 fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
