@@ -444,3 +444,37 @@ fn shape_refuses_to_replace_a_root_qdisc_it_did_not_create() {
         serde_json::json!([])
     );
 }
+
+/// The policer on the sending host's own egress: drops are reported to the socket, not
+/// lost in the network; with the default burst TCP still keeps well above 70 %.
+#[test]
+fn tcp_policed_on_the_senders_own_egress() {
+    let mut lab = Lab::new().unwrap();
+    let client = lab.client.clone();
+    lab.shaper_in(&client, &["attach", shaper_tests::CLIENT_DEV])
+        .unwrap();
+    lab.shaper_in(
+        &client,
+        &[
+            "class",
+            "add",
+            "c",
+            "--dev",
+            shaper_tests::CLIENT_DEV,
+            "--rate",
+            "10mbit",
+        ],
+    )
+    .unwrap();
+    let goodput = lab.tcp_with(10, "cubic").unwrap();
+    println!(
+        "TCP cubic, 10mbit drop class on the sender's own egress: {:.3} Mbit/s = {:.1} %",
+        goodput / 1e6,
+        goodput / 1e5
+    );
+    assert!(
+        goodput >= 0.70 * 10e6,
+        "{:.3} Mbit/s is below 70 % of the rate",
+        goodput / 1e6
+    );
+}
