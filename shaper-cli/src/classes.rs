@@ -15,7 +15,8 @@ use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use shaper_common::{
-    Action, ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
+    meter::{METER_NONE, METER_SRTCM, METER_TRTCM},
+    Action, Bucket, ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
     FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
 };
 use std::{
@@ -32,7 +33,66 @@ pub struct ClassSpec {
     pub burst_bytes: u64,
     pub scope: Scope,
     pub prio: u32,
+    /// Over the rate; with a meter, on red packets.
     pub action: ActionSpec,
+    pub meter: Meter,
+    /// Meters: on yellow packets.
+    pub exceed: ActionSpec,
+}
+
+/// A three-colour meter on top of the class's rate (CIR) and burst (CBS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Meter {
+    #[default]
+    None,
+    /// RFC 2697: excess burst size (bytes).
+    SrTcm { excess_burst_bytes: u64 },
+    /// RFC 2698: peak rate (bit/s) and peak burst size (bytes).
+    TrTcm {
+        peak_rate_bits_per_sec: u64,
+        peak_burst_bytes: u64,
+    },
+}
+
+impl Meter {
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Meter::None => None,
+            Meter::SrTcm { .. } => Some("srtcm"),
+            Meter::TrTcm { .. } => Some("trtcm"),
+        }
+    }
+
+    fn from_meta(meta: &ClassMeta, kind: u8) -> Self {
+        match kind {
+            METER_SRTCM => Meter::SrTcm {
+                excess_burst_bytes: meta.excess_burst_bytes,
+            },
+            METER_TRTCM => Meter::TrTcm {
+                peak_rate_bits_per_sec: meta.peak_rate_bits_per_sec,
+                peak_burst_bytes: meta.peak_burst_bytes,
+            },
+            _ => Meter::None,
+        }
+    }
+
+    /// The meter's second word: (PIR, PBS) or (CIR, CBS + EBS).
+    fn second_cost(self, rate_bits_per_sec: u64, burst_bytes: u64) -> (u8, ByteCost) {
+        match self {
+            Meter::None => (METER_NONE, ByteCost::default()),
+            Meter::SrTcm { excess_burst_bytes } => (
+                METER_SRTCM,
+                ByteCost::new(rate_bits_per_sec, burst_bytes + excess_burst_bytes),
+            ),
+            Meter::TrTcm {
+                peak_rate_bits_per_sec,
+                peak_burst_bytes,
+            } => (
+                METER_TRTCM,
+                ByteCost::new(peak_rate_bits_per_sec, peak_burst_bytes),
+            ),
+        }
+    }
 }
 
 pub fn scope_name(scope: Scope) -> &'static str {
@@ -96,6 +156,8 @@ fn cidr_to_meta(net: Option<IpNet>) -> (u8, [u32; 4], u8) {
 
 impl ClassSpec {
     fn from_meta(meta: &ClassMeta, config: &ClassConfig) -> Self {
+        let exceed =
+            ActionSpec::from_config(config.exceed_action, config.exceed_arg, config.exceed_mask);
         Self {
             name: decode_name(&meta.name),
             rule: Rule {
@@ -116,13 +178,26 @@ impl ClassSpec {
             scope: Scope::from_u8(config.scope).unwrap_or(Scope::Class),
             prio: meta.prio,
             action: ActionSpec::from_config(config.action, config.action_arg, config.action_mask),
+            meter: Meter::from_meta(meta, config.meter),
+            exceed,
         }
     }
 
     fn to_meta(&self, seq: u64) -> Result<ClassMeta> {
         let (src_family, src_addr, src_prefix) = cidr_to_meta(self.rule.src);
         let (dst_family, dst_addr, dst_prefix) = cidr_to_meta(self.rule.dst);
+        let (peak_rate_bits_per_sec, peak_burst_bytes, excess_burst_bytes) = match self.meter {
+            Meter::None => (0, 0, 0),
+            Meter::SrTcm { excess_burst_bytes } => (0, 0, excess_burst_bytes),
+            Meter::TrTcm {
+                peak_rate_bits_per_sec,
+                peak_burst_bytes,
+            } => (peak_rate_bits_per_sec, peak_burst_bytes, 0),
+        };
         Ok(ClassMeta {
+            peak_rate_bits_per_sec,
+            peak_burst_bytes,
+            excess_burst_bytes,
             name: encode_name(&self.name)?,
             seq,
             rate_bits_per_sec: self.rate_bits_per_sec,
@@ -145,8 +220,16 @@ impl ClassSpec {
     }
 
     fn config(&self, generation: u32) -> ClassConfig {
+        let (meter, peak_cost) = self
+            .meter
+            .second_cost(self.rate_bits_per_sec, self.burst_bytes);
         ClassConfig {
             cost: ByteCost::new(self.rate_bits_per_sec, self.burst_bytes),
+            peak_cost,
+            meter,
+            exceed_action: self.exceed.action as u8,
+            exceed_arg: self.exceed.arg,
+            exceed_mask: self.exceed.mask,
             generation,
             scope: self.scope as u8,
             action: self.action.action as u8,
@@ -301,7 +384,7 @@ pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
 
     // Config, bucket and counters first; nothing points at the id yet.
     zero_stats(attachment, id)?;
-    attachment.class_buckets()?.set(id, 0, 0)?;
+    attachment.class_buckets()?.set(id, Bucket::default(), 0)?;
     attachment.classes()?.set(id, spec.config(seq as u32), 0)?;
     attachment.meta()?.set(id, meta, 0)?;
     write_shapes(attachment, &shapes, &before)?;
@@ -407,7 +490,22 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             false,
         )?;
     }
+    let meter = Meter::from_meta(&meta, config.meter);
+    if let Meter::TrTcm {
+        peak_rate_bits_per_sec,
+        ..
+    } = meter
+    {
+        if meta.rate_bits_per_sec > peak_rate_bits_per_sec {
+            return Err(usage(
+                "the committed rate cannot exceed the class's peak rate",
+            ));
+        }
+    }
     config.cost = ByteCost::new(meta.rate_bits_per_sec, meta.burst_bytes);
+    config.peak_cost = meter
+        .second_cost(meta.rate_bits_per_sec, meta.burst_bytes)
+        .1;
     if let Some(action) = action.filter(|_| !shaping) {
         config.action = action.action as u8;
         config.action_arg = action.arg;

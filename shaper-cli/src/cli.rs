@@ -76,7 +76,7 @@ pub struct DetachArgs {
 #[derive(Subcommand, Debug)]
 pub enum ClassCommand {
     /// Add a class: a rule plus a token bucket.
-    Add(ClassAddArgs),
+    Add(Box<ClassAddArgs>),
     /// Change a class's rate, burst and/or action, effective at once.
     Change(ClassChangeArgs),
     /// Delete a class.
@@ -115,9 +115,25 @@ pub struct ClassAddArgs {
     /// Lower number wins, as in tc.
     #[arg(long, default_value_t = 100)]
     pub prio: u32,
-    /// What happens to packets over the rate: drop, ecn, dscp=VALUE, fwmark=N[/MASK], pass.
-    #[arg(long, default_value = "drop")]
-    pub action: String,
+    /// What happens to packets over the rate: drop (default), ecn, dscp=VALUE,
+    /// fwmark=N[/MASK], pass, shape.
+    #[arg(long)]
+    pub action: Option<String>,
+    /// RFC 2697 srTCM meter: excess burst size (with --rate as CIR, --burst as CBS).
+    #[arg(long, value_name = "SIZE")]
+    pub excess_burst: Option<String>,
+    /// RFC 2698 trTCM meter: peak information rate (>= --rate, the CIR).
+    #[arg(long, value_name = "RATE")]
+    pub peak_rate: Option<String>,
+    /// RFC 2698 trTCM meter: peak burst size (default: as --burst for the peak rate).
+    #[arg(long, value_name = "SIZE")]
+    pub peak_burst: Option<String>,
+    /// Meters: action on yellow packets (default pass).
+    #[arg(long, value_name = "ACTION")]
+    pub exceed: Option<String>,
+    /// Meters: action on red packets (default drop).
+    #[arg(long, value_name = "ACTION")]
+    pub violate: Option<String>,
 }
 
 #[derive(Args, Debug)]

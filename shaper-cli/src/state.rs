@@ -19,8 +19,8 @@ use aya::{
 };
 use nix::fcntl::{Flock, FlockArg};
 use shaper_common::{
-    map_names, program_names, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey, RuleValue,
-    Shape, ATTACH_MODE_CLSACT, ATTACH_MODE_TCX, CLASS_NAME_LEN,
+    map_names, program_names, Bucket, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
+    RuleValue, Shape, ATTACH_MODE_CLSACT, ATTACH_MODE_TCX, CLASS_NAME_LEN,
 };
 use std::{
     fs,
@@ -511,7 +511,7 @@ impl Attachment {
         Ok(Array::try_from(open_map(&self.dir, map_names::CLASSES)?)?)
     }
 
-    pub fn class_buckets(&self) -> Result<Array<MapData, u64>> {
+    pub fn class_buckets(&self) -> Result<Array<MapData, Bucket>> {
         Ok(Array::try_from(open_map(
             &self.dir,
             map_names::CLASS_BUCKETS,
@@ -549,16 +549,11 @@ impl Attachment {
     /// Per-class counters summed over CPUs.
     pub fn class_stats(&self, class_id: u32) -> Result<ClassStats> {
         let per_cpu = self.stats()?.get(&class_id, 0)?;
-        Ok(per_cpu
-            .iter()
-            .fold(ClassStats::default(), |sum, s| ClassStats {
-                passed_packets: sum.passed_packets + s.passed_packets,
-                passed_bytes: sum.passed_bytes + s.passed_bytes,
-                dropped_packets: sum.dropped_packets + s.dropped_packets,
-                dropped_bytes: sum.dropped_bytes + s.dropped_bytes,
-                marked_packets: sum.marked_packets + s.marked_packets,
-                marked_bytes: sum.marked_bytes + s.marked_bytes,
-            }))
+        let mut sum = ClassStats::default();
+        for cpu in per_cpu.iter() {
+            sum.accumulate(cpu);
+        }
+        Ok(sum)
     }
 
     pub fn status(&self) -> Result<AttachmentStatus> {

@@ -178,18 +178,35 @@ pub enum Action {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassConfig {
+    /// The bucket (rate, burst); for meters CIR and CBS.
     pub cost: ByteCost,
+    /// The meter's second word: (PIR, PBS) for trTCM, (CIR, CBS + EBS) for srTCM.
+    pub peak_cost: ByteCost,
     /// Per-key buckets are keyed with this, so a re-created class id starts afresh.
     pub generation: u32,
     pub scope: u8,
+    /// Action over the rate (for meters: on red packets).
     pub action: u8,
     /// 1 while the class exists.
     pub in_use: u8,
-    pub _pad: u8,
+    /// `meter::METER_*`.
+    pub meter: u8,
     pub action_arg: u32,
     pub action_mask: u32,
-    /// Second bucket for two-rate/three-colour meters (zero when unused).
-    pub peak_cost: ByteCost,
+    /// Meters: action on yellow packets.
+    pub exceed_action: u8,
+    pub _pad: [u8; 3],
+    pub exceed_arg: u32,
+    pub exceed_mask: u32,
+    pub _pad2: u32,
+}
+
+/// A bucket: one GCRA word, two for meters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    pub tat: u64,
+    pub tat2: u64,
 }
 
 /// Key of the per-flow/src/dst bucket table. Fields a scope ignores are zero.
@@ -217,6 +234,31 @@ pub struct ClassStats {
     pub dropped_bytes: u64,
     pub marked_packets: u64,
     pub marked_bytes: u64,
+    /// Meters only: packets and bytes per colour.
+    pub green_packets: u64,
+    pub green_bytes: u64,
+    pub yellow_packets: u64,
+    pub yellow_bytes: u64,
+    pub red_packets: u64,
+    pub red_bytes: u64,
+}
+
+impl ClassStats {
+    /// Adds another CPU's counters.
+    pub fn accumulate(&mut self, other: &ClassStats) {
+        self.passed_packets += other.passed_packets;
+        self.passed_bytes += other.passed_bytes;
+        self.dropped_packets += other.dropped_packets;
+        self.dropped_bytes += other.dropped_bytes;
+        self.marked_packets += other.marked_packets;
+        self.marked_bytes += other.marked_bytes;
+        self.green_packets += other.green_packets;
+        self.green_bytes += other.green_bytes;
+        self.yellow_packets += other.yellow_packets;
+        self.yellow_bytes += other.yellow_bytes;
+        self.red_packets += other.red_packets;
+        self.red_bytes += other.red_bytes;
+    }
 }
 
 /// Length of a class name, NUL-padded.
@@ -233,6 +275,10 @@ pub struct ClassMeta {
     pub seq: u64,
     pub rate_bits_per_sec: u64,
     pub burst_bytes: u64,
+    /// Meters: trTCM peak rate and burst, srTCM excess burst (0 when unused).
+    pub peak_rate_bits_per_sec: u64,
+    pub peak_burst_bytes: u64,
+    pub excess_burst_bytes: u64,
     pub src_addr: [u32; 4],
     pub dst_addr: [u32; 4],
     pub prio: u32,
@@ -257,6 +303,9 @@ impl Default for ClassMeta {
             seq: 0,
             rate_bits_per_sec: 0,
             burst_bytes: 0,
+            peak_rate_bits_per_sec: 0,
+            peak_burst_bytes: 0,
+            excess_burst_bytes: 0,
             src_addr: [0; 4],
             dst_addr: [0; 4],
             prio: 0,
@@ -283,6 +332,7 @@ mod pod {
     unsafe impl aya::Pod for RuleKey {}
     unsafe impl aya::Pod for RuleValue {}
     unsafe impl aya::Pod for ClassConfig {}
+    unsafe impl aya::Pod for Bucket {}
     unsafe impl aya::Pod for BucketKey {}
     unsafe impl aya::Pod for ClassStats {}
     unsafe impl aya::Pod for ClassMeta {}

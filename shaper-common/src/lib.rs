@@ -6,6 +6,7 @@
 
 pub mod bucket;
 pub mod layout;
+pub mod meter;
 
 pub use bucket::{conform, ByteCost};
 pub use layout::*;

@@ -8,7 +8,9 @@ use aya_ebpf::{
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
     bucket::{departure, ticks},
-    conform, Action, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
+    conform,
+    meter::{charged, srtcm, trtcm, Colour, METER_NONE, METER_TRTCM},
+    Action, Bucket, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
     RuleValue, Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
     KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES, PROTO_TCP,
     PROTO_UDP,
@@ -24,10 +26,10 @@ static RULES: HashMap<RuleKey, RuleValue> = HashMap::with_max_entries(MAX_RULES,
 static CLASSES: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0);
 /// Class-scoped buckets: the GCRA word per class id.
 #[map]
-static CLASS_BUCKETS: Array<u64> = Array::with_max_entries(MAX_CLASSES, 0);
+static CLASS_BUCKETS: Array<Bucket> = Array::with_max_entries(MAX_CLASSES, 0);
 /// Flow/src/dst-scoped buckets, created on a key's first packet; userspace resizes it.
 #[map]
-static KEYED_BUCKETS: LruHashMap<BucketKey, u64> =
+static KEYED_BUCKETS: LruHashMap<BucketKey, Bucket> =
     LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 #[map]
 static STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
@@ -105,6 +107,9 @@ fn run(ctx: &TcContext, now: u64) -> i32 {
     }
     if class.action == Action::Shape as u8 {
         return shape(ctx, class_id, class, &packet, now);
+    }
+    if class.meter != METER_NONE {
+        return meter(ctx, class_id, class, &packet, now);
     }
     let verdict = charge_bucket(class_id, class, &packet, now);
     act(ctx, class_id, class, verdict, &packet)
@@ -313,20 +318,34 @@ fn classify(packet: &Packet) -> Option<u32> {
 // bucket
 
 #[inline(always)]
-fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> Verdict {
-    let bucket = match Scope::from_u8(class.scope) {
+fn bucket_of(class_id: u32, class: &ClassConfig, packet: &Packet) -> Option<*mut Bucket> {
+    match Scope::from_u8(class.scope) {
         Some(Scope::Class) | None => CLASS_BUCKETS.get_ptr_mut(class_id),
         Some(scope) => keyed_bucket(class_id, class.generation, scope, packet),
-    };
-    match bucket {
-        Some(word) => charge(word, now, packet.wire_len, &class.cost),
+    }
+}
+
+#[inline(always)]
+fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> Verdict {
+    match bucket_of(class_id, class, packet) {
+        Some(bucket) => charge(
+            unsafe { &raw mut (*bucket).tat },
+            now,
+            packet.wire_len,
+            &class.cost,
+        ),
         // The LRU could not hold a new bucket (every entry busy on other CPUs): fail open.
         None => Verdict::Within { occupancy: 0 },
     }
 }
 
 #[inline(always)]
-fn keyed_bucket(class_id: u32, generation: u32, scope: Scope, packet: &Packet) -> Option<*mut u64> {
+fn keyed_bucket(
+    class_id: u32,
+    generation: u32,
+    scope: Scope,
+    packet: &Packet,
+) -> Option<*mut Bucket> {
     let mut key = BucketKey {
         class_id,
         generation,
@@ -348,7 +367,8 @@ fn keyed_bucket(class_id: u32, generation: u32, scope: Scope, packet: &Packet) -
         return Some(word);
     }
     // A fresh bucket is full: tat = 0 is "long ago". NOEXIST keeps a racing CPU's bucket.
-    let _ = KEYED_BUCKETS.insert(&key, &0, aya_ebpf::bindings::BPF_NOEXIST as u64);
+    let fresh = Bucket::default();
+    let _ = KEYED_BUCKETS.insert(&key, &fresh, aya_ebpf::bindings::BPF_NOEXIST as u64);
     KEYED_BUCKETS.get_ptr_mut(&key)
 }
 
@@ -361,12 +381,7 @@ fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> Verdict {
         let Some(next) = conform(tat, now, bytes, cost) else {
             return Verdict::Exceed;
         };
-        let (_, swapped) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                word, tat, next,
-            )
-        };
-        if swapped {
+        if swap(word, tat, next) {
             return Verdict::Within {
                 occupancy: next - ticks(now),
             };
@@ -377,6 +392,41 @@ fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> Verdict {
 
 // ---------------------------------------------------------------------------------------
 // act
+
+/// Applies an over-rate action; `Some(marked)` when the packet passes, `None` to drop.
+#[inline(always)]
+fn apply(ctx: &TcContext, packet: &Packet, action: u8, arg: u32, mask: u32) -> Option<bool> {
+    if action == Action::Pass as u8 {
+        Some(true)
+    } else if action == Action::Dscp as u8 {
+        set_dscp(ctx, packet, arg as u8);
+        Some(true)
+    } else if action == Action::Fwmark as u8 {
+        let mark = unsafe { (*ctx.skb.skb).mark };
+        ctx.set_mark((mark & !mask) | arg);
+        Some(true)
+    } else {
+        None
+    }
+}
+
+#[inline(always)]
+fn count_pass(stats: &mut ClassStats, bytes: u64, marked: bool) -> i32 {
+    stats.passed_packets += 1;
+    stats.passed_bytes += bytes;
+    if marked {
+        stats.marked_packets += 1;
+        stats.marked_bytes += bytes;
+    }
+    TC_ACT_UNSPEC
+}
+
+#[inline(always)]
+fn count_drop(stats: &mut ClassStats, bytes: u64) -> i32 {
+    stats.dropped_packets += 1;
+    stats.dropped_bytes += bytes;
+    TC_ACT_SHOT as i32
+}
 
 #[inline(always)]
 fn act(
@@ -391,44 +441,139 @@ fn act(
     };
     let stats = unsafe { &mut *stats };
     let bytes = packet.wire_len;
-    let action = class.action;
-    let marked = match verdict {
+    match verdict {
         // ECN: CE-mark early, once the bucket is more than half drained, so ECN-capable
         // TCP backs off before anything has to be dropped.
         Verdict::Within { occupancy } => {
-            action == Action::Ecn as u8
+            let marked = class.action == Action::Ecn as u8
                 && occupancy > class.cost.tolerance_ticks / 2
-                && set_ecn_ce(ctx, packet)
+                && set_ecn_ce(ctx, packet);
+            count_pass(stats, bytes, marked)
         }
-        Verdict::Exceed => {
-            let handled = if action == Action::Pass as u8 {
-                true
-            } else if action == Action::Dscp as u8 {
-                set_dscp(ctx, packet, class.action_arg as u8);
-                true
-            } else if action == Action::Fwmark as u8 {
-                let mark = unsafe { (*ctx.skb.skb).mark };
-                ctx.set_mark((mark & !class.action_mask) | class.action_arg);
-                true
-            } else {
-                // Drop, and ECN once the bucket is empty: policing stays exact.
-                false
-            };
-            if !handled {
-                stats.dropped_packets += 1;
-                stats.dropped_bytes += bytes;
-                return TC_ACT_SHOT as i32;
-            }
-            true
+        // Drop, and ECN once the bucket is empty: policing stays exact.
+        Verdict::Exceed => match apply(
+            ctx,
+            packet,
+            class.action,
+            class.action_arg,
+            class.action_mask,
+        ) {
+            Some(marked) => count_pass(stats, bytes, marked),
+            None => count_drop(stats, bytes),
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// meters (RFC 2697 srTCM, RFC 2698 trTCM, colour-blind)
+
+#[inline(always)]
+fn meter(ctx: &TcContext, class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> i32 {
+    let Some(stats) = STATS.get_ptr_mut(class_id) else {
+        return TC_ACT_UNSPEC;
+    };
+    let stats = unsafe { &mut *stats };
+    let bytes = packet.wire_len;
+    let colour = match bucket_of(class_id, class, packet) {
+        Some(bucket) => colour_of(bucket, class, bytes, now),
+        None => Colour::Green, // no room for a bucket: fail open, as for policing
+    };
+    let (action, arg, mask) = match colour {
+        Colour::Green => {
+            stats.green_packets += 1;
+            stats.green_bytes += bytes;
+            return count_pass(stats, bytes, false);
+        }
+        Colour::Yellow => {
+            stats.yellow_packets += 1;
+            stats.yellow_bytes += bytes;
+            (class.exceed_action, class.exceed_arg, class.exceed_mask)
+        }
+        Colour::Red => {
+            stats.red_packets += 1;
+            stats.red_bytes += bytes;
+            (class.action, class.action_arg, class.action_mask)
         }
     };
-    stats.passed_packets += 1;
-    stats.passed_bytes += bytes;
-    if marked {
-        stats.marked_packets += 1;
-        stats.marked_bytes += bytes;
+    // ECN on a meter colour: CE-mark ECN-capable packets, drop the rest.
+    let outcome = if action == Action::Ecn as u8 {
+        if set_ecn_ce(ctx, packet) {
+            Some(true)
+        } else {
+            None
+        }
+    } else {
+        apply(ctx, packet, action, arg, mask)
+    };
+    match outcome {
+        Some(marked) => count_pass(stats, bytes, marked),
+        None => count_drop(stats, bytes),
     }
-    TC_ACT_UNSPEC
+}
+
+/// The colour of one packet; each of the meter's two words changes by compare-and-swap.
+/// Under contention a packet whose first word was charged but whose second changed
+/// meanwhile keeps the lesser colour: no bucket ever admits more than it holds.
+#[inline(always)]
+fn colour_of(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> Colour {
+    let first = unsafe { &raw mut (*bucket).tat };
+    let second = unsafe { &raw mut (*bucket).tat2 };
+    let trtcm_meter = class.meter == METER_TRTCM;
+    for _ in 0..CAS_ATTEMPTS {
+        let (a, b) = unsafe {
+            (
+                core::ptr::read_volatile(first),
+                core::ptr::read_volatile(second),
+            )
+        };
+        if trtcm_meter {
+            // Words: (C, P). P decides red; C decides green.
+            let (colour, new_p, new_c) = trtcm(b, a, now, bytes, &class.peak_cost, &class.cost);
+            if colour == Colour::Red {
+                return Colour::Red;
+            }
+            if !swap(second, b, new_p) {
+                continue;
+            }
+            if colour == Colour::Green && swap(first, a, new_c) {
+                return Colour::Green;
+            }
+            return Colour::Yellow;
+        }
+        // srTCM. Words: (C, total).
+        let (colour, new_c, new_total) = srtcm(a, b, now, bytes, &class.cost, &class.peak_cost);
+        match colour {
+            Colour::Red => return Colour::Red,
+            Colour::Yellow => {
+                if swap(second, b, new_total) {
+                    return Colour::Yellow;
+                }
+            }
+            Colour::Green => {
+                if swap(first, a, new_c) {
+                    // Green always deepens the total too; retry only that word.
+                    let cost = class.cost.ticks_for(bytes);
+                    let mut total = b;
+                    for _ in 0..CAS_ATTEMPTS {
+                        if swap(second, total, charged(total, now, cost)) {
+                            break;
+                        }
+                        total = unsafe { core::ptr::read_volatile(second) };
+                    }
+                    return Colour::Green;
+                }
+            }
+        }
+    }
+    Colour::Red
+}
+
+#[inline(always)]
+fn swap(word: *mut u64, old: u64, new: u64) -> bool {
+    let (_, swapped) = unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(word, old, new)
+    };
+    swapped
 }
 
 // ---------------------------------------------------------------------------------------
@@ -452,9 +597,10 @@ fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, packet: &Packet, n
         unsafe { (*ctx.skb.skb).priority = class.action_arg };
     } else {
         let horizon = ticks(class.action_mask as u64 * NANOS_PER_MILLI);
-        let Some(word) = CLASS_BUCKETS.get_ptr_mut(class_id) else {
+        let Some(bucket) = CLASS_BUCKETS.get_ptr_mut(class_id) else {
             return TC_ACT_UNSPEC;
         };
+        let word = unsafe { &raw mut (*bucket).tat };
         match schedule(word, now, packet.wire_len, &class.cost, horizon) {
             Some(leave_at) => unsafe {
                 bpf_skb_set_tstamp(ctx.skb.skb, leave_at, SKB_TSTAMP_DELIVERY_MONO);
@@ -477,12 +623,7 @@ fn schedule(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost, horizon: u64)
     for _ in 0..CAS_ATTEMPTS {
         let tat = unsafe { core::ptr::read_volatile(word) };
         let (next, leave_at) = departure(tat, now, bytes, cost, horizon)?;
-        let (_, swapped) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                word, tat, next,
-            )
-        };
-        if swapped {
+        if swap(word, tat, next) {
             return Some(leave_at);
         }
     }

@@ -602,6 +602,8 @@ fn two_hundred_classes_of_one_shape_cost_one_lookup() {
             scope: shaper_common::Scope::Class,
             prio: 100,
             action: Default::default(),
+            meter: Default::default(),
+            exceed: Default::default(),
         };
         classes::add(&harness.attachment, &spec).unwrap();
     }

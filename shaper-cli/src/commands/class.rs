@@ -1,7 +1,7 @@
 use super::{prepare, print_rows, single, text};
 use crate::{
     actions::ActionSpec,
-    classes::{self, parse_scope, scope_name, ClassSpec, ClassView},
+    classes::{self, parse_scope, scope_name, ClassSpec, ClassView, Meter},
     cli::{ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection},
     error::{runtime, usage},
     rules::{parse_cidr, PortRange, Proto, Rule},
@@ -14,7 +14,7 @@ use shaper_common::Action;
 
 pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     match command {
-        ClassCommand::Add(args) => add(netns, args),
+        ClassCommand::Add(args) => add(netns, *args),
         ClassCommand::Change(args) => change(netns, args),
         ClassCommand::Del(args) => del(netns, args),
         ClassCommand::List(args) => list(netns, args),
@@ -24,7 +24,32 @@ pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
 fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
     classes::check_name(&args.name)?;
     let rate = parse_rate(&args.rate).map_err(usage)?;
-    let action = parse_action(&args.action)?;
+    let meter = meter_from_args(args, rate)?;
+    if meter == Meter::None && (args.exceed.is_some() || args.violate.is_some()) {
+        return Err(usage(
+            "--exceed and --violate need a meter: --excess-burst (srTCM) or --peak-rate (trTCM)",
+        ));
+    }
+    if meter != Meter::None && args.action.is_some() {
+        return Err(usage(
+            "a metered class takes --exceed (yellow) and --violate (red) instead of --action",
+        ));
+    }
+    let action = match (&args.action, &args.violate) {
+        (Some(text), _) | (None, Some(text)) => parse_action(text)?,
+        (None, None) => ActionSpec::default(),
+    };
+    let exceed = match &args.exceed {
+        Some(text) => parse_action(text)?,
+        None => ActionSpec {
+            action: Action::Pass,
+            arg: 0,
+            mask: 0,
+        },
+    };
+    if meter != Meter::None && (action.action == Action::Shape || exceed.action == Action::Shape) {
+        return Err(usage("meters police or mark; shape is not a meter action"));
+    }
     if action.action == Action::Shape && args.direction == SingleDirection::Ingress {
         return Err(usage(
             "--action shape works on egress only: a packet arriving on ingress cannot be held back; police it (drop/ecn) or shape on the sender's egress",
@@ -56,7 +81,40 @@ fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
         scope: parse_scope(&args.per).map_err(usage)?,
         prio: args.prio,
         action,
+        meter,
+        exceed,
     })
+}
+
+/// `--excess-burst` makes an RFC 2697 srTCM, `--peak-rate [--peak-burst]` an RFC 2698 trTCM.
+fn meter_from_args(args: &ClassAddArgs, rate: u64) -> Result<Meter> {
+    match (&args.excess_burst, &args.peak_rate, &args.peak_burst) {
+        (None, None, None) => Ok(Meter::None),
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(usage(
+            "--excess-burst (srTCM) and --peak-rate/--peak-burst (trTCM) exclude each other",
+        )),
+        (Some(excess), None, None) => Ok(Meter::SrTcm {
+            excess_burst_bytes: parse_size(excess).map_err(usage)?,
+        }),
+        (None, None, Some(_)) => Err(usage("--peak-burst needs --peak-rate")),
+        (None, Some(peak), peak_burst) => {
+            let peak_rate_bits_per_sec = parse_rate(peak).map_err(usage)?;
+            if peak_rate_bits_per_sec < rate {
+                return Err(usage(format!(
+                    "--peak-rate {peak} is below --rate {} (RFC 2698 needs PIR >= CIR)",
+                    args.rate
+                )));
+            }
+            let peak_burst_bytes = match peak_burst {
+                Some(text) => parse_size(text).map_err(usage)?,
+                None => default_burst(peak_rate_bits_per_sec),
+            };
+            Ok(Meter::TrTcm {
+                peak_rate_bits_per_sec,
+                peak_burst_bytes,
+            })
+        }
+    }
 }
 
 fn parse_action(text: &str) -> Result<ActionSpec> {
@@ -215,7 +273,7 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
             json!(range.display())
         }
     };
-    json!({
+    let mut row = json!({
         "name": spec.name,
         "dev": location.dev,
         "netns": location.netns,
@@ -237,7 +295,27 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
         "dropped_bytes": view.stats.dropped_bytes,
         "marked_packets": view.stats.marked_packets,
         "marked_bytes": view.stats.marked_bytes,
-    })
+    });
+    if spec.meter != Meter::None {
+        let extra = json!({
+            "meter": spec.meter.name(),
+            "exceed": spec.exceed.display(),
+            "violate": spec.action.display(),
+            "peak_rate_bps": match spec.meter { Meter::TrTcm { peak_rate_bits_per_sec, .. } => json!(peak_rate_bits_per_sec), _ => Value::Null },
+            "peak_burst_bytes": match spec.meter { Meter::TrTcm { peak_burst_bytes, .. } => json!(peak_burst_bytes), _ => Value::Null },
+            "excess_burst_bytes": match spec.meter { Meter::SrTcm { excess_burst_bytes } => json!(excess_burst_bytes), _ => Value::Null },
+            "green_packets": view.stats.green_packets,
+            "green_bytes": view.stats.green_bytes,
+            "yellow_packets": view.stats.yellow_packets,
+            "yellow_bytes": view.stats.yellow_bytes,
+            "red_packets": view.stats.red_packets,
+            "red_bytes": view.stats.red_bytes,
+        });
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            row[key] = value.clone();
+        }
+    }
+    row
 }
 
 fn list(netns: Option<String>, args: ListArgs) -> Result<()> {

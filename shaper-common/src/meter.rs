@@ -1,0 +1,246 @@
+//! Three-colour meters, colour-blind: RFC 2697 (srTCM) and RFC 2698 (trTCM), each kept
+//! as two GCRA words (see [`crate::bucket`]) so every word is updated by one
+//! compare-and-swap.
+//!
+//! trTCM: bucket P (PIR, PBS) and bucket C (CIR, CBS) map one to one onto two GCRA words.
+//!
+//! srTCM: bucket C (CIR, CBS) overflows into bucket E (EBS). Tokens always go to C first,
+//! so while C is not full E does not grow, and the pair is exactly described by C's word
+//! and a word for the *total* deficit of C and E (rate CIR, tolerance CBS + EBS): the
+//! total deficit shrinks at CIR, all of it C's until C is full, then E's. E's deficit is
+//! the difference of the two. A green packet deepens both, a yellow one only the total.
+
+use crate::bucket::{ticks, ByteCost};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Colour {
+    Green,
+    Yellow,
+    Red,
+}
+
+/// Meter kinds as stored in `ClassConfig::meter`.
+pub const METER_NONE: u8 = 0;
+pub const METER_SRTCM: u8 = 1;
+pub const METER_TRTCM: u8 = 2;
+
+/// How deep a bucket word is at `now` (0 = full), in ticks.
+#[inline(always)]
+pub fn deficit(tat: u64, now_ns: u64) -> u64 {
+    tat.saturating_sub(ticks(now_ns))
+}
+
+/// The word after charging `cost_ticks` at `now`.
+#[inline(always)]
+pub fn charged(tat: u64, now_ns: u64, cost_ticks: u64) -> u64 {
+    let now = ticks(now_ns);
+    (if tat > now { tat } else { now }) + cost_ticks
+}
+
+/// RFC 2698, colour-blind. `peak` is (PIR, PBS), `committed` (CIR, CBS). Returns the
+/// colour and the new words (P, C).
+#[inline(always)]
+pub fn trtcm(
+    tat_p: u64,
+    tat_c: u64,
+    now_ns: u64,
+    bytes: u64,
+    peak: &ByteCost,
+    committed: &ByteCost,
+) -> (Colour, u64, u64) {
+    let cost_p = peak.ticks_for(bytes);
+    let cost_c = committed.ticks_for(bytes);
+    // "If Tp(t)-B < 0, the packet is red."
+    if deficit(tat_p, now_ns) + cost_p > peak.tolerance_ticks {
+        return (Colour::Red, tat_p, tat_c);
+    }
+    let new_p = charged(tat_p, now_ns, cost_p);
+    // "else if Tc(t)-B < 0, the packet is yellow and Tp is decremented by B."
+    if deficit(tat_c, now_ns) + cost_c > committed.tolerance_ticks {
+        return (Colour::Yellow, new_p, tat_c);
+    }
+    // "else the packet is green and both Tp and Tc are decremented by B."
+    (Colour::Green, new_p, charged(tat_c, now_ns, cost_c))
+}
+
+/// RFC 2697, colour-blind. `committed` is (CIR, CBS), `total` is (CIR, CBS + EBS).
+/// Returns the colour and the new words (C, total).
+#[inline(always)]
+pub fn srtcm(
+    tat_c: u64,
+    tat_total: u64,
+    now_ns: u64,
+    bytes: u64,
+    committed: &ByteCost,
+    total: &ByteCost,
+) -> (Colour, u64, u64) {
+    let cost = committed.ticks_for(bytes);
+    let deficit_c = deficit(tat_c, now_ns);
+    // "If Tc(t)-B >= 0, the packet is green and Tc is decremented by B."
+    if deficit_c + cost <= committed.tolerance_ticks {
+        return (
+            Colour::Green,
+            charged(tat_c, now_ns, cost),
+            charged(tat_total, now_ns, cost),
+        );
+    }
+    // "else if Te(t)-B >= 0, the packet is yellow and Te is decremented by B."
+    let excess_burst = total.tolerance_ticks - committed.tolerance_ticks;
+    let deficit_e = deficit(tat_total, now_ns).saturating_sub(deficit_c);
+    if deficit_e + cost <= excess_burst {
+        return (Colour::Yellow, tat_c, charged(tat_total, now_ns, cost));
+    }
+    (Colour::Red, tat_c, tat_total)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The RFCs' own definitions, token by token, against the two-word meters. Rates are
+    //! chosen with a whole number of ticks per byte so both sides are exact integers:
+    //! tokens are counted in ticks (bytes × ticks per byte).
+    use super::*;
+
+    const NS: u64 = 1;
+
+    /// A tiny deterministic generator (no dependency for a test's dice).
+    struct Dice(u64);
+    impl Dice {
+        fn next(&mut self, bound: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) % bound
+        }
+    }
+
+    /// Phases of overload (up to 0.4 ms apart) and of quiet (up to 4 ms apart), 500
+    /// packets each, so every colour and every bucket level occurs.
+    fn load_phase_gap(dice: &mut Dice, index: u32) -> u64 {
+        if (index / 500).is_multiple_of(2) {
+            dice.next(400_000)
+        } else {
+            dice.next(4_000_000)
+        }
+    }
+
+    /// RFC 2698 section 3: Tp and Tc start full and grow by PIR / CIR, capped at PBS / CBS.
+    struct RfcTrTcm {
+        tp: u64,
+        tc: u64,
+        pbs: u64,
+        cbs: u64,
+        last: u64,
+    }
+
+    impl RfcTrTcm {
+        fn packet(&mut self, now: u64, cost_p: u64, cost_c: u64) -> Colour {
+            let dt = ticks(now - self.last);
+            self.last = now;
+            self.tp = (self.tp + dt).min(self.pbs);
+            self.tc = (self.tc + dt).min(self.cbs);
+            if self.tp < cost_p {
+                Colour::Red
+            } else if self.tc < cost_c {
+                self.tp -= cost_p;
+                Colour::Yellow
+            } else {
+                self.tp -= cost_p;
+                self.tc -= cost_c;
+                Colour::Green
+            }
+        }
+    }
+
+    /// RFC 2697 section 3: tokens go to C until it holds CBS, then to E up to EBS.
+    struct RfcSrTcm {
+        tc: u64,
+        te: u64,
+        cbs: u64,
+        ebs: u64,
+        last: u64,
+    }
+
+    impl RfcSrTcm {
+        fn packet(&mut self, now: u64, cost: u64) -> Colour {
+            let mut refill = ticks(now - self.last);
+            self.last = now;
+            let to_c = refill.min(self.cbs - self.tc);
+            self.tc += to_c;
+            refill -= to_c;
+            self.te = (self.te + refill).min(self.ebs);
+            if self.tc >= cost {
+                self.tc -= cost;
+                Colour::Green
+            } else if self.te >= cost {
+                self.te -= cost;
+                Colour::Yellow
+            } else {
+                Colour::Red
+            }
+        }
+    }
+
+    #[test]
+    fn trtcm_matches_rfc_2698_token_by_token() {
+        // CIR 8 Mbit/s (16 000 ticks/B), PIR 16 Mbit/s (8 000 ticks/B).
+        let committed = ByteCost::new(8_000_000, 6_000);
+        let peak = ByteCost::new(16_000_000, 12_000);
+        let mut rfc = RfcTrTcm {
+            tp: peak.tolerance_ticks,
+            tc: committed.tolerance_ticks,
+            pbs: peak.tolerance_ticks,
+            cbs: committed.tolerance_ticks,
+            last: 1_000_000 * NS,
+        };
+        let (mut tat_p, mut tat_c) = (0, 0);
+        let mut now = rfc.last;
+        let mut dice = Dice(3);
+        let mut seen = [0; 3];
+        for index in 0..20_000 {
+            now += load_phase_gap(&mut dice, index);
+            let bytes = 64 + dice.next(1437);
+            let (colour, p, c) = trtcm(tat_p, tat_c, now, bytes, &peak, &committed);
+            (tat_p, tat_c) = (p, c);
+            let expected = rfc.packet(now, peak.ticks_for(bytes), committed.ticks_for(bytes));
+            assert_eq!(colour, expected);
+            assert_eq!(peak.tolerance_ticks - deficit(tat_p, now), rfc.tp, "Tp");
+            assert_eq!(
+                committed.tolerance_ticks - deficit(tat_c, now),
+                rfc.tc,
+                "Tc"
+            );
+            seen[colour as usize] += 1;
+        }
+        assert!(seen.iter().all(|n| *n > 100), "colours seen: {seen:?}");
+    }
+
+    #[test]
+    fn srtcm_matches_rfc_2697_token_by_token() {
+        let committed = ByteCost::new(8_000_000, 6_000);
+        let total = ByteCost::new(8_000_000, 6_000 + 9_000);
+        let mut rfc = RfcSrTcm {
+            tc: committed.tolerance_ticks,
+            te: total.tolerance_ticks - committed.tolerance_ticks,
+            cbs: committed.tolerance_ticks,
+            ebs: total.tolerance_ticks - committed.tolerance_ticks,
+            last: 1_000_000 * NS,
+        };
+        let (mut tat_c, mut tat_t) = (0, 0);
+        let mut now = rfc.last;
+        let mut dice = Dice(11);
+        let mut seen = [0; 3];
+        for index in 0..20_000 {
+            now += load_phase_gap(&mut dice, index);
+            let bytes = 64 + dice.next(1437);
+            let (colour, c, t) = srtcm(tat_c, tat_t, now, bytes, &committed, &total);
+            (tat_c, tat_t) = (c, t);
+            assert_eq!(colour, rfc.packet(now, committed.ticks_for(bytes)));
+            let deficit_c = deficit(tat_c, now);
+            assert_eq!(committed.tolerance_ticks - deficit_c, rfc.tc, "Tc");
+            assert_eq!(rfc.ebs - (deficit(tat_t, now) - deficit_c), rfc.te, "Te");
+            seen[colour as usize] += 1;
+        }
+        assert!(seen.iter().all(|n| *n > 100), "colours seen: {seen:?}");
+    }
+}
