@@ -30,6 +30,15 @@ pub enum Command {
     Stats(StatsArgs),
     /// What is attached where.
     Status(StatusArgs),
+    /// Run shaper commands from a file, one per line (like tc -batch).
+    Batch(BatchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BatchArgs {
+    /// The file, or - for standard input.
+    #[arg(short = 'f', long = "file")]
+    pub file: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -21,7 +21,9 @@ static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
 #[map]
 static SHAPES: Array<Shape> = Array::with_max_entries(MAX_SHAPES, 0);
 #[map]
-static RULES: HashMap<RuleKey, RuleValue> = HashMap::with_max_entries(MAX_RULES, 0);
+/// Not preallocated: memory follows the classes in use, not the 262 144-entry ceiling.
+static RULES: HashMap<RuleKey, RuleValue> =
+    HashMap::with_max_entries(MAX_RULES, aya_ebpf::bindings::BPF_F_NO_PREALLOC as u32);
 #[map]
 static CLASSES: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0);
 /// Class-scoped buckets: the GCRA word per class id.

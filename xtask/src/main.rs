@@ -23,8 +23,16 @@ enum Task {
     /// Set up, check formatting and lints, run unit, property, BPF test-run and
     /// end-to-end tests.
     Test,
-    /// Benchmarks side by side with tc (arrives with the bench issue).
-    Bench,
+    /// Benchmarks side by side with tc: per-packet cost, memory, control plane.
+    /// Writes docs/BENCHMARKS.md and target/bench.json.
+    Bench {
+        /// A smaller, faster run (CI runs it so the bench cannot rot).
+        #[arg(long)]
+        quick: bool,
+        /// Where to write every figure as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
 }
 
 fn main() {
@@ -49,8 +57,10 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             test()
         }
-        Task::Bench => {
-            bail!("`cargo xtask bench` is not implemented yet (tracked by the bench issue)")
+        Task::Bench { quick, json } => {
+            require_root("bench")?;
+            setup::setup()?;
+            bench(quick, json)
         }
     }
 }
@@ -120,12 +130,44 @@ fn build_shaper() -> Result<()> {
     cargo(&["build", "--package", "shaper-cli"])
 }
 
+/// Builds shaper and the bench driver in release mode and runs it. The quick run
+/// reports to target/ so CI leaves the published docs/BENCHMARKS.md alone.
+fn bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
+    cargo(&["build", "--release", "--package", "shaper-cli"])?;
+    let root = workspace_root();
+    let json = json.unwrap_or_else(|| root.join("target/bench.json"));
+    let report = if quick {
+        root.join("target/BENCHMARKS-quick.md")
+    } else {
+        root.join("docs/BENCHMARKS.md")
+    };
+    std::env::set_var("SHAPER_BIN", root.join("target/release/shaper"));
+    let mut args = vec![
+        "run",
+        "--release",
+        "--package",
+        "shaper-tests",
+        "--features",
+        "bench",
+        "--bin",
+        "shaper-bench",
+        "--",
+    ];
+    if quick {
+        args.push("--quick");
+    }
+    let (json, report) = (json.display().to_string(), report.display().to_string());
+    args.extend(["--json", &json, "--report", &report]);
+    cargo(&args)
+}
+
 fn test() -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&[
         "clippy",
         "--workspace",
         "--all-targets",
+        "--all-features",
         "--",
         "-D",
         "warnings",

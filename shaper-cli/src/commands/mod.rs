@@ -1,6 +1,7 @@
 //! One module per command; each validates its whole command line before touching state.
 
 mod attach;
+mod batch;
 mod class;
 mod detach;
 mod stats;
@@ -20,6 +21,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Class(command) => class::run(netns, *command),
         Command::Stats(args) => stats::run(netns, args),
         Command::Status(args) => status::run(netns, args),
+        Command::Batch(args) => batch::run(netns, args),
     }
 }
 
@@ -31,6 +33,8 @@ fn prepare(netns: &Option<String>) -> Result<()> {
     }
     Ok(())
 }
+
+use class::spec_from_args;
 
 fn directions(arg: DirectionArg) -> Vec<Direction> {
     match arg {

@@ -1,0 +1,102 @@
+//! `shaper batch -f FILE`: one shaper command per line, like `tc -batch`. Every line is
+//! parsed before anything runs (a bad line changes nothing and is reported with its line
+//! number); consecutive `class add` lines for one interface and direction are applied
+//! with one read of the state, which makes ten thousand classes take well under a second.
+
+use super::{prepare, run as run_command, single, spec_from_args};
+use crate::{
+    classes,
+    cli::{BatchArgs, ClassCommand, Cli, Command},
+    error::usage,
+    state::{self, Attachment, Location},
+};
+use anyhow::{Context as _, Result};
+use clap::Parser as _;
+
+pub fn run(netns: Option<String>, args: BatchArgs) -> Result<()> {
+    let text = if args.file == "-" {
+        std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
+    } else {
+        std::fs::read_to_string(&args.file)
+            .map_err(|e| crate::error::runtime(format!("cannot read {}: {e}", args.file)))?
+    };
+    let mut commands = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = vec!["shaper".to_string()];
+        if let Some(name) = &netns {
+            words.extend(["--netns".to_string(), name.clone()]);
+        }
+        words.extend(line.split_whitespace().map(str::to_string));
+        let cli = Cli::try_parse_from(&words).map_err(|e| {
+            let first = e
+                .to_string()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("error: ")
+                .to_string();
+            usage(format!("{}:{}: {first}", args.file, index + 1))
+        })?;
+        if matches!(cli.command, Command::Batch(_)) {
+            return Err(usage(format!(
+                "{}:{}: batch files cannot nest",
+                args.file,
+                index + 1
+            )));
+        }
+        commands.push((index + 1, cli));
+    }
+    prepare(&netns)?;
+    let mut pending: Vec<(usize, Location, classes::ClassSpec)> = Vec::new();
+    for (line, cli) in commands {
+        if let Command::Class(class_command) = &cli.command {
+            if let ClassCommand::Add(add) = class_command.as_ref() {
+                let spec = spec_from_args(add)
+                    .map_err(|e| usage(format!("{}:{line}: {e:#}", args.file)))?;
+                let location = Location {
+                    netns: netns.clone(),
+                    dev: add.dev.clone(),
+                    direction: single(add.direction),
+                };
+                pending.push((line, location, spec));
+                continue;
+            }
+        }
+        flush(&args.file, &mut pending)?;
+        run_command(cli).map_err(|e| e.context(format!("{}:{line}", args.file)))?;
+    }
+    flush(&args.file, &mut pending)?;
+    Ok(())
+}
+
+/// Applies the queued `class add` lines, grouped by attachment.
+fn flush(file: &str, pending: &mut Vec<(usize, Location, classes::ClassSpec)>) -> Result<()> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let _lock = state::lock()?;
+    let mut start = 0;
+    while start < pending.len() {
+        let location = pending[start].1.clone();
+        let end = pending[start..]
+            .iter()
+            .position(|(_, l, _)| *l != location)
+            .map_or(pending.len(), |n| start + n);
+        let attachment = Attachment::open(&location)?;
+        let specs: Vec<classes::ClassSpec> = pending[start..end]
+            .iter()
+            .map(|(_, _, s)| s.clone())
+            .collect();
+        let (first, last) = (pending[start].0, pending[end - 1].0);
+        let added = classes::add_many(&attachment, &specs)
+            .map_err(|e| e.context(format!("{file}:{first}-{last}: class add")))?;
+        println!("{}: {} classes added", location.describe(), added.len());
+        start = end;
+    }
+    pending.clear();
+    Ok(())
+}
