@@ -242,8 +242,11 @@ pub fn load_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedC
 /// Collapses multi-line kernel messages (verifier logs) into one line for the user.
 pub fn one_line(text: &str) -> String {
     let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if joined.len() > 400 {
-        format!("{}…", &joined[..400])
+    // Verifier logs say what went wrong at their end: keep the head and the tail.
+    if joined.len() > 1000 {
+        let head = joined.char_indices().nth(300).map_or(0, |(i, _)| i);
+        let tail = joined.char_indices().rev().nth(600).map_or(0, |(i, _)| i);
+        format!("{} … {}", &joined[..head], &joined[tail..])
     } else {
         joined
     }

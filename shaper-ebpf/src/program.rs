@@ -120,9 +120,21 @@ fn run(ctx: &TcContext, now: u64) -> i32 {
 // ---------------------------------------------------------------------------------------
 // parse
 
+/// Reads a header field: straight from the linear packet data when it is there (the
+/// common case, and several times cheaper than a helper call), else through
+/// bpf_skb_load_bytes, which also sees non-linear data. None when the packet is shorter.
 #[inline(always)]
-fn load<T>(ctx: &TcContext, offset: usize) -> Option<T> {
-    ctx.load::<T>(offset).ok()
+fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+    // Bounded for the verifier; no header shaper reads lies beyond 16 KiB.
+    let offset = offset & 0x3fff;
+    // black_box keeps LLVM from re-associating `data + offset + size`: the verifier must
+    // see the bounds check made on the very pointer that is then read.
+    let field = core::hint::black_box(ctx.data() + offset);
+    if field + core::mem::size_of::<T>() <= ctx.data_end() {
+        Some(unsafe { core::ptr::read_unaligned(field as *const T) })
+    } else {
+        ctx.load::<T>(offset).ok()
+    }
 }
 
 #[inline(always)]
