@@ -130,33 +130,45 @@ fn build_shaper() -> Result<()> {
     cargo(&["build", "--package", "shaper-cli"])
 }
 
-/// Builds shaper and the bench driver in release mode and runs it. The quick run
-/// reports to target/ so CI leaves the published docs/BENCHMARKS.md alone.
+/// Builds shaper and the bench driver and runs it. The full run uses release builds and
+/// publishes docs/BENCHMARKS.md; the quick run (CI's smoke test) reuses the debug builds
+/// the tests just made and reports to target/, leaving the published report alone.
 fn bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
-    cargo(&["build", "--release", "--package", "shaper-cli"])?;
     let root = workspace_root();
+    let profile: &[&str] = if quick { &[] } else { &["--release"] };
+    let build = [&["build", "--package", "shaper-cli"][..], profile].concat();
+    cargo(&build)?;
     let json = json.unwrap_or_else(|| root.join("target/bench.json"));
-    let report = if quick {
-        root.join("target/BENCHMARKS-quick.md")
+    let (report, binary) = if quick {
+        (
+            root.join("target/BENCHMARKS-quick.md"),
+            root.join("target/debug/shaper"),
+        )
     } else {
-        root.join("docs/BENCHMARKS.md")
+        (
+            root.join("docs/BENCHMARKS.md"),
+            root.join("target/release/shaper"),
+        )
     };
-    std::env::set_var("SHAPER_BIN", root.join("target/release/shaper"));
-    let mut args = vec![
-        "run",
-        "--release",
-        "--package",
-        "shaper-tests",
-        "--features",
-        "bench",
-        "--bin",
-        "shaper-bench",
-        "--",
-    ];
+    std::env::set_var("SHAPER_BIN", binary);
+    let (json, report) = (json.display().to_string(), report.display().to_string());
+    let mut args = [
+        &["run"][..],
+        profile,
+        &[
+            "--package",
+            "shaper-tests",
+            "--features",
+            "bench",
+            "--bin",
+            "shaper-bench",
+            "--",
+        ],
+    ]
+    .concat();
     if quick {
         args.push("--quick");
     }
-    let (json, report) = (json.display().to_string(), report.display().to_string());
     args.extend(["--json", &json, "--report", &report]);
     cargo(&args)
 }
