@@ -362,6 +362,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         attachment.class_buckets()?,
         attachment.rules()?,
     );
+    let mut index = attachment.class_index()?;
     let dev = attachment.location.dev.clone();
     let mut next_free = 0;
     let mut ids = Vec::with_capacity(specs.len());
@@ -403,6 +404,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         buckets.set(id, Bucket::default(), 0)?;
         configs.set(id, spec.config(seq as u32), 0)?;
         metas.set(id, meta, 0)?;
+        index.insert(meta.name, id, 0)?;
         write_shapes(attachment, &shapes, &kernel_shapes)?;
 
         let value = RuleValue {
@@ -439,6 +441,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
                 };
             }
             let _ = metas.set(id, ClassMeta::default(), 0);
+            let _ = index.remove(&meta.name);
             let _ = configs.set(id, ClassConfig::default(), 0);
             let _ = write_shapes(attachment, &kernel_shapes, &shapes);
             if spec.action.action == Action::Shape {
@@ -459,10 +462,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
 
 /// Finds a class by name.
 pub fn find(attachment: &Attachment, name: &str) -> Result<Option<(u32, ClassMeta)>> {
-    Ok(attachment
-        .class_list()?
-        .into_iter()
-        .find(|(_, m)| decode_name(&m.name) == name))
+    attachment.find_class(name)
 }
 
 fn not_found(attachment: &Attachment, name: &str) -> anyhow::Error {
@@ -586,7 +586,12 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
         }
     }
     let mut meta_map = attachment.meta()?;
+    let name = meta_map.get(&id, 0)?.name;
     meta_map.set(id, ClassMeta::default(), 0)?;
+    match attachment.class_index()?.remove(&name) {
+        Ok(()) | Err(MapError::KeyNotFound) => {}
+        Err(e) => return Err(e.into()),
+    }
     let mut configs = configs;
     let shaping = configs.get(&id, 0)?.action == Action::Shape as u8;
     configs.set(id, ClassConfig::default(), 0)?;

@@ -535,6 +535,27 @@ impl Attachment {
         )?)?)
     }
 
+    pub fn class_index(&self) -> Result<BpfHashMap<MapData, [u8; CLASS_NAME_LEN], u32>> {
+        Ok(BpfHashMap::try_from(open_map(
+            &self.dir,
+            map_names::CLASS_INDEX,
+        )?)?)
+    }
+
+    /// The class called `name`: one hash lookup, no scan.
+    pub fn find_class(&self, name: &str) -> Result<Option<(u32, ClassMeta)>> {
+        let Ok(key) = encode_name(name) else {
+            return Ok(None);
+        };
+        let id = match self.class_index()?.get(&key, 0) {
+            Ok(id) => id,
+            Err(aya::maps::MapError::KeyNotFound) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let meta = self.meta()?.get(&id, 0)?;
+        Ok((meta.in_use != 0 && meta.name == key).then_some((id, meta)))
+    }
+
     /// Every class in use: (class id, description), in creation order.
     pub fn class_list(&self) -> Result<Vec<(u32, ClassMeta)>> {
         let meta = self.meta()?;

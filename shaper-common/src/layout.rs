@@ -26,8 +26,9 @@ pub mod map_names {
     pub const KEYED_BUCKETS: &str = "KEYED_BUCKETS";
     pub const STATS: &str = "STATS";
     pub const CLASS_META: &str = "CLASS_META";
+    pub const CLASS_INDEX: &str = "CLASS_INDEX";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         GLOBALS,
         SHAPES,
         RULES,
@@ -36,6 +37,7 @@ pub mod map_names {
         KEYED_BUCKETS,
         STATS,
         CLASS_META,
+        CLASS_INDEX,
     ];
 }
 

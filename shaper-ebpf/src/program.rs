@@ -11,9 +11,9 @@ use shaper_common::{
     conform,
     meter::{charged, srtcm, trtcm, Colour, METER_NONE, METER_TRTCM},
     Action, Bucket, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
-    RuleValue, Scope, Shape, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN,
-    KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES, PROTO_TCP,
-    PROTO_UDP,
+    RuleValue, Scope, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6,
+    KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES,
+    PROTO_TCP, PROTO_UDP,
 };
 
 #[map]
@@ -39,6 +39,10 @@ static STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSE
 /// with the rest of the attachment's state.
 #[map]
 static CLASS_META: Array<ClassMeta> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Userspace only: class name → class id, so commands find a class without a scan.
+#[map]
+static CLASS_INDEX: HashMap<[u8; CLASS_NAME_LEN], u32> =
+    HashMap::with_max_entries(MAX_CLASSES, aya_ebpf::bindings::BPF_F_NO_PREALLOC as u32);
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
