@@ -403,6 +403,15 @@ pub fn reattach(location: &Location) -> Result<AttachMode> {
     Ok(mode)
 }
 
+/// Removes the pins of an attachment whose network namespace no longer exists: its
+/// interfaces, TCX links, filters and qdiscs went with the namespace.
+pub fn forget(location: &Location) -> Result<()> {
+    let dir = location.dir();
+    fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+    remove_empty_parents(&dir);
+    Ok(())
+}
+
 /// Detaches the program at `location` and removes every pin it owns.
 pub fn detach(location: &Location) -> Result<()> {
     let dir = location.dir();

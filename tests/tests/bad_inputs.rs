@@ -57,6 +57,12 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
     assert_eq!(before.1.as_array().unwrap().len(), 1);
 
     let r1 = ROUTER_TO_SERVER;
+    // `class add x --dev r1 --rate 1mbit` plus the options under test.
+    let add_x = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["class", "add", "x", "--dev", r1, "--rate", "1mbit"];
+        args.extend_from_slice(extra);
+        ns(&args)
+    };
     let cases: Vec<(&str, Vec<String>, i32)> = vec![
         ("unknown device", ns(&["attach", "nosuchdev0"]), 1),
         (
@@ -99,104 +105,28 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
             ns(&["class", "add", "x", "--dev", r1, "--rate", "10mbits"]),
             2,
         ),
-        (
-            "bad size unit",
-            ns(&[
-                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--burst", "12q",
-            ]),
-            2,
-        ),
-        (
-            "burst below one frame",
-            ns(&[
-                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--burst", "100",
-            ]),
-            2,
-        ),
-        (
-            "bad CIDR",
-            ns(&[
-                "class",
-                "add",
-                "x",
-                "--dev",
-                r1,
-                "--rate",
-                "1mbit",
-                "--src",
-                "300.1.1.1/8",
-            ]),
-            2,
-        ),
-        (
-            "bad prefix",
-            ns(&[
-                "class",
-                "add",
-                "x",
-                "--dev",
-                r1,
-                "--rate",
-                "1mbit",
-                "--dst",
-                "198.18.0.0/40",
-            ]),
-            2,
-        ),
+        ("bad size unit", add_x(&["--burst", "12q"]), 2),
+        ("burst below one frame", add_x(&["--burst", "100"]), 2),
+        ("bad CIDR", add_x(&["--src", "300.1.1.1/8"]), 2),
+        ("bad prefix", add_x(&["--dst", "198.18.0.0/40"]), 2),
         (
             "mixed families",
-            ns(&[
-                "class",
-                "add",
-                "x",
-                "--dev",
-                r1,
-                "--rate",
-                "1mbit",
-                "--src",
-                "198.18.0.0/15",
-                "--dst",
-                "fd00::/8",
-            ]),
+            add_x(&["--src", "198.18.0.0/15", "--dst", "fd00::/8"]),
             2,
         ),
         (
             "empty port range",
-            ns(&[
-                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "udp", "--dport",
-                "9-1",
-            ]),
+            add_x(&["--proto", "udp", "--dport", "9-1"]),
             2,
         ),
         (
             "port out of range",
-            ns(&[
-                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "udp", "--sport",
-                "70000",
-            ]),
+            add_x(&["--proto", "udp", "--sport", "70000"]),
             2,
         ),
-        (
-            "ports without tcp/udp",
-            ns(&[
-                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--dport", "53",
-            ]),
-            2,
-        ),
-        (
-            "bad protocol",
-            ns(&[
-                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--proto", "sctp",
-            ]),
-            2,
-        ),
-        (
-            "bad scope",
-            ns(&[
-                "class", "add", "x", "--dev", r1, "--rate", "1mbit", "--per", "packet",
-            ]),
-            2,
-        ),
+        ("ports without tcp/udp", add_x(&["--dport", "53"]), 2),
+        ("bad protocol", add_x(&["--proto", "sctp"]), 2),
+        ("bad scope", add_x(&["--per", "packet"]), 2),
         (
             "bad class name",
             ns(&["class", "add", "bad/name", "--dev", r1, "--rate", "1mbit"]),
@@ -286,7 +216,7 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
         let output = Command::new("setpriv")
             .args(["--inh-caps", "-all", "--bounding-set", cap])
             .arg(shaper_bin())
-            .args(ns(&["class", "add", "x", "--dev", r1, "--rate", "1mbit"]))
+            .args(add_x(&[]))
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr).to_string();
@@ -517,4 +447,41 @@ fn bpffs_is_mounted_when_missing() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "bpf_fs");
+}
+
+/// When a namespace is deleted with shaper attached inside, `detach` still cleans up
+/// the pins it left in the host's bpffs.
+#[test]
+fn detach_after_the_namespace_was_deleted_removes_the_pins() {
+    let lab = Lab::new().unwrap();
+    let name = format!("{}-gone", lab.router.name);
+    Command::new("ip")
+        .args(["netns", "add", &name])
+        .status()
+        .unwrap();
+    Command::new("ip")
+        .args([
+            "-n", &name, "link", "add", "gone0", "type", "veth", "peer", "name", "gone1",
+        ])
+        .status()
+        .unwrap();
+    let attach = lab.shaper(&["--netns", &name, "attach", "gone0"]);
+    assert!(
+        attach.status.success(),
+        "{}",
+        String::from_utf8_lossy(&attach.stderr)
+    );
+    Command::new("ip")
+        .args(["netns", "del", &name])
+        .status()
+        .unwrap();
+    let pins = std::path::Path::new("/sys/fs/bpf/shaper").join(format!("netns-{name}"));
+    assert!(pins.exists());
+    let detach = lab.shaper(&["--netns", &name, "detach", "gone0"]);
+    assert!(
+        detach.status.success(),
+        "{}",
+        String::from_utf8_lossy(&detach.stderr)
+    );
+    assert!(!pins.exists(), "pins left in {}", pins.display());
 }

@@ -7,12 +7,36 @@ use crate::{
 use anyhow::Result;
 
 pub fn run(netns: Option<String>, args: DetachArgs) -> Result<()> {
-    prepare(&netns)?;
-    let _lock = state::lock()?;
     let wanted = args
         .direction
         .map(directions)
         .unwrap_or_else(|| Direction::BOTH.to_vec());
+    // A deleted namespace took its interfaces and hooks with it; only pins remain.
+    if let Some(name) = &netns {
+        if !std::path::Path::new("/run/netns").join(name).exists() {
+            crate::caps::require()?;
+            let _lock = state::lock()?;
+            let mut forgotten = 0;
+            for direction in wanted {
+                let location = Location {
+                    netns: netns.clone(),
+                    dev: args.dev.clone(),
+                    direction,
+                };
+                if location.dir().exists() {
+                    state::forget(&location)?;
+                    println!("{}: namespace is gone; pins removed", location.describe());
+                    forgotten += 1;
+                }
+            }
+            if forgotten == 0 {
+                return Err(runtime(format!("network namespace '{name}' not found")));
+            }
+            return Ok(());
+        }
+    }
+    prepare(&netns)?;
+    let _lock = state::lock()?;
     let present: Vec<Location> = wanted
         .into_iter()
         .map(|direction| Location {
