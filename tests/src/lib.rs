@@ -142,6 +142,15 @@ impl UdpResult {
     }
 }
 
+/// Result of one iperf3 TCP run.
+#[derive(Debug, Clone)]
+pub struct TcpResult {
+    /// Goodput received by the server over the whole run (bit/s).
+    pub goodput_bps: f64,
+    /// The server's interval samples: (end time s, payload bits received).
+    pub intervals: Vec<(f64, f64)>,
+}
+
 /// Options of a UDP run.
 pub struct Udp {
     pub rate: &'static str,
@@ -153,6 +162,8 @@ pub struct Udp {
     pub length: u32,
     /// IP TOS byte of the datagrams (iperf3 -S), e.g. 2 for ECT(0).
     pub tos: Option<u8>,
+    /// Report interval in seconds (iperf3 -i); one second when unset.
+    pub interval: Option<f64>,
 }
 
 impl Default for Udp {
@@ -165,6 +176,7 @@ impl Default for Udp {
             port: None,
             length: 1400,
             tos: None,
+            interval: None,
         }
     }
 }
@@ -296,11 +308,17 @@ impl Lab {
     }
 
     /// Starts a one-shot iperf3 server in the server namespace and waits until it listens.
-    fn iperf_server(&self, port: u16) -> Result<Child> {
+    pub fn iperf_server(&self, port: u16) -> Result<Child> {
+        self.iperf_server_every(port, 1.0)
+    }
+
+    /// Like [`Lab::iperf_server`], reporting every `interval` seconds.
+    fn iperf_server_every(&self, port: u16, interval: f64) -> Result<Child> {
         let child = self
             .server
             .command("iperf3")
             .args(["-s", "-1", "--json", "-p", &port.to_string()])
+            .args(["-i", &interval.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
@@ -319,8 +337,8 @@ impl Lab {
 
     /// One iperf3 run: a one-shot server, the client with `args`, the client's JSON
     /// (with the server's own report inside).
-    fn iperf(&self, port: u16, args: &[String]) -> Result<Value> {
-        let mut server = self.iperf_server(port)?;
+    fn iperf(&self, port: u16, args: &[String], interval: f64) -> Result<Value> {
+        let mut server = self.iperf_server_every(port, interval)?;
         let json = self.iperf_client(port, args);
         let _ = server.wait();
         json
@@ -375,7 +393,10 @@ impl Lab {
         if let Some(tos) = options.tos {
             args.extend(["-S".to_string(), tos.to_string()]);
         }
-        let json = self.iperf(port, &args)?;
+        if let Some(interval) = options.interval {
+            args.extend(["-i".to_string(), interval.to_string()]);
+        }
+        let json = self.iperf(port, &args, options.interval.unwrap_or(1.0))?;
         let overhead = if options.ipv6 {
             UDP_V6_OVERHEAD
         } else {
@@ -391,6 +412,16 @@ impl Lab {
 
     /// One TCP flow with the given congestion control (cubic, bbr, reno).
     pub fn tcp_with(&mut self, seconds: u32, congestion: &str) -> Result<f64> {
+        Ok(self.tcp_series(seconds, congestion, 1.0)?.goodput_bps)
+    }
+
+    /// One TCP flow, with the server's goodput reported every `interval` seconds.
+    pub fn tcp_series(
+        &mut self,
+        seconds: u32,
+        congestion: &str,
+        interval: f64,
+    ) -> Result<TcpResult> {
         let port = self.port();
         let args: Vec<String> = [
             "-c",
@@ -399,14 +430,32 @@ impl Lab {
             &seconds.to_string(),
             "-C",
             congestion,
+            "-i",
+            &interval.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let json = self.iperf(port, &args)?;
-        json["end"]["sum_received"]["bits_per_second"]
+        let json = self.iperf(port, &args, interval)?;
+        let goodput_bps = json["end"]["sum_received"]["bits_per_second"]
             .as_f64()
-            .context("iperf3 JSON has no end.sum_received.bits_per_second")
+            .context("iperf3 JSON has no end.sum_received.bits_per_second")?;
+        let intervals = json["server_output_json"]["intervals"]
+            .as_array()
+            .context("no server intervals")?
+            .iter()
+            .map(|interval| {
+                let sum = &interval["sum"];
+                (
+                    sum["end"].as_f64().unwrap_or(0.0),
+                    sum["bytes"].as_f64().unwrap_or(0.0) * 8.0,
+                )
+            })
+            .collect();
+        Ok(TcpResult {
+            goodput_bps,
+            intervals,
+        })
     }
 }
 
@@ -426,7 +475,9 @@ fn parse_udp(json: &Value, options: &Udp, overhead: u64) -> Result<UdpResult> {
         (bytes + packets * overhead) as f64 * 8.0
     };
     let streams = options.streams as usize;
-    // Steady state: skip the first interval, where the initial burst lands.
+    // Steady state: skip the first second, where the initial burst lands, and a short
+    // last interval.
+    let interval_seconds = options.interval.unwrap_or(1.0);
     let mut per_stream_bits = vec![0.0; streams];
     let mut steady_seconds = 0.0;
     let mut samples = Vec::new();
@@ -435,7 +486,7 @@ fn parse_udp(json: &Value, options: &Udp, overhead: u64) -> Result<UdpResult> {
         let end = sum["end"].as_f64().unwrap_or(0.0);
         let seconds = sum["seconds"].as_f64().unwrap_or(0.0);
         samples.push((end, l2_bits(sum)));
-        if index == 0 || seconds < 0.5 {
+        if index == 0 || end - seconds < 0.999 || seconds < interval_seconds / 2.0 {
             continue;
         }
         steady_seconds += seconds;

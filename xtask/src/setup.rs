@@ -11,7 +11,8 @@ use std::{
 
 /// The bpf-linker release that builds against the nightly toolchain's own libLLVM.
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// Debian packages the tests and the demo use, with a command each provides.
+/// Debian packages the tests, the demo and the bench use, with a command (or an absolute
+/// path) each provides.
 const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip"),
     ("iperf3", "iperf3"),
@@ -19,6 +20,14 @@ const PACKAGES: &[(&str, &str)] = &[
     ("util-linux", "setpriv"),
     ("tcpdump", "tcpdump"),
     ("nftables", "nft"),
+    // The reference CNI `bandwidth`, `bridge` and `host-local` plugins: the bench's and the
+    // CNI tests' side-by-side peer.
+    ("containernetworking-plugins", "/usr/lib/cni/bandwidth"),
+    // The font the bench's plots are labelled with.
+    (
+        "fonts-dejavu-core",
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    ),
 ];
 
 fn step(message: &str) {
@@ -48,6 +57,9 @@ fn run(command: &mut Command) -> Result<()> {
 }
 
 fn has_command(name: &str) -> bool {
+    if name.starts_with('/') {
+        return Path::new(name).exists();
+    }
     Command::new("sh")
         .args(["-c", &format!("command -v {name}")])
         .stdout(Stdio::null())
@@ -194,7 +206,8 @@ fn debian_packages() -> Result<()> {
         .map(|(package, _)| *package)
         .collect();
     if missing.is_empty() {
-        step("Debian packages (iproute2, iperf3, iputils-ping, util-linux, tcpdump, nftables): present");
+        let names: Vec<&str> = PACKAGES.iter().map(|(package, _)| *package).collect();
+        step(&format!("Debian packages ({}): present", names.join(", ")));
         return Ok(());
     }
     step(&format!(

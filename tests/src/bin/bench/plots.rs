@@ -1,0 +1,159 @@
+//! PNG plots of the bench's figures, drawn in-process with plotters.
+
+use crate::traffic::Series;
+use anyhow::{anyhow, Context as _, Result};
+use plotters::prelude::*;
+use std::path::Path;
+
+/// Installed by `cargo xtask setup` (Debian's fonts-dejavu-core).
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+const COLOURS: [RGBColor; 4] = [RGBColor(200, 30, 30), RGBColor(30, 90, 200), GREEN, MAGENTA];
+
+/// Makes the font known to plotters' text renderer; once per process.
+pub fn register_font() -> Result<()> {
+    let bytes = std::fs::read(FONT).with_context(|| format!("cannot read {FONT}"))?;
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(bytes.into_boxed_slice()),
+    )
+    .map_err(|_| anyhow!("{FONT} is not a usable font"))
+}
+
+fn err<E: std::fmt::Debug>(error: E) -> anyhow::Error {
+    anyhow!("plotting failed: {error:?}")
+}
+
+/// Rate over time, one line per tool, with the configured rate as a dashed black line.
+pub fn rate_over_time(
+    path: &Path,
+    title: &str,
+    series: &[(String, Series)],
+    configured_mbit: f64,
+) -> Result<()> {
+    let end = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let top = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.1))
+        .fold(configured_mbit * 1.5, f64::max);
+    let root = BitMapBackend::new(path, (1000, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..end, 0.0..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s), 100 ms bins")
+        .y_desc("Mbit/s received")
+        .draw()
+        .map_err(err)?;
+    for (index, (label, points)) in series.iter().enumerate() {
+        let colour = COLOURS[index % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
+            .map_err(err)?
+            .label(label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+    }
+    chart
+        .draw_series(DashedLineSeries::new(
+            vec![(0.0, configured_mbit), (end, configured_mbit)],
+            6,
+            4,
+            BLACK.into(),
+        ))
+        .map_err(err)?
+        .label("configured rate")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// ns per packet against the number of live flows and of classes (log scale), with the
+/// empty program's cost as the floor.
+pub fn cost_vs_scale(
+    path: &Path,
+    flows: &[(f64, f64)],
+    classes: &[(f64, f64)],
+    floor_ns: f64,
+) -> Result<()> {
+    let right = flows
+        .iter()
+        .chain(classes)
+        .map(|p| p.0)
+        .fold(10.0, f64::max)
+        * 2.0;
+    let top = flows
+        .iter()
+        .chain(classes)
+        .map(|p| p.1)
+        .fold(floor_ns, f64::max)
+        * 1.3;
+    let root = BitMapBackend::new(path, (1000, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Per-packet cost (BPF_PROG_TEST_RUN, median)",
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((1.0..right).log_scale(), 0.0..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("live flows in the per-flow table / classes attached")
+        .y_desc("ns per packet")
+        .draw()
+        .map_err(err)?;
+    for (index, (label, points)) in [("1 class, N live flows", flows), ("N classes", classes)]
+        .into_iter()
+        .enumerate()
+    {
+        let colour = COLOURS[index];
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                colour.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+        chart
+            .draw_series(points.iter().map(|p| Circle::new(*p, 4, colour.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .draw_series(DashedLineSeries::new(
+            vec![(1.0, floor_ns), (right, floor_ns)],
+            6,
+            4,
+            BLACK.into(),
+        ))
+        .map_err(err)?
+        .label("empty TC program (floor)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

@@ -1,0 +1,548 @@
+//! Real traffic through the lab's router (client → router → server), with the limiter on
+//! the router's interface toward the server: forwarding throughput, accuracy under UDP
+//! overload and single-flow TCP goodput, shaper side by side with tc's tbf and htb and the
+//! reference CNI `bandwidth` plugin, each set up and torn down in turn on the same link.
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::{json, Value};
+use shaper_tests::{Lab, Udp, ROUTER_TO_SERVER, SERVER_DEV, SERVER_V4};
+use std::{
+    io::Write as _,
+    process::{Child, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+/// The limited interface: the router's egress toward the server.
+const DEV: &str = ROUTER_TO_SERVER;
+/// The reference CNI plugins (Debian's containernetworking-plugins, installed by setup).
+const CNI_DIR: &str = "/usr/lib/cni";
+/// A rate no run here reaches, for "attached but never limiting" setups.
+const NEVER_REACHED: &str = "40gbit";
+/// Ports the throughput senders use; the classes and filters that match them come last.
+const BLAST_PORTS: [u16; 2] = [20001, 20002];
+
+/// How much of each measurement a run does.
+pub struct TrafficEffort {
+    pub rounds: usize,
+    pub forward_seconds: u32,
+    pub many_classes: u32,
+    pub accuracy_mbit: Vec<u64>,
+    pub accuracy_seconds: u32,
+    pub tcp_mbit: Vec<u64>,
+    pub tcp_seconds: u32,
+    pub tcp_peers: Vec<Peer>,
+}
+
+/// What sits on the router's interface.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Peer {
+    /// shaper with a class of this action.
+    Shaper(&'static str),
+    Tbf,
+    Htb,
+    /// The reference CNI `bandwidth` plugin, run as a runtime runs it.
+    CniBandwidth,
+}
+
+impl Peer {
+    fn tool(self) -> &'static str {
+        match self {
+            Peer::Shaper(_) => "shaper",
+            Peer::Tbf => "tbf",
+            Peer::Htb => "htb",
+            Peer::CniBandwidth => "cni-bandwidth",
+        }
+    }
+
+    fn action(self) -> &'static str {
+        match self {
+            Peer::Shaper(action) => action,
+            _ => "shape",
+        }
+    }
+
+    /// The exact configuration, as printed in the report.
+    fn command(self, rate_bps: u64) -> String {
+        let burst = tbf_burst(rate_bps);
+        match self {
+            Peer::Shaper(action) => format!(
+                "shaper attach {DEV}; shaper class add c --dev {DEV} --rate {rate_bps}bit --action {action}"
+            ),
+            Peer::Tbf => format!(
+                "tc qdisc add dev {DEV} root tbf rate {rate_bps}bit burst {burst} latency 50ms"
+            ),
+            Peer::Htb => format!(
+                "tc qdisc add dev {DEV} root handle 1: htb default 1; tc class add dev {DEV} parent 1: classid 1:1 htb rate {rate_bps}bit"
+            ),
+            Peer::CniBandwidth => format!(
+                "CNI ADD of /usr/lib/cni/bandwidth with runtimeConfig.bandwidth ingressRate {rate_bps}, ingressBurst {} (bits)",
+                shaper_burst(rate_bps) * 8
+            ),
+        }
+    }
+}
+
+/// shaper's default policing burst (max(128 KiB, 250 ms at rate)), also given to the CNI
+/// plugin so both start from the same bucket.
+fn shaper_burst(rate_bps: u64) -> u64 {
+    (128 * 1024).max(rate_bps / 8 / 4)
+}
+
+/// tbf's burst as a tc user sizes it: 4 ms at rate, at least 32 KiB.
+fn tbf_burst(rate_bps: u64) -> u64 {
+    (32 * 1024).max(rate_bps / 8 / 250)
+}
+
+fn tc_batch(lab: &Lab, lines: &[String]) -> Result<()> {
+    let path = std::env::temp_dir().join(format!("shaper-bench-tc-{}.batch", std::process::id()));
+    std::fs::write(&path, lines.join("\n"))?;
+    let result = lab
+        .router
+        .run("tc", &["-batch", path.to_str().context("temp path")?]);
+    let _ = std::fs::remove_file(&path);
+    result.map(|_| ())
+}
+
+/// Installs `peer` limiting everything toward the server to `rate_bps`.
+fn install(lab: &Lab, peer: Peer, rate_bps: u64) -> Result<()> {
+    let rate = format!("{rate_bps}bit");
+    match peer {
+        Peer::Shaper(action) => {
+            lab.shaper_in(&lab.router, &["attach", DEV])?;
+            lab.shaper_in(
+                &lab.router,
+                &[
+                    "class", "add", "c", "--dev", DEV, "--rate", &rate, "--action", action,
+                ],
+            )?;
+            if action == "ecn" {
+                lab.client
+                    .run("sysctl", &["-qw", "net.ipv4.tcp_ecn=1"])
+                    .map(|_| ())?;
+            }
+        }
+        Peer::Tbf => tc_batch(
+            lab,
+            &[format!(
+                "qdisc add dev {DEV} root tbf rate {rate} burst {} latency 50ms",
+                tbf_burst(rate_bps)
+            )],
+        )?,
+        Peer::Htb => tc_batch(
+            lab,
+            &[
+                format!("qdisc add dev {DEV} root handle 1: htb default 1"),
+                format!("class add dev {DEV} parent 1: classid 1:1 htb rate {rate}"),
+            ],
+        )?,
+        Peer::CniBandwidth => cni_bandwidth(lab, "ADD", rate_bps)?,
+    }
+    Ok(())
+}
+
+fn remove(lab: &Lab, peer: Peer, rate_bps: u64) -> Result<()> {
+    match peer {
+        Peer::Shaper(action) => {
+            lab.shaper_in(&lab.router, &["detach", DEV])?;
+            if action == "ecn" {
+                lab.client
+                    .run("sysctl", &["-qw", "net.ipv4.tcp_ecn=2"])
+                    .map(|_| ())?;
+            }
+        }
+        Peer::Tbf | Peer::Htb => tc_batch(lab, &[format!("qdisc del dev {DEV} root")])?,
+        Peer::CniBandwidth => cni_bandwidth(lab, "DEL", rate_bps)?,
+    }
+    Ok(())
+}
+
+/// Runs the reference `bandwidth` plugin as a container runtime would: the router is the
+/// host, the server namespace the container, `r1` its host-side veth and `s0` its
+/// interface; container ingress (host → container) is what it limits, with tbf on `r1`.
+fn cni_bandwidth(lab: &Lab, command: &str, rate_bps: u64) -> Result<()> {
+    let sandbox = format!("/var/run/netns/{}", lab.server.name);
+    let mac = |ns: &shaper_tests::Netns, dev: &str| -> Result<String> {
+        let out = ns.run("cat", &[&format!("/sys/class/net/{dev}/address")])?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let config = json!({
+        "cniVersion": "1.0.0",
+        "name": "shaper-bench",
+        "type": "bandwidth",
+        "runtimeConfig": {"bandwidth": {
+            "ingressRate": rate_bps,
+            "ingressBurst": shaper_burst(rate_bps) * 8,
+        }},
+        "prevResult": {
+            "cniVersion": "1.0.0",
+            "interfaces": [
+                {"name": DEV, "mac": mac(&lab.router, DEV)?},
+                {"name": SERVER_DEV, "mac": mac(&lab.server, SERVER_DEV)?, "sandbox": sandbox},
+            ],
+            "ips": [{"address": format!("{SERVER_V4}/24"), "interface": 1}],
+        },
+    });
+    let mut child = lab
+        .router
+        .command(&format!("{CNI_DIR}/bandwidth"))
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", "shaper-bench")
+        .env("CNI_NETNS", &sandbox)
+        .env("CNI_IFNAME", SERVER_DEV)
+        .env("CNI_PATH", CNI_DIR)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run the CNI bandwidth plugin (cargo xtask setup installs it)")?;
+    child
+        .stdin
+        .take()
+        .context("no stdin")?
+        .write_all(config.to_string().as_bytes())?;
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!(
+            "CNI bandwidth {command} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout).trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Kills and reaps child processes when dropped, so a failed measurement leaves none.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// forwarding throughput
+
+/// What is attached for one throughput row.
+#[derive(Clone, Copy)]
+enum Forwarder {
+    Nothing,
+    Shaper(u32),
+    Tbf,
+    HtbU32(u32),
+}
+
+impl Forwarder {
+    fn label(self) -> String {
+        match self {
+            Forwarder::Nothing => "nothing attached".into(),
+            Forwarder::Shaper(1) => "shaper, 1 class (rate never reached)".into(),
+            Forwarder::Shaper(n) => format!("shaper, {n} classes"),
+            Forwarder::Tbf => "tbf (rate never reached)".into(),
+            Forwarder::HtbU32(1) => "htb + 1 u32 filter (rate never reached)".into(),
+            Forwarder::HtbU32(n) => format!("htb, {n} classes + {n} u32 filters"),
+        }
+    }
+}
+
+/// Sets up `forwarder`; with n classes, n - 1 classes (filters) match ports nobody uses
+/// and the last one matches the senders, so u32 walks its whole list as it does for the
+/// last-added rule, while shaper's classifier does one hash lookup per rule shape.
+fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
+    match forwarder {
+        Forwarder::Nothing => Ok(()),
+        Forwarder::Shaper(count) => {
+            lab.shaper_in(&lab.router, &["attach", DEV])?;
+            let mut lines: Vec<String> = (0..count - 1)
+                .map(|i| {
+                    format!(
+                        "class add idle{i} --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport {}",
+                        10_000 + i
+                    )
+                })
+                .collect();
+            lines.push(format!(
+                "class add blast --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport 20000-20003"
+            ));
+            let path = std::env::temp_dir()
+                .join(format!("shaper-bench-classes-{}.batch", std::process::id()));
+            std::fs::write(&path, lines.join("\n"))?;
+            let result = lab.shaper_in(
+                &lab.router,
+                &["batch", "-f", path.to_str().context("temp path")?],
+            );
+            let _ = std::fs::remove_file(&path);
+            result.map(|_| ())
+        }
+        Forwarder::Tbf => tc_batch(
+            lab,
+            &[format!(
+                "qdisc add dev {DEV} root tbf rate {NEVER_REACHED} burst 10mb latency 50ms"
+            )],
+        ),
+        Forwarder::HtbU32(count) => {
+            let mut lines = vec![format!("qdisc add dev {DEV} root handle 1: htb default 0")];
+            for i in 1..=count {
+                lines.push(format!(
+                    "class add dev {DEV} parent 1: classid 1:{i:x} htb rate {NEVER_REACHED}"
+                ));
+                let matcher = if i == count {
+                    "match ip dport 20000 0xfffc".to_string()
+                } else {
+                    format!("match ip dport {} 0xffff", 10_000 + i)
+                };
+                lines.push(format!(
+                    "filter add dev {DEV} parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff {matcher} flowid 1:{i:x}"
+                ));
+            }
+            tc_batch(lab, &lines)
+        }
+    }
+}
+
+fn remove_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
+    match forwarder {
+        Forwarder::Nothing => Ok(()),
+        Forwarder::Shaper(_) => lab.shaper_in(&lab.router, &["detach", DEV]).map(|_| ()),
+        Forwarder::Tbf | Forwarder::HtbU32(_) => {
+            tc_batch(lab, &[format!("qdisc del dev {DEV} root")])
+        }
+    }
+}
+
+/// Packets per second the router forwards toward the server while two iperf3 senders,
+/// one pinned to each core, send 64-byte UDP datagrams as fast as they can.
+fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
+    let mut children = Children(Vec::new());
+    for port in BLAST_PORTS {
+        children.0.push(lab.iperf_server(port)?);
+    }
+    for (cpu, port) in BLAST_PORTS.iter().enumerate() {
+        let child = lab
+            .client
+            .command("timeout")
+            .args([
+                &(seconds + 30).to_string(),
+                "iperf3",
+                "-c",
+                SERVER_V4,
+                "-u",
+                "-b",
+                "0",
+                "-l",
+                "64",
+                "-t",
+                &seconds.to_string(),
+                "-p",
+                &port.to_string(),
+                "-A",
+                &cpu.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        children.0.push(child);
+    }
+    // Measure the middle of the run: skip the start-up second and the last one.
+    thread::sleep(Duration::from_secs(1));
+    let before = lab.router.link_stat(DEV, "tx_packets")?;
+    let started = Instant::now();
+    thread::sleep(Duration::from_secs(u64::from(
+        seconds.saturating_sub(2).max(1),
+    )));
+    let after = lab.router.link_stat(DEV, "tx_packets")?;
+    let elapsed = started.elapsed().as_secs_f64();
+    for child in &mut children.0 {
+        child.wait()?;
+    }
+    if after <= before {
+        bail!("no packets were forwarded during the throughput run");
+    }
+    Ok((after - before) as f64 / elapsed)
+}
+
+/// Throughput rows: every setup measured once per round, rounds interleaved so drift
+/// on the shared machine hits all setups alike; the median per setup is reported.
+pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
+    let n = effort.many_classes;
+    let setups = [
+        Forwarder::Nothing,
+        Forwarder::Shaper(1),
+        Forwarder::Tbf,
+        Forwarder::HtbU32(1),
+        Forwarder::Shaper(n),
+        Forwarder::HtbU32(n),
+    ];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    for round in 0..effort.rounds {
+        for (index, setup) in setups.iter().enumerate() {
+            install_forwarder(lab, *setup)?;
+            let pps = forwarded_pps(lab, effort.forward_seconds);
+            remove_forwarder(lab, *setup)?;
+            let pps = pps?;
+            println!(
+                "round {}: {:44} {:>10.0} pps",
+                round + 1,
+                setup.label(),
+                pps
+            );
+            samples[index].push(pps);
+        }
+    }
+    let medians: Vec<f64> = samples
+        .iter_mut()
+        .map(|runs| {
+            runs.sort_by(f64::total_cmp);
+            runs[runs.len() / 2]
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for (index, setup) in setups.iter().enumerate() {
+        let ratio = medians[index] / medians[0];
+        println!(
+            "{:44} median {:>10.0} pps  × nothing {ratio:.3}",
+            setup.label(),
+            medians[index]
+        );
+        rows.push(json!({
+            "setup": setup.label(),
+            "pps": medians[index],
+            "pps_runs": samples[index],
+            "ratio_to_none": ratio,
+        }));
+    }
+    Ok(rows)
+}
+
+// ---------------------------------------------------------------------------------------
+// accuracy and TCP goodput
+
+/// One rate-over-time series for the plots: (seconds, Mbit/s) per 100 ms bin.
+pub type Series = Vec<(f64, f64)>;
+
+fn bins(intervals: &[(f64, f64)]) -> Series {
+    let mut previous = 0.0;
+    intervals
+        .iter()
+        .filter_map(|(end, bits)| {
+            let seconds = end - previous;
+            previous = *end;
+            (seconds > 0.01).then(|| (*end, bits / seconds / 1e6))
+        })
+        .collect()
+}
+
+/// Series kept for the 10 Mbit/s plots.
+#[derive(Default)]
+pub struct Plots {
+    pub udp: Vec<(String, Series)>,
+    pub tcp: Vec<(String, Series)>,
+}
+
+fn accuracy_row(
+    peer: Peer,
+    proto: &str,
+    configured_bps: u64,
+    measured_bps: f64,
+    note: &str,
+) -> Value {
+    let ratio = measured_bps / configured_bps as f64;
+    println!(
+        "{:14} {:10} {proto:3} {:>6} Mbit/s configured, {:>9.3} measured, ratio {ratio:.4}{note}",
+        peer.tool(),
+        peer.action(),
+        configured_bps / 1_000_000,
+        measured_bps / 1e6,
+    );
+    json!({
+        "tool": peer.tool(),
+        "action": peer.action(),
+        "proto": proto,
+        "configured_bps": configured_bps,
+        "measured_bps": measured_bps,
+        "ratio": ratio,
+        "command": peer.command(configured_bps),
+        "note": note.trim_start_matches([';', ' ']),
+    })
+}
+
+/// UDP at 10× the rate through shaper (drop) and tbf, L2 rate measured at the server over
+/// the steady state; TCP single-flow goodput through every peer.
+pub fn accuracy(lab: &mut Lab, effort: &TrafficEffort, plots: &mut Plots) -> Result<Value> {
+    let mut rows = Vec::new();
+    // What the sender can offer at all, unlimited: above it the sender is the limit.
+    let top = effort.accuracy_mbit.iter().max().copied().unwrap_or(10);
+    let offered = format!("{}M", top * 10);
+    let sender_max_bps = lab
+        .udp(&Udp {
+            rate: Box::leak(offered.into_boxed_str()),
+            seconds: effort.accuracy_seconds,
+            ..Udp::default()
+        })?
+        .total_l2_bps();
+    println!(
+        "UDP with nothing attached, {} Mbit/s offered: {:.0} Mbit/s arrive (the sender's limit)",
+        top * 10,
+        sender_max_bps / 1e6
+    );
+    for &mbit in &effort.accuracy_mbit {
+        let rate_bps = mbit * 1_000_000;
+        let offered: &'static str = Box::leak(format!("{}M", mbit * 10).into_boxed_str());
+        let note = if sender_max_bps < 2.0 * rate_bps as f64 {
+            format!(
+                "; the sender offers only {:.0} Mbit/s, {:.1}× the rate",
+                sender_max_bps / 1e6,
+                sender_max_bps / rate_bps as f64
+            )
+        } else {
+            String::new()
+        };
+        for peer in [Peer::Shaper("drop"), Peer::Tbf] {
+            install(lab, peer, rate_bps)?;
+            let result = lab.udp(&Udp {
+                rate: offered,
+                seconds: effort.accuracy_seconds,
+                interval: Some(0.1),
+                ..Udp::default()
+            });
+            remove(lab, peer, rate_bps)?;
+            let result = result?;
+            rows.push(accuracy_row(
+                peer,
+                "udp",
+                rate_bps,
+                result.total_l2_bps(),
+                &note,
+            ));
+            if mbit == 10 {
+                let label = format!("{} {}", peer.tool(), peer.action());
+                plots.udp.push((label, bins(&result.intervals)));
+            }
+        }
+    }
+    for &mbit in &effort.tcp_mbit {
+        let rate_bps = mbit * 1_000_000;
+        for &peer in &effort.tcp_peers {
+            install(lab, peer, rate_bps)?;
+            let result = lab.tcp_series(effort.tcp_seconds, "cubic", 0.1);
+            remove(lab, peer, rate_bps)?;
+            let result = result?;
+            rows.push(accuracy_row(
+                peer,
+                "tcp",
+                rate_bps,
+                result.goodput_bps,
+                "; cubic, goodput",
+            ));
+            if mbit == 10 && matches!(peer, Peer::Shaper("drop") | Peer::Tbf) {
+                let label = format!("{} {}", peer.tool(), peer.action());
+                plots.tcp.push((label, bins(&result.intervals)));
+            }
+        }
+    }
+    Ok(json!({ "sender_max_udp_bps": sender_max_bps, "rows": rows }))
+}
