@@ -13,6 +13,9 @@ pub struct Cli {
     /// in the host's bpffs.
     #[arg(long, global = true, value_name = "NAME")]
     pub netns: Option<String>,
+    /// More log output on stderr: -v debug, -vv trace (also `RUST_LOG`).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -32,6 +35,66 @@ pub enum Command {
     Status(StatusArgs),
     /// Run shaper commands from a file, one per line (like tc -batch).
     Batch(BatchArgs),
+    /// Make the kernel state match a TOML configuration file (only what differs changes).
+    Apply(ApplyArgs),
+    /// Print the current state as a configuration file (`export | apply -f -` is a no-op).
+    Export(ExportArgs),
+    /// Keep a configuration file applied: reload on SIGHUP and on change, re-attach
+    /// re-created interfaces, serve Prometheus metrics.
+    Daemon(DaemonArgs),
+    /// Print a shell completion script.
+    Completions(CompletionsArgs),
+    /// Write man pages for every command into a directory (used by `cargo xtask man`).
+    #[command(hide = true)]
+    Manpages(ManpagesArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ApplyArgs {
+    /// The configuration file, or - for standard input.
+    #[arg(short = 'f', long = "file")]
+    pub file: String,
+    /// Print the plan (add / change / replace / delete) and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Also detach shaper from interfaces the file does not name.
+    #[arg(long)]
+    pub prune: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Only this interface.
+    #[arg(long)]
+    pub dev: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// The configuration file.
+    #[arg(short = 'f', long = "file")]
+    pub file: String,
+    /// Where to serve Prometheus metrics (/metrics) and a health check (/healthz).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub metrics_addr: String,
+    /// How often to check the file and the interfaces (1s, 500ms, ...).
+    #[arg(long, default_value = "1s")]
+    pub interval: String,
+    /// Detach the configured interfaces when the daemon stops (default: leave them
+    /// shaped; the kernel keeps enforcing without the daemon).
+    #[arg(long)]
+    pub cleanup_on_exit: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManpagesArgs {
+    pub dir: std::path::PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -178,7 +241,22 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-pub type StatsArgs = ListArgs;
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    #[arg(long)]
+    pub dev: Option<String>,
+    /// JSON: an array, or with --watch one object per line.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every --interval with current bit/s, packets/s, drop and mark percentages.
+    #[arg(long)]
+    pub watch: bool,
+    #[arg(long, default_value = "1s")]
+    pub interval: String,
+    /// With --watch: stop after this many samples.
+    #[arg(long)]
+    pub count: Option<u64>,
+}
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {

@@ -10,6 +10,16 @@ fn main() {
             std::process::exit(EXIT_USAGE);
         }
     };
+    let level = match cli.verbose {
+        0 => log::LevelFilter::Info,
+        1 => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    };
+    env_logger::Builder::new()
+        .filter_level(level)
+        .parse_default_env()
+        .format_target(false)
+        .init();
     if let Err(error) = shaper_cli::commands::run(cli) {
         let (code, line) = report(&error);
         eprintln!("shaper: {line}");

@@ -29,6 +29,24 @@ pub fn ifindex(dev: &str) -> Result<u32> {
     nix::net::if_::if_nametoindex(dev).map_err(|_| runtime(format!("interface '{dev}' not found")))
 }
 
+/// Runs `work` inside the network namespace at `path` (a CNI runtime's CNI_NETNS, e.g.
+/// /proc/PID/ns/net or /var/run/netns/NAME) and comes back.
+pub fn in_path<T>(path: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    let home = File::open("/proc/self/ns/net")
+        .map_err(|e| runtime(format!("cannot open the current network namespace: {e}")))?;
+    let target = File::open(path)
+        .map_err(|e| runtime(format!("network namespace {path} not found: {e}")))?;
+    setns(target, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| runtime(format!("cannot enter network namespace {path}: {e}")))?;
+    let result = work();
+    setns(home, CloneFlags::CLONE_NEWNET).map_err(|e| {
+        runtime(format!(
+            "cannot return to the original network namespace: {e}"
+        ))
+    })?;
+    result
+}
+
 /// Runs `work` inside the named namespace (or the current one for `None`) and comes back.
 pub fn in_namespace<T>(netns: &Option<String>, work: impl FnOnce() -> Result<T>) -> Result<T> {
     let Some(name) = netns else {

@@ -83,7 +83,7 @@ impl AttachMode {
         }
     }
 
-    fn from_globals(value: u32) -> Self {
+    pub fn from_globals(value: u32) -> Self {
         if value == ATTACH_MODE_CLSACT {
             Self::Clsact
         } else {
@@ -594,9 +594,7 @@ impl Attachment {
         let mode = AttachMode::from_globals(globals.attach_mode);
         let program = aya::programs::ProgramInfo::from_pin(self.dir.join(PROG_PIN))?;
         let program_id = program.id();
-        let flow_table_size = MapData::from_pin(self.dir.join(map_names::KEYED_BUCKETS))?
-            .info()?
-            .max_entries();
+        let flow_table_size = self.flow_table_size()?;
         let live = crate::netns::ifindex(&self.location.dev).ok() == Some(globals.ifindex)
             && match mode {
                 AttachMode::Tcx => {
@@ -612,6 +610,13 @@ impl Attachment {
             live,
             flow_table_size,
         })
+    }
+
+    /// Capacity of the per-key bucket table, fixed at attach time.
+    pub fn flow_table_size(&self) -> Result<u32> {
+        Ok(MapData::from_pin(self.dir.join(map_names::KEYED_BUCKETS))?
+            .info()?
+            .max_entries())
     }
 
     /// The pinned program, for test runs.

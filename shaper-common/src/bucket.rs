@@ -80,6 +80,14 @@ impl ByteCost {
     }
 }
 
+/// Tokens in the bucket at `now_ns`, in bytes: `burst - (tat - now) * rate`, the burst
+/// when `tat` is in the past. For metrics (userspace: it divides).
+pub fn level_bytes(tat: u64, now_ns: u64, rate_bits_per_sec: u64, burst_bytes: u64) -> u64 {
+    let backlog_ticks = tat.saturating_sub(ticks(now_ns)) as u128;
+    let owed_bytes = backlog_ticks * rate_bits_per_sec as u128 / (8 * TICKS_PER_SEC);
+    burst_bytes.saturating_sub(owed_bytes.min(u64::MAX as u128) as u64)
+}
+
 /// Converts `bpf_ktime_get_ns()` nanoseconds to ticks.
 #[inline(always)]
 pub fn ticks(now_ns: u64) -> u64 {
@@ -124,6 +132,19 @@ pub fn departure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn level_is_burst_minus_what_was_taken_plus_what_refilled() {
+        // 8000 bit/s = 1000 bytes/s, burst 5000 bytes.
+        let c = ByteCost::new(8000, 5000);
+        let now = 1_000_000_000;
+        assert_eq!(level_bytes(0, now, 8000, 5000), 5000);
+        let tat = conform(0, now, 3000, &c).unwrap();
+        assert_eq!(level_bytes(tat, now, 8000, 5000), 2000);
+        // Half a second refills 500 bytes.
+        assert_eq!(level_bytes(tat, now + 500_000_000, 8000, 5000), 2500);
+        assert_eq!(level_bytes(tat, now + 10_000_000_000, 8000, 5000), 5000);
+    }
 
     #[test]
     fn fixed_point_matches_exact_division() {

@@ -21,7 +21,7 @@ pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     }
 }
 
-pub(super) fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
+pub fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
     classes::check_name(&args.name)?;
     let rate = parse_rate(&args.rate).map_err(usage)?;
     let meter = meter_from_args(args, rate)?;

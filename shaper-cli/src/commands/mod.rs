@@ -1,8 +1,10 @@
 //! One module per command; each validates its whole command line before touching state.
 
+mod apply;
 mod attach;
 mod batch;
 mod class;
+mod daemon;
 mod detach;
 mod stats;
 mod status;
@@ -22,6 +24,15 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Stats(args) => stats::run(netns, args),
         Command::Status(args) => status::run(netns, args),
         Command::Batch(args) => batch::run(netns, args),
+        Command::Apply(args) => apply::run(netns, args),
+        Command::Export(args) => apply::export(netns, args),
+        Command::Daemon(args) => daemon::run(netns, args),
+        Command::Completions(args) => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(args.shell, &mut command, "shaper", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Manpages(args) => manpages(&args.dir),
     }
 }
 
@@ -34,7 +45,27 @@ fn prepare(netns: &Option<String>) -> Result<()> {
     Ok(())
 }
 
-use class::spec_from_args;
+pub use class::spec_from_args;
+pub use stats::rates;
+
+/// One man page per command and subcommand (shaper.1, shaper-class-add.1, ...).
+fn manpages(dir: &std::path::Path) -> Result<()> {
+    fn write(dir: &std::path::Path, command: clap::Command, name: String) -> Result<()> {
+        let mut page = Vec::new();
+        // clap names are &'static: this command runs once and exits.
+        let static_name: &'static str = Box::leak(name.clone().into_boxed_str());
+        clap_mangen::Man::new(command.clone().name(static_name)).render(&mut page)?;
+        std::fs::write(dir.join(format!("{name}.1")), page)?;
+        for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+            write(dir, sub.clone(), format!("{name}-{}", sub.get_name()))?;
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut command = <Cli as clap::CommandFactory>::command();
+    command.build();
+    write(dir, command, "shaper".into())
+}
 
 fn directions(arg: DirectionArg) -> Vec<Direction> {
     match arg {

@@ -1,9 +1,23 @@
 use super::{prepare, print_rows, text};
-use crate::{cli::StatsArgs, units::format_rate};
+use crate::{cli::StatsArgs, error::usage, units::format_rate};
 use anyhow::Result;
+use serde_json::{json, Value};
+use std::{
+    collections::HashMap,
+    io::Write as _,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
 
 pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
+    let interval = humantime::parse_duration(&args.interval)
+        .map_err(|e| usage(format!("bad --interval '{}': {e}", args.interval)))?;
+    if interval < Duration::from_millis(100) {
+        return Err(usage("--interval must be at least 100ms"));
+    }
     prepare(&None)?;
+    if args.watch {
+        return watch(&netns, &args, interval);
+    }
     let rows = super::class::collect(&netns, &args.dev)?;
     let header = [
         "NAME",
@@ -14,6 +28,8 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
         "PASSED BYTES",
         "DROPPED PKTS",
         "DROPPED BYTES",
+        "MARKED PKTS",
+        "MARKED BYTES",
     ];
     print_rows(&rows, args.json, &header, |row| {
         vec![
@@ -29,4 +45,111 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
             text(&row["marked_bytes"]),
         ]
     })
+}
+
+/// A class's identity across samples.
+fn key(row: &Value) -> String {
+    format!(
+        "{}|{}|{}|{}",
+        row["netns"], row["dev"], row["direction"], row["name"]
+    )
+}
+
+fn counter(row: &Value, name: &str) -> u64 {
+    row[name].as_u64().unwrap_or(0)
+}
+
+/// Rates of one class between two samples `seconds` apart.
+pub fn rates(before: &Value, after: &Value, seconds: f64) -> Value {
+    let delta = |name: &str| counter(after, name).saturating_sub(counter(before, name)) as f64;
+    let packets = delta("passed_packets") + delta("dropped_packets");
+    let percent = |part: f64| {
+        if packets > 0.0 {
+            100.0 * part / packets
+        } else {
+            0.0
+        }
+    };
+    json!({
+        "name": after["name"],
+        "dev": after["dev"],
+        "netns": after["netns"],
+        "direction": after["direction"],
+        "rate_bps": after["rate_bps"],
+        "passed_bps": delta("passed_bytes") * 8.0 / seconds,
+        "passed_pps": delta("passed_packets") / seconds,
+        "offered_bps": (delta("passed_bytes") + delta("dropped_bytes")) * 8.0 / seconds,
+        "dropped_percent": percent(delta("dropped_packets")),
+        "marked_percent": percent(delta("marked_packets")),
+    })
+}
+
+/// `stats --watch`: samples the counters every interval and prints the rates between
+/// samples, as a refreshing table or as one JSON line per sample.
+fn watch(netns: &Option<String>, args: &StatsArgs, interval: Duration) -> Result<()> {
+    let mut previous: HashMap<String, Value> = HashMap::new();
+    let mut taken = Instant::now();
+    for row in super::class::collect(netns, &args.dev)? {
+        previous.insert(key(&row), row);
+    }
+    let mut samples = 0;
+    while args.count.is_none_or(|count| samples < count) {
+        std::thread::sleep(interval);
+        let rows = super::class::collect(netns, &args.dev)?;
+        let now = Instant::now();
+        let seconds = now.duration_since(taken).as_secs_f64();
+        taken = now;
+        let mut current = HashMap::new();
+        let mut lines = Vec::new();
+        for row in rows {
+            // A class seen for the first time counts from zero.
+            let before = previous.get(&key(&row)).cloned().unwrap_or(json!({}));
+            lines.push(rates(&before, &row, seconds));
+            current.insert(key(&row), row);
+        }
+        previous = current;
+        samples += 1;
+        if args.json {
+            let time = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            println!(
+                "{}",
+                json!({"time": time, "interval_seconds": seconds, "classes": lines})
+            );
+            std::io::stdout().flush()?;
+            continue;
+        }
+        let mut table = comfy_table::Table::new();
+        table.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+        table.set_header([
+            "NAME", "DEV", "DIR", "RATE", "PASSED", "PKT/S", "OFFERED", "DROP %", "MARK %",
+        ]);
+        for line in &lines {
+            let bits = |name: &str| format_rate(line[name].as_f64().unwrap_or(0.0) as u64);
+            table.add_row(vec![
+                text(&line["name"]),
+                text(&line["dev"]),
+                text(&line["direction"]),
+                format_rate(line["rate_bps"].as_u64().unwrap_or(0)),
+                bits("passed_bps"),
+                format!("{:.0}", line["passed_pps"].as_f64().unwrap_or(0.0)),
+                bits("offered_bps"),
+                format!("{:.1}", line["dropped_percent"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", line["marked_percent"].as_f64().unwrap_or(0.0)),
+            ]);
+        }
+        let mut stdout = std::io::stdout();
+        crossterm::execute!(
+            stdout,
+            crossterm::terminal::Clear(crossterm::terminal::ClearType::All),
+            crossterm::cursor::MoveTo(0, 0)
+        )?;
+        println!(
+            "shaper stats --watch, every {} (Ctrl-C to stop)\n{table}",
+            humantime::format_duration(interval)
+        );
+    }
+    Ok(())
 }

@@ -76,7 +76,12 @@ fn main() -> Result<()> {
                 accuracy_seconds: 3,
                 tcp_mbit: vec![10],
                 tcp_seconds: 4,
-                tcp_peers: vec![Peer::Shaper("drop"), Peer::Tbf, Peer::CniBandwidth],
+                tcp_peers: vec![
+                    Peer::Shaper("drop"),
+                    Peer::Tbf,
+                    Peer::CniBandwidth,
+                    Peer::ShaperCni,
+                ],
             },
         }
     } else {
@@ -101,6 +106,7 @@ fn main() -> Result<()> {
                     Peer::Tbf,
                     Peer::Htb,
                     Peer::CniBandwidth,
+                    Peer::ShaperCni,
                 ],
             },
         }

@@ -43,6 +43,8 @@ pub enum Peer {
     Htb,
     /// The reference CNI `bandwidth` plugin, run as a runtime runs it.
     CniBandwidth,
+    /// shaper's own CNI plugin with the same configuration.
+    ShaperCni,
 }
 
 impl Peer {
@@ -52,12 +54,14 @@ impl Peer {
             Peer::Tbf => "tbf",
             Peer::Htb => "htb",
             Peer::CniBandwidth => "cni-bandwidth",
+            Peer::ShaperCni => "shaper-cni",
         }
     }
 
     fn action(self) -> &'static str {
         match self {
             Peer::Shaper(action) => action,
+            Peer::ShaperCni => "drop",
             _ => "shape",
         }
     }
@@ -77,6 +81,10 @@ impl Peer {
             ),
             Peer::CniBandwidth => format!(
                 "CNI ADD of /usr/lib/cni/bandwidth with runtimeConfig.bandwidth ingressRate {rate_bps}, ingressBurst {} (bits)",
+                shaper_burst(rate_bps) * 8
+            ),
+            Peer::ShaperCni => format!(
+                "CNI ADD of shaper-cni with the same runtimeConfig.bandwidth (ingressRate {rate_bps}, ingressBurst {})",
                 shaper_burst(rate_bps) * 8
             ),
         }
@@ -136,7 +144,8 @@ fn install(lab: &Lab, peer: Peer, rate_bps: u64) -> Result<()> {
                 format!("class add dev {DEV} parent 1: classid 1:1 htb rate {rate}"),
             ],
         )?,
-        Peer::CniBandwidth => cni_bandwidth(lab, "ADD", rate_bps)?,
+        Peer::CniBandwidth => cni_plugin(lab, Cni::Reference, "ADD", rate_bps)?,
+        Peer::ShaperCni => cni_plugin(lab, Cni::Shaper, "ADD", rate_bps)?,
     }
     Ok(())
 }
@@ -152,15 +161,29 @@ fn remove(lab: &Lab, peer: Peer, rate_bps: u64) -> Result<()> {
             }
         }
         Peer::Tbf | Peer::Htb => tc_batch(lab, &[format!("qdisc del dev {DEV} root")])?,
-        Peer::CniBandwidth => cni_bandwidth(lab, "DEL", rate_bps)?,
+        Peer::CniBandwidth => {
+            cni_plugin(lab, Cni::Reference, "DEL", rate_bps)?;
+            // The reference plugin leaves the host veth's tbf for the veth's deletion
+            // (the container going away) to remove; the lab's veth stays, so remove it.
+            tc_batch(lab, &[format!("qdisc del dev {DEV} root")])?;
+        }
+        Peer::ShaperCni => cni_plugin(lab, Cni::Shaper, "DEL", rate_bps)?,
     }
     Ok(())
 }
 
-/// Runs the reference `bandwidth` plugin as a container runtime would: the router is the
-/// host, the server namespace the container, `r1` its host-side veth and `s0` its
-/// interface; container ingress (host → container) is what it limits, with tbf on `r1`.
-fn cni_bandwidth(lab: &Lab, command: &str, rate_bps: u64) -> Result<()> {
+#[derive(Clone, Copy)]
+enum Cni {
+    Reference,
+    Shaper,
+}
+
+/// Runs a CNI plugin as a container runtime would: the router is the host, the server
+/// namespace the container, `r1` its host-side veth and `s0` its interface; container
+/// ingress (host → container) is what it limits, on `r1`. The plugin runs with the
+/// router's network namespace only (nsenter --net), so shaper-cni's pins land in the
+/// host's bpffs as they would under a runtime.
+fn cni_plugin(lab: &Lab, plugin: Cni, command: &str, rate_bps: u64) -> Result<()> {
     let sandbox = format!("/var/run/netns/{}", lab.server.name);
     let mac = |ns: &shaper_tests::Netns, dev: &str| -> Result<String> {
         let out = ns.run("cat", &[&format!("/sys/class/net/{dev}/address")])?;
@@ -169,7 +192,7 @@ fn cni_bandwidth(lab: &Lab, command: &str, rate_bps: u64) -> Result<()> {
     let config = json!({
         "cniVersion": "1.0.0",
         "name": "shaper-bench",
-        "type": "bandwidth",
+        "type": match plugin { Cni::Reference => "bandwidth", Cni::Shaper => "shaper-cni" },
         "runtimeConfig": {"bandwidth": {
             "ingressRate": rate_bps,
             "ingressBurst": shaper_burst(rate_bps) * 8,
@@ -183,9 +206,18 @@ fn cni_bandwidth(lab: &Lab, command: &str, rate_bps: u64) -> Result<()> {
             "ips": [{"address": format!("{SERVER_V4}/24"), "interface": 1}],
         },
     });
-    let mut child = lab
-        .router
-        .command(&format!("{CNI_DIR}/bandwidth"))
+    let binary = match plugin {
+        Cni::Reference => format!("{CNI_DIR}/bandwidth"),
+        Cni::Shaper => shaper_tests::shaper_bin()
+            .with_file_name("shaper-cni")
+            .display()
+            .to_string(),
+    };
+    let mut child = std::process::Command::new("nsenter");
+    child
+        .arg(format!("--net=/run/netns/{}", lab.router.name))
+        .arg(&binary);
+    let mut child = child
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", "shaper-bench")
         .env("CNI_NETNS", &sandbox)
@@ -195,7 +227,9 @@ fn cni_bandwidth(lab: &Lab, command: &str, rate_bps: u64) -> Result<()> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("cannot run the CNI bandwidth plugin (cargo xtask setup installs it)")?;
+        .with_context(|| {
+            format!("cannot run {binary} (cargo xtask setup installs the reference plugins)")
+        })?;
     child
         .stdin
         .take()
@@ -204,7 +238,7 @@ fn cni_bandwidth(lab: &Lab, command: &str, rate_bps: u64) -> Result<()> {
     let output = child.wait_with_output()?;
     if !output.status.success() {
         bail!(
-            "CNI bandwidth {command} failed: {}{}",
+            "CNI {binary} {command} failed: {}{}",
             String::from_utf8_lossy(&output.stdout).trim(),
             String::from_utf8_lossy(&output.stderr).trim()
         );

@@ -1,0 +1,304 @@
+//! `shaper daemon -f FILE`: keeps a configuration applied.
+//!
+//! - applies the file at start (an invalid file at start is an error: nothing to keep);
+//! - re-applies on SIGHUP and when the file's content changes; an invalid file is logged
+//!   with every problem and the last good configuration stays in force;
+//! - every interval, re-checks the kernel against the last good configuration, which
+//!   re-attaches an interface that was re-created (a container restarted, a VM's tap came
+//!   back) and attaches one that appeared late;
+//! - serves Prometheus metrics on `/metrics` and a health check on `/healthz`;
+//! - on SIGTERM/SIGINT leaves everything attached (the kernel keeps enforcing), unless
+//!   `--cleanup-on-exit`.
+//!
+//! Everything runs on one thread (a current-thread runtime): plans and scrapes enter
+//! network namespaces with setns, which is per thread, and never overlap.
+
+use crate::{
+    cli::DaemonArgs,
+    config::{self, Desired, Prune},
+    error::{runtime, usage},
+    metrics::{self, Health},
+    state,
+};
+use anyhow::Result;
+use http_body_util::Full;
+use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response};
+use hyper_util::rt::TokioIo;
+use std::{
+    cell::RefCell,
+    convert::Infallible,
+    net::SocketAddr,
+    rc::Rc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+use tokio::{
+    net::TcpListener,
+    signal::unix::{signal, SignalKind},
+};
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+pub fn run(netns: Option<String>, args: DaemonArgs) -> Result<()> {
+    if netns.is_some() {
+        return Err(usage(
+            "the daemon takes namespaces from the file (netns = \"...\"), not --netns",
+        ));
+    }
+    let interval = humantime::parse_duration(&args.interval)
+        .map_err(|e| usage(format!("bad --interval '{}': {e}", args.interval)))?;
+    let address: SocketAddr = args.metrics_addr.parse().map_err(|_| {
+        usage(format!(
+            "bad --metrics-addr '{}' (expected IP:PORT)",
+            args.metrics_addr
+        ))
+    })?;
+    super::prepare(&None)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, daemon(args, interval, address))
+}
+
+/// The daemon's state, shared by the control loop and the metrics server.
+struct Daemon {
+    file: String,
+    /// The last configuration that parsed.
+    desired: Desired,
+    /// The file's content as last read (to notice changes).
+    last_text: Option<String>,
+    health: Health,
+    /// Missing interfaces at the last check (logged when this changes).
+    missing: Vec<String>,
+}
+
+impl Daemon {
+    fn interfaces(desired: &Desired) -> Vec<(Option<String>, String)> {
+        desired
+            .interfaces
+            .iter()
+            .map(|i| (i.netns.clone(), i.dev.clone()))
+            .collect()
+    }
+
+    /// Plans against `desired` and carries the plan out, logging each step.
+    fn converge(&mut self, prune: Prune) -> Result<()> {
+        let _lock = state::lock()?;
+        let plan = config::plan(&self.desired, prune)?;
+        for step in &plan.steps {
+            log::info!("{step}");
+        }
+        if plan.missing != self.missing {
+            for missing in &plan.missing {
+                log::warn!("waiting for {missing}: not present");
+            }
+            self.missing = plan.missing.clone();
+        }
+        self.health.interfaces_missing = plan.missing.len();
+        if let Err(error) = config::execute(&plan) {
+            self.health.apply_errors += 1;
+            return Err(error);
+        }
+        if !plan.steps.is_empty() {
+            log::info!(
+                "applied {} change(s), {} class(es) unchanged",
+                plan.steps.len(),
+                plan.unchanged
+            );
+        }
+        Ok(())
+    }
+
+    /// Reads and applies the file; on a bad file keeps the last good configuration.
+    fn reload(&mut self, why: &str) {
+        let text = match std::fs::read_to_string(&self.file) {
+            Ok(text) => text,
+            Err(error) => {
+                log::error!(
+                    "{why}: cannot read {}: {error}; keeping the last good configuration",
+                    self.file
+                );
+                self.health.reloads_failed += 1;
+                self.health.config_valid = false;
+                self.last_text = None;
+                return;
+            }
+        };
+        self.last_text = Some(text.clone());
+        match config::parse(&self.file, &text) {
+            Err(problems) => {
+                for line in problems.to_string().lines() {
+                    log::error!("{line}");
+                }
+                log::error!(
+                    "{why}: {} problem(s); keeping the last good configuration",
+                    problems.problems.len()
+                );
+                self.health.reloads_failed += 1;
+                self.health.config_valid = false;
+            }
+            Ok(desired) => {
+                log::info!("{why}: applying {}", self.file);
+                // Interfaces dropped from the file are detached; others are left alone.
+                let before = Self::interfaces(&self.desired);
+                let after = Self::interfaces(&desired);
+                let dropped: Vec<_> = before.into_iter().filter(|i| !after.contains(i)).collect();
+                self.desired = desired;
+                self.health.interfaces_configured = self.desired.interfaces.len();
+                match self.converge(Prune::These(&dropped)) {
+                    Ok(()) => {
+                        self.health.reloads_ok += 1;
+                        self.health.config_valid = true;
+                        self.health.last_success_unix = unix_now();
+                    }
+                    Err(error) => {
+                        log::error!("{why}: applying failed: {error:#}");
+                        self.health.reloads_failed += 1;
+                        self.health.config_valid = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One tick: reload when the file changed, else bring the kernel back to the file.
+    fn tick(&mut self) {
+        let text = std::fs::read_to_string(&self.file).ok();
+        if text != self.last_text {
+            self.reload("file changed");
+            return;
+        }
+        if let Err(error) = self.converge(Prune::Nothing) {
+            log::error!("re-checking the configuration failed: {error:#}");
+        }
+    }
+
+    fn cleanup(&mut self) {
+        let empty = Desired::default();
+        let everything = Self::interfaces(&self.desired);
+        let result = state::lock().and_then(|_lock| {
+            let plan = config::plan(&empty, Prune::These(&everything))?;
+            for step in &plan.steps {
+                log::info!("cleanup: {step}");
+            }
+            config::execute(&plan)
+        });
+        if let Err(error) = result {
+            log::error!("cleanup failed: {error:#}");
+        }
+    }
+}
+
+async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Result<()> {
+    // An invalid file at start is the operator's error to fix: fail loudly.
+    let desired = super::apply::load(&args.file)?;
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|e| runtime(format!("cannot listen on {address} for metrics: {e}")))?;
+    let daemon = Rc::new(RefCell::new(Daemon {
+        file: args.file.clone(),
+        desired,
+        last_text: std::fs::read_to_string(&args.file).ok(),
+        health: Health {
+            started_unix: unix_now(),
+            ..Health::default()
+        },
+        missing: Vec::new(),
+    }));
+    {
+        let mut state = daemon.borrow_mut();
+        state.health.interfaces_configured = state.desired.interfaces.len();
+        match state.converge(Prune::Nothing) {
+            Ok(()) => {
+                state.health.reloads_ok = 1;
+                state.health.config_valid = true;
+                state.health.last_success_unix = unix_now();
+            }
+            Err(error) => {
+                // Start anyway: the next ticks retry (an interface may come up later).
+                log::error!("applying {} failed: {error:#}", args.file);
+                state.health.reloads_failed = 1;
+            }
+        }
+    }
+    log::info!(
+        "serving metrics on http://{address}/metrics; checking every {}",
+        humantime::format_duration(interval)
+    );
+    tokio::task::spawn_local(serve_metrics(listener, daemon.clone()));
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => daemon.borrow_mut().reload("SIGHUP"),
+            _ = ticker.tick() => daemon.borrow_mut().tick(),
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    if args.cleanup_on_exit {
+        daemon.borrow_mut().cleanup();
+    } else {
+        log::info!("stopping; shaper stays attached (use --cleanup-on-exit to detach)");
+    }
+    Ok(())
+}
+
+async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                log::warn!("metrics: accept failed: {error}");
+                continue;
+            }
+        };
+        let daemon = daemon.clone();
+        let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+            let response = respond(request.uri().path(), &daemon.borrow());
+            async move { Ok::<_, Infallible>(response) }
+        });
+        tokio::task::spawn_local(async move {
+            if let Err(error) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                log::debug!("metrics connection: {error}");
+            }
+        });
+    }
+}
+
+fn respond(path: &str, daemon: &Daemon) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match path {
+        "/metrics" => match metrics::render(Some(&daemon.health)) {
+            Ok(text) => (
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                text,
+            ),
+            Err(error) => (500, "text/plain", format!("{error:#}\n")),
+        },
+        "/healthz" if daemon.health.config_valid => (200, "text/plain", "ok\n".to_string()),
+        "/healthz" => (
+            503,
+            "text/plain",
+            "the configuration on disk is not applied (see the daemon's log)\n".to_string(),
+        ),
+        _ => (404, "text/plain", "try /metrics or /healthz\n".to_string()),
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}

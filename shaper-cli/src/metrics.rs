@@ -1,0 +1,279 @@
+//! Prometheus exposition of every attachment's classes, read from the pinned maps at
+//! scrape time (the kernel keeps the counters; nothing is cached here), plus the daemon's
+//! own health.
+
+use crate::{
+    classes::{self, Meter},
+    state::{self, Attachment, Location},
+};
+use anyhow::Result;
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use shaper_common::{bucket::level_bytes, map_names, Bucket, BucketKey, Scope, MAX_CLASSES};
+use std::sync::atomic::AtomicU64;
+
+type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// What the daemon knows about itself, exposed with the class metrics.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    pub config_valid: bool,
+    pub last_success_unix: f64,
+    pub started_unix: f64,
+    pub interfaces_configured: usize,
+    pub interfaces_missing: usize,
+    pub apply_errors: u64,
+}
+
+struct Families {
+    packets: Family<Labels, Counter>,
+    bytes: Family<Labels, Counter>,
+    colour_packets: Family<Labels, Counter>,
+    colour_bytes: Family<Labels, Counter>,
+    rate: Family<Labels, FloatGauge>,
+    burst: Family<Labels, Gauge>,
+    level: Family<Labels, Gauge>,
+    keyed: Family<Labels, Gauge>,
+    fill: Family<Labels, FloatGauge>,
+    up: Family<Labels, Gauge>,
+}
+
+fn location_labels(location: &Location) -> Labels {
+    vec![
+        ("netns".into(), location.netns.clone().unwrap_or_default()),
+        ("dev".into(), location.dev.clone()),
+        ("direction".into(), location.direction.name().into()),
+    ]
+}
+
+fn with(labels: &Labels, extra: &[(&str, &str)]) -> Labels {
+    let mut all = labels.clone();
+    all.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    all
+}
+
+/// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns().
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// Live keys in the per-flow/src/dst table (walks the keys: O(entries)).
+fn live_keys(attachment: &Attachment) -> Result<(u64, u32)> {
+    let data = MapData::from_pin(attachment.dir().join(map_names::KEYED_BUCKETS))?;
+    let capacity = data.info()?.max_entries();
+    let table: BpfHashMap<MapData, BucketKey, Bucket> =
+        BpfHashMap::try_from(Map::from_map_data(data)?)?;
+    Ok((table.keys().filter(Result::is_ok).count() as u64, capacity))
+}
+
+fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
+    let labels = location_labels(location);
+    let attachment = Attachment::open(location)?;
+    let live = crate::netns::in_namespace(&location.netns, || Ok(attachment.status()?.live))
+        .unwrap_or(false);
+    families.up.get_or_create(&labels).set(i64::from(live));
+    let views = classes::read_classes(&attachment)?;
+    let buckets = attachment.class_buckets()?;
+    let now = monotonic_ns();
+    for view in &views {
+        let spec = &view.spec;
+        let class = with(&labels, &[("class", &spec.name)]);
+        let stats = &view.stats;
+        for (verdict, packets, bytes) in [
+            ("passed", stats.passed_packets, stats.passed_bytes),
+            ("dropped", stats.dropped_packets, stats.dropped_bytes),
+            ("marked", stats.marked_packets, stats.marked_bytes),
+        ] {
+            let verdict = with(&class, &[("verdict", verdict)]);
+            families.packets.get_or_create(&verdict).inc_by(packets);
+            families.bytes.get_or_create(&verdict).inc_by(bytes);
+        }
+        if spec.meter != Meter::None {
+            for (colour, packets, bytes) in [
+                ("green", stats.green_packets, stats.green_bytes),
+                ("yellow", stats.yellow_packets, stats.yellow_bytes),
+                ("red", stats.red_packets, stats.red_bytes),
+            ] {
+                let colour = with(&class, &[("color", colour)]);
+                families
+                    .colour_packets
+                    .get_or_create(&colour)
+                    .inc_by(packets);
+                families.colour_bytes.get_or_create(&colour).inc_by(bytes);
+            }
+        }
+        families
+            .rate
+            .get_or_create(&class)
+            .set(spec.rate_bits_per_sec as f64 / 8.0);
+        families
+            .burst
+            .get_or_create(&class)
+            .set(spec.burst_bytes as i64);
+        if spec.scope == Scope::Class {
+            let bucket = buckets.get(&view.id, 0)?;
+            let level = level_bytes(bucket.tat, now, spec.rate_bits_per_sec, spec.burst_bytes);
+            families.level.get_or_create(&class).set(level as i64);
+        }
+    }
+    let (keys, capacity) = live_keys(&attachment)?;
+    families.keyed.get_or_create(&labels).set(keys as i64);
+    families
+        .fill
+        .get_or_create(&with(&labels, &[("map", "keyed_buckets")]))
+        .set(keys as f64 / f64::from(capacity.max(1)));
+    families
+        .fill
+        .get_or_create(&with(&labels, &[("map", "classes")]))
+        .set(views.len() as f64 / f64::from(MAX_CLASSES));
+    Ok(())
+}
+
+/// The exposition text: every attachment under the pin root, and `health` when given.
+pub fn render(health: Option<&Health>) -> Result<String> {
+    let mut registry = Registry::default();
+    let families = Families {
+        packets: Family::default(),
+        bytes: Family::default(),
+        colour_packets: Family::default(),
+        colour_bytes: Family::default(),
+        rate: Family::default(),
+        burst: Family::default(),
+        level: Family::default(),
+        keyed: Family::default(),
+        fill: Family::default(),
+        up: Family::default(),
+    };
+    let mut errors = 0;
+    for location in state::list_locations(None)? {
+        if let Err(error) = attachment_metrics(&location, &families) {
+            log::warn!("metrics of {}: {error:#}", location.describe());
+            errors += 1;
+        }
+    }
+    registry.register(
+        "shaper_class_packets",
+        "Packets seen by a class, by verdict (marked packets are also passed)",
+        families.packets,
+    );
+    registry.register(
+        "shaper_class_bytes",
+        "Bytes (as on the wire) seen by a class, by verdict",
+        families.bytes,
+    );
+    registry.register(
+        "shaper_class_color_packets",
+        "Packets of a metered class by RFC 2697/2698 colour",
+        families.colour_packets,
+    );
+    registry.register(
+        "shaper_class_color_bytes",
+        "Bytes of a metered class by RFC 2697/2698 colour",
+        families.colour_bytes,
+    );
+    registry.register(
+        "shaper_class_rate_bytes_per_second",
+        "Configured rate of a class",
+        families.rate,
+    );
+    registry.register(
+        "shaper_class_burst_bytes",
+        "Configured burst of a class",
+        families.burst,
+    );
+    registry.register(
+        "shaper_class_bucket_level_bytes",
+        "Tokens in a class-scoped bucket now (burst when idle, 0 when exhausted)",
+        families.level,
+    );
+    registry.register(
+        "shaper_keyed_buckets",
+        "Live per-flow/source/destination buckets of an attachment",
+        families.keyed,
+    );
+    registry.register(
+        "shaper_map_fill_ratio",
+        "Used fraction of an attachment's map",
+        families.fill,
+    );
+    registry.register(
+        "shaper_attachment_up",
+        "1 when the attachment's program is hooked to its interface, 0 when stale",
+        families.up,
+    );
+    let scrape_errors: Gauge = Gauge::default();
+    scrape_errors.set(errors);
+    registry.register(
+        "shaper_scrape_errors",
+        "Attachments that could not be read during this scrape",
+        scrape_errors,
+    );
+    if let Some(health) = health {
+        let reloads: Family<Labels, Counter> = Family::default();
+        reloads
+            .get_or_create(&vec![("result".into(), "success".into())])
+            .inc_by(health.reloads_ok);
+        reloads
+            .get_or_create(&vec![("result".into(), "failure".into())])
+            .inc_by(health.reloads_failed);
+        registry.register(
+            "shaper_daemon_config_reloads",
+            "Configuration loads by result",
+            reloads,
+        );
+        let gauge = |value: i64| {
+            let gauge: Gauge = Gauge::default();
+            gauge.set(value);
+            gauge
+        };
+        let float = |value: f64| {
+            let gauge: FloatGauge = Gauge::default();
+            gauge.set(value);
+            gauge
+        };
+        registry.register(
+            "shaper_daemon_config_valid",
+            "1 when the file on disk is valid and applied, 0 when the last good one is kept",
+            gauge(i64::from(health.config_valid)),
+        );
+        registry.register(
+            "shaper_daemon_last_reload_success_timestamp_seconds",
+            "When a configuration was last applied successfully",
+            float(health.last_success_unix),
+        );
+        registry.register(
+            "shaper_daemon_start_time_seconds",
+            "When the daemon started",
+            float(health.started_unix),
+        );
+        registry.register(
+            "shaper_daemon_interfaces_configured",
+            "Interfaces named by the configuration",
+            gauge(health.interfaces_configured as i64),
+        );
+        registry.register(
+            "shaper_daemon_interfaces_missing",
+            "Configured interfaces (or namespaces) that do not exist now",
+            gauge(health.interfaces_missing as i64),
+        );
+        let apply_errors: Counter = Counter::default();
+        apply_errors.inc_by(health.apply_errors);
+        registry.register(
+            "shaper_daemon_apply_errors",
+            "Plans that failed to apply",
+            apply_errors,
+        );
+    }
+    let mut text = String::new();
+    encode(&mut text, &registry)?;
+    Ok(text)
+}
