@@ -309,70 +309,45 @@ impl Lab {
 
     /// Starts a one-shot iperf3 server in the server namespace and waits until it listens.
     pub fn iperf_server(&self, port: u16) -> Result<Child> {
-        self.iperf_server_every(port, 1.0)
-    }
-
-    /// Like [`Lab::iperf_server`], reporting every `interval` seconds.
-    fn iperf_server_every(&self, port: u16, interval: f64) -> Result<Child> {
-        let child = self
-            .server
-            .command("iperf3")
-            .args(["-s", "-1", "--json", "-p", &port.to_string()])
-            .args(["-i", &interval.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            let out = self
-                .server
-                .run("ss", &["-Hltn", &format!("sport = :{port}")])?;
-            if !out.stdout.is_empty() {
-                return Ok(child);
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        bail!("iperf3 server did not start listening on port {port}");
+        iperf_server_in(&self.server, port, 1.0)
     }
 
     /// One iperf3 run: a one-shot server, the client with `args`, the client's JSON
     /// (with the server's own report inside).
     fn iperf(&self, port: u16, args: &[String], interval: f64) -> Result<Value> {
-        let mut server = self.iperf_server_every(port, interval)?;
-        let json = self.iperf_client(port, args);
+        self.iperf_between(&self.client, &self.server, port, args, interval)
+    }
+
+    fn iperf_between(
+        &self,
+        from: &Netns,
+        to: &Netns,
+        port: u16,
+        args: &[String],
+        interval: f64,
+    ) -> Result<Value> {
+        let mut server = iperf_server_in(to, port, interval)?;
+        let json = iperf_client_in(from, port, args);
         let _ = server.wait();
         json
     }
 
-    fn iperf_client(&self, port: u16, args: &[String]) -> Result<Value> {
-        let mut command = self.client.command("timeout");
-        // Bounded in time whatever happens to the peer.
-        command.args([
-            "60",
-            "iperf3",
-            "-p",
-            &port.to_string(),
-            "--json",
-            "--get-server-output",
-        ]);
-        command.args(args);
-        let output = command.output()?;
-        let json: Value = serde_json::from_slice(&output.stdout).with_context(|| {
-            format!(
-                "iperf3 printed no JSON: {}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-        })?;
-        if let Some(error) = json.get("error") {
-            bail!("iperf3 failed: {error}");
-        }
-        Ok(json)
-    }
-
     /// Runs a UDP flow (or several) from client to server; rates measured at the server.
     pub fn udp(&mut self, options: &Udp) -> Result<UdpResult> {
-        let port = options.port.unwrap_or_else(|| self.port());
         let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
+        let (client, server) = (self.client.clone(), self.server.clone());
+        self.udp_between(&client, &server, target, options)
+    }
+
+    /// A UDP run from namespace `from` to `target`, an address of namespace `to`.
+    pub fn udp_between(
+        &mut self,
+        from: &Netns,
+        to: &Netns,
+        target: &str,
+        options: &Udp,
+    ) -> Result<UdpResult> {
+        let port = options.port.unwrap_or_else(|| self.port());
         let args: Vec<String> = [
             "-c",
             target,
@@ -396,7 +371,7 @@ impl Lab {
         if let Some(interval) = options.interval {
             args.extend(["-i".to_string(), interval.to_string()]);
         }
-        let json = self.iperf(port, &args, options.interval.unwrap_or(1.0))?;
+        let json = self.iperf_between(from, to, port, &args, options.interval.unwrap_or(1.0))?;
         let overhead = if options.ipv6 {
             UDP_V6_OVERHEAD
         } else {
@@ -457,6 +432,53 @@ impl Lab {
             intervals,
         })
     }
+}
+
+/// Starts a one-shot iperf3 server in `ns`, reporting every `interval` seconds, and waits
+/// until it listens.
+fn iperf_server_in(ns: &Netns, port: u16, interval: f64) -> Result<Child> {
+    let child = ns
+        .command("iperf3")
+        .args(["-s", "-1", "--json", "-p", &port.to_string()])
+        .args(["-i", &interval.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let out = ns.run("ss", &["-Hltn", &format!("sport = :{port}")])?;
+        if !out.stdout.is_empty() {
+            return Ok(child);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    bail!("iperf3 server did not start listening on port {port}");
+}
+
+/// Runs the iperf3 client in `ns` against a server on `port`; its JSON output.
+fn iperf_client_in(ns: &Netns, port: u16, args: &[String]) -> Result<Value> {
+    let mut command = ns.command("timeout");
+    // Bounded in time whatever happens to the peer.
+    command.args([
+        "60",
+        "iperf3",
+        "-p",
+        &port.to_string(),
+        "--json",
+        "--get-server-output",
+    ]);
+    command.args(args);
+    let output = command.output()?;
+    let json: Value = serde_json::from_slice(&output.stdout).with_context(|| {
+        format!(
+            "iperf3 printed no JSON: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })?;
+    if let Some(error) = json.get("error") {
+        bail!("iperf3 failed: {error}");
+    }
+    Ok(json)
 }
 
 fn parse_udp(json: &Value, options: &Udp, overhead: u64) -> Result<UdpResult> {

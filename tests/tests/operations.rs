@@ -1,0 +1,662 @@
+//! Running shaper in production: `apply` / `export`, the daemon (reloads, re-attach,
+//! metrics) and `stats --watch`, end to end on the namespace lab.
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+use shaper_tests::{assert_within, shaper_bin, Lab, Netns, Udp};
+use std::{
+    io::{Read as _, Write as _},
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+/// A configuration file that removes itself.
+struct ConfigFile(PathBuf);
+
+impl ConfigFile {
+    fn new(tag: &str, text: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("shaper-test-{}-{tag}.toml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn write(&self, text: &str) {
+        // Write then rename, as editors and config managers do.
+        let next = self.0.with_extension("next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &self.0).unwrap();
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn shaper(args: &[&str]) -> Output {
+    Command::new(shaper_bin()).args(args).output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).to_string()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).to_string()
+}
+
+fn export() -> String {
+    let output = shaper(&["export"]);
+    assert!(
+        output.status.success(),
+        "export failed: {}",
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+/// One class's row of `stats --json` in `ns`.
+fn class_stats(lab: &Lab, ns: &Netns, name: &str) -> Result<Value> {
+    lab.stats(ns)?
+        .into_iter()
+        .find(|row| row["name"] == name)
+        .with_context(|| format!("no class {name}"))
+}
+
+fn lab_config(lab: &Lab, bulk_rate: &str, extra: &str) -> String {
+    format!(
+        r#"# the lab: router's interface toward the server, both directions, and the client
+[[interface]]
+dev = "r1"
+netns = "{router}"
+direction = "both"
+
+[[interface.class]]
+name = "bulk"
+rate = "{bulk_rate}"
+proto = "udp"
+
+[[interface.class]]
+name = "meter"
+direction = "ingress"
+rate = "5mbit"
+peak_rate = "10mbit"
+exceed = "dscp=af12"
+{extra}
+[[interface]]
+dev = "c0"
+netns = "{client}"
+
+[[interface.class]]
+name = "up"
+rate = "1mbit"
+per = "flow"
+proto = "tcp"
+"#,
+        router = lab.router.name,
+        client = lab.client.name,
+    )
+}
+
+const WEB: &str = r#"
+[[interface.class]]
+name = "web"
+rate = "20mbit"
+proto = "tcp"
+dport = "80"
+action = "ecn"
+"#;
+
+const DNS: &str = r#"
+[[interface.class]]
+name = "dns"
+rate = "1mbit"
+proto = "udp"
+dport = 53
+per = "src"
+prio = 10
+"#;
+
+#[test]
+fn apply_is_idempotent_minimal_and_round_trips_through_export() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let router = lab.router.clone();
+    let file = ConfigFile::new("apply", &lab_config(&lab, "10mbit", WEB));
+
+    // Dry run: the plan, nothing attached.
+    let output = shaper(&["apply", "-f", file.path(), "--dry-run"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let plan = stdout(&output);
+    assert_eq!(plan.matches("would attach").count(), 3, "{plan}");
+    assert_eq!(plan.matches("would add").count(), 4, "{plan}");
+    assert!(!export().contains("r1"), "a dry run attached something");
+
+    let output = shaper(&["apply", "-f", file.path()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("applied 7 change(s)"),
+        "{}",
+        stdout(&output)
+    );
+    // Idempotent: the second apply changes nothing and says so.
+    let output = shaper(&["apply", "-f", file.path()]);
+    assert_eq!(
+        stdout(&output).trim(),
+        "no changes: 4 class(es) already as configured"
+    );
+
+    // export | apply -f - is a no-op.
+    let exported = export();
+    let mut child = Command::new(shaper_bin())
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child.stdin.take().unwrap().write_all(exported.as_bytes())?;
+    let output = child.wait_with_output()?;
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output).trim(),
+        "no changes: 4 class(es) already as configured"
+    );
+
+    // Traffic through "bulk", then a file that changes bulk's rate, drops "web" and adds
+    // "dns": only those are touched, and bulk keeps its counters and its id.
+    let first = lab.udp(&Udp {
+        seconds: 3,
+        ..Udp::default()
+    })?;
+    assert_within("bulk at 10mbit", first.total_l2_bps(), 10e6, 0.03);
+    let before = class_stats(&lab, &router, "bulk")?;
+    let before_meter = class_stats(&lab, &router, "meter")?;
+    file.write(&lab_config(&lab, "20mbit", DNS));
+    let output = shaper(&["apply", "-f", file.path(), "--dry-run"]);
+    let plan = stdout(&output);
+    let expected = [
+        format!(
+            "would delete  class web on r1 egress (netns {})",
+            router.name
+        ),
+        format!(
+            "would change  class bulk on r1 egress (netns {}): rate 10Mbit -> 20Mbit",
+            router.name
+        ),
+    ];
+    for line in &expected {
+        assert!(plan.contains(line.as_str()), "missing '{line}' in\n{plan}");
+    }
+    assert!(plan.contains("would add     class dns"), "{plan}");
+    assert_eq!(plan.lines().count(), 3, "{plan}");
+    let output = shaper(&["apply", "-f", file.path()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let after = class_stats(&lab, &router, "bulk")?;
+    assert_eq!(after["id"], before["id"], "bulk was re-created");
+    assert_eq!(after["passed_packets"], before["passed_packets"]);
+    assert_eq!(after["rate_bps"], 20_000_000);
+    assert_eq!(class_stats(&lab, &router, "meter")?, before_meter);
+    let second = lab.udp(&Udp {
+        seconds: 3,
+        ..Udp::default()
+    })?;
+    assert_within("bulk at 20mbit", second.total_l2_bps(), 20e6, 0.03);
+    println!(
+        "apply: bulk {:.3} Mbit/s at 10mbit, {:.3} at 20mbit after a minimal apply",
+        first.total_l2_bps() / 1e6,
+        second.total_l2_bps() / 1e6
+    );
+
+    // A file with errors changes nothing, and names every problem with line and field.
+    let state = export();
+    let bad = ConfigFile::new(
+        "bad",
+        &format!(
+            "[[interface]]\ndev = \"r1\"\nnetns = \"{}\"\n\n[[interface.class]]\nname = \"bulk\"\nrate = \"fast\"\nsrc = \"198.18.0.0/99\"\n\n[[interface.class]]\nname = \"x\"\nrate = \"1mbit\"\naction = \"explode\"\n",
+            router.name
+        ),
+    );
+    let output = shaper(&["apply", "-f", bad.path()]);
+    assert_eq!(output.status.code(), Some(2));
+    let errors = stderr(&output);
+    for (line, field) in [(7, "rate"), (8, "src"), (13, "action")] {
+        let prefix = format!("shaper: {}:{line}: {field}: ", bad.path());
+        assert!(errors.contains(&prefix), "missing '{prefix}' in\n{errors}");
+    }
+    assert!(errors.contains("3 problem(s)"), "{errors}");
+    // An interface that does not exist: a clear error, nothing changed.
+    let missing = ConfigFile::new(
+        "missing",
+        &format!(
+            "{}\n[[interface]]\ndev = \"nosuch0\"\n",
+            lab_config(&lab, "30mbit", DNS)
+        ),
+    );
+    let output = shaper(&["apply", "-f", missing.path()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("not present: nosuch0"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(export(), state, "a failed apply changed the state");
+
+    // --prune detaches interfaces the file does not name.
+    let only_client = ConfigFile::new(
+        "prune",
+        &format!(
+            "[[interface]]\ndev = \"c0\"\nnetns = \"{}\"\n[[interface.class]]\nname = \"up\"\nrate = \"1mbit\"\nper = \"flow\"\nproto = \"tcp\"\n",
+            lab.client.name
+        ),
+    );
+    let output = shaper(&["apply", "-f", only_client.path()]);
+    assert!(
+        stdout(&output).starts_with("no changes"),
+        "{}",
+        stdout(&output)
+    );
+    let output = shaper(&["apply", "-f", only_client.path(), "--prune"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output).matches("detach").count(),
+        2,
+        "{}",
+        stdout(&output)
+    );
+    assert!(!export().contains("dev = \"r1\""));
+    Ok(())
+}
+
+/// The daemon as a child process in the router's network namespace (nsenter --net keeps
+/// the host's mount namespace, so pins stay in the host's bpffs); stopped on drop.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(router: &Netns, file: &ConfigFile, extra: &[&str]) -> Result<Self> {
+        let log = file.0.with_extension(format!("log{}", extra.len()));
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", router.name))
+            .arg(shaper_bin())
+            .args(["daemon", "-f", file.path(), "--interval", "200ms"])
+            .args(["--metrics-addr", "127.0.0.1:9464"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        Ok(Self { child, log })
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, name: &str) {
+        let _ = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status();
+    }
+
+    /// SIGTERM and the exit status.
+    fn stop(mut self) -> Result<std::process::ExitStatus> {
+        self.signal("TERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        bail!("the daemon did not stop on SIGTERM; log:\n{}", self.log())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// GET `path` from the daemon's metrics address inside the router's namespace.
+fn http_get(router: &Netns, path: &str) -> Result<(u16, String)> {
+    let mut stream = shaper_cli::netns::in_namespace(&Some(router.name.clone()), || {
+        Ok(std::net::TcpStream::connect("127.0.0.1:9464")?)
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("no HTTP status")?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The value of the one sample whose name and labels contain all of `parts`.
+fn sample(metrics: &str, name: &str, parts: &[&str]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .find(|l| parts.iter().all(|p| l.contains(p)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check()? {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    bail!("timed out waiting for {what}")
+}
+
+fn daemon_config(router: &Netns, web_rate: &str) -> String {
+    format!(
+        r#"[[interface]]
+dev = "r1"
+netns = "{router}"
+
+[[interface.class]]
+name = "bulk"
+rate = "10mbit"
+proto = "udp"
+
+[[interface.class]]
+name = "web"
+rate = "{web_rate}"
+proto = "tcp"
+
+[[interface]]
+dev = "tap0"
+netns = "{router}"
+
+[[interface.class]]
+name = "vm"
+rate = "1mbit"
+"#,
+        router = router.name
+    )
+}
+
+fn tap(router: &Netns, add: bool) -> Result<()> {
+    let args: &[&str] = if add {
+        &[
+            "link", "add", "tap0", "type", "veth", "peer", "name", "tap0p",
+        ]
+    } else {
+        &["link", "del", "tap0"]
+    };
+    router.run("ip", args)?;
+    if add {
+        router.run("ip", &["link", "set", "tap0", "up"])?;
+    }
+    Ok(())
+}
+
+fn live(lab: &Lab, dev: &str) -> Result<bool> {
+    let text = lab.shaper_in(&lab.router, &["status", "--json"])?;
+    let rows: Vec<Value> = serde_json::from_str(&text)?;
+    Ok(rows.iter().any(|r| r["dev"] == dev && r["live"] == true))
+}
+
+#[test]
+fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let router = lab.router.clone();
+    let file = ConfigFile::new("daemon", &daemon_config(&lab.router, "20mbit"));
+    // tap0 does not exist yet: the daemon waits for it.
+    let daemon = Daemon::start(&router, &file, &[])?;
+    wait_for("the daemon to attach r1", Duration::from_secs(15), || {
+        Ok(export().contains("name = \"bulk\""))
+    })?;
+    assert!(
+        daemon.log().contains("waiting for tap0"),
+        "{}",
+        daemon.log()
+    );
+    tap(&router, true)?;
+    wait_for("tap0 to be attached", Duration::from_secs(5), || {
+        live(&lab, "tap0")
+    })?;
+
+    // Traffic through "bulk" while the file changes "web": bulk keeps its bucket and
+    // counters, so its rate does not jump when the daemon applies the change.
+    let change_at = 2.0;
+    let (result, bulk_id) = thread::scope(|scope| -> Result<_> {
+        let traffic = scope.spawn(|| {
+            lab.udp(&Udp {
+                seconds: 5,
+                ..Udp::default()
+            })
+        });
+        thread::sleep(Duration::from_secs_f64(change_at));
+        let before = class_stats_by_cli(&router, "bulk")?;
+        file.write(&daemon_config(&router, "30mbit"));
+        wait_for("the daemon to change web", Duration::from_secs(5), || {
+            Ok(export().contains("rate = \"30mbit\""))
+        })?;
+        let after = class_stats_by_cli(&router, "bulk")?;
+        assert_eq!(after["id"], before["id"], "bulk was re-created");
+        assert!(
+            after["passed_packets"].as_u64() >= before["passed_packets"].as_u64(),
+            "bulk's counters went back"
+        );
+        Ok((traffic.join().unwrap()?, after["id"].clone()))
+    })?;
+    // Every second of the run, including the one with the reload, stays at the rate.
+    for second in 2..=5 {
+        let rate = result.l2_bps_between(second as f64 - 1.0, second as f64);
+        assert_within(&format!("bulk in second {second}"), rate, 10e6, 0.05);
+    }
+    assert_within("bulk over the run", result.total_l2_bps(), 10e6, 0.03);
+    assert!(
+        daemon.log().contains("file changed: applying"),
+        "{}",
+        daemon.log()
+    );
+
+    // /metrics matches stats --json (traffic has stopped: the counters are still).
+    let stats = class_stats_by_cli(&router, "bulk")?;
+    assert_eq!(stats["id"], bulk_id);
+    let (status, metrics) = http_get(&router, "/metrics")?;
+    assert_eq!(status, 200);
+    for (verdict, field) in [("passed", "passed"), ("dropped", "dropped")] {
+        for unit in ["packets", "bytes"] {
+            let scraped = sample(
+                &metrics,
+                &format!("shaper_class_{unit}_total"),
+                &[
+                    "class=\"bulk\"",
+                    "dev=\"r1\"",
+                    &format!("verdict=\"{verdict}\""),
+                ],
+            )
+            .with_context(|| format!("no {unit} {verdict} sample in\n{metrics}"))?;
+            assert_eq!(
+                scraped,
+                stats[format!("{field}_{unit}")].as_u64().unwrap() as f64,
+                "{unit} {verdict}"
+            );
+        }
+    }
+    assert_eq!(
+        sample(
+            &metrics,
+            "shaper_class_rate_bytes_per_second",
+            &["class=\"web\""]
+        ),
+        Some(30e6 / 8.0)
+    );
+    let level = sample(
+        &metrics,
+        "shaper_class_bucket_level_bytes",
+        &["class=\"bulk\""],
+    )
+    .context("no bucket level")?;
+    assert!(level > 0.0 && level <= stats["burst_bytes"].as_f64().unwrap());
+    assert_eq!(
+        sample(&metrics, "shaper_attachment_up", &["dev=\"tap0\""]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&metrics, "shaper_daemon_config_valid", &[]),
+        Some(1.0)
+    );
+    println!(
+        "daemon: bulk {:.3} Mbit/s across a reload; /metrics = stats --json for {} packets",
+        result.total_l2_bps() / 1e6,
+        stats["passed_packets"]
+    );
+
+    // An invalid file: logged, the last good state kept, health says so.
+    let good = export();
+    file.write("[[interface]]\ndev = \"r1\"\nrate = 7\n");
+    wait_for(
+        "the daemon to notice the bad file",
+        Duration::from_secs(5),
+        || Ok(http_get(&router, "/healthz")?.0 == 503),
+    )?;
+    let (_, metrics) = http_get(&router, "/metrics")?;
+    assert_eq!(
+        sample(&metrics, "shaper_daemon_config_valid", &[]),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&metrics, "shaper_daemon_config_reloads_total", &["failure"]),
+        Some(1.0)
+    );
+    assert!(
+        daemon.log().contains(":3: toml: unknown field `rate`"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(export(), good);
+
+    // SIGHUP re-reads the (fixed) file.
+    file.write(&daemon_config(&router, "30mbit"));
+    wait_for("the fixed file", Duration::from_secs(5), || {
+        Ok(http_get(&router, "/healthz")?.0 == 200)
+    })?;
+    let reloads =
+        |metrics: &str| sample(metrics, "shaper_daemon_config_reloads_total", &["success"]);
+    let before = reloads(&http_get(&router, "/metrics")?.1);
+    daemon.signal("HUP");
+    wait_for("a SIGHUP reload", Duration::from_secs(5), || {
+        Ok(reloads(&http_get(&router, "/metrics")?.1) > before)
+    })?;
+
+    // A VM's tap goes away and comes back: re-attached, its class kept.
+    tap(&router, false)?;
+    wait_for("tap0 to be missing", Duration::from_secs(5), || {
+        Ok(!live(&lab, "tap0")?)
+    })?;
+    tap(&router, true)?;
+    wait_for("tap0 to be re-attached", Duration::from_secs(5), || {
+        live(&lab, "tap0")
+    })?;
+    assert!(export().contains("name = \"vm\""));
+
+    // Stopping leaves everything attached; --cleanup-on-exit detaches what it manages.
+    let status = daemon.stop()?;
+    assert!(status.success(), "daemon exit {status}");
+    assert_eq!(export(), good);
+    let daemon = Daemon::start(&router, &file, &["--cleanup-on-exit"])?;
+    wait_for("the second daemon", Duration::from_secs(10), || {
+        Ok(http_get(&router, "/healthz").is_ok_and(|(s, _)| s == 200))
+    })?;
+    assert!(daemon.stop()?.success());
+    assert!(
+        !export().contains("dev = \"r1\""),
+        "cleanup left r1 attached"
+    );
+    assert!(
+        !export().contains("dev = \"tap0\""),
+        "cleanup left tap0 attached"
+    );
+    Ok(())
+}
+
+fn class_stats_by_cli(router: &Netns, name: &str) -> Result<Value> {
+    let output = shaper(&["--netns", &router.name, "stats", "--json"]);
+    let rows: Vec<Value> = serde_json::from_slice(&output.stdout)?;
+    rows.into_iter()
+        .find(|r| r["name"] == name)
+        .with_context(|| format!("no class {name}"))
+}
+
+#[test]
+fn stats_watch_reports_current_rates() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let router = lab.router.clone();
+    lab.shaper_in(&router, &["attach", "r1"])?;
+    lab.shaper_in(
+        &router,
+        &[
+            "class", "add", "bulk", "--dev", "r1", "--rate", "10mbit", "--proto", "udp",
+        ],
+    )?;
+    let lines = thread::scope(|scope| -> Result<String> {
+        let traffic = scope.spawn(|| {
+            lab.udp(&Udp {
+                seconds: 5,
+                ..Udp::default()
+            })
+        });
+        thread::sleep(Duration::from_millis(1500));
+        let output = shaper(&[
+            "--netns",
+            &router.name,
+            "stats",
+            "--watch",
+            "--json",
+            "--interval",
+            "1s",
+            "--count",
+            "2",
+        ]);
+        traffic.join().unwrap()?;
+        Ok(stdout(&output))
+    })?;
+    let samples: Vec<Value> = lines
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(samples.len(), 2, "{lines}");
+    for sample in &samples {
+        let bulk = &sample["classes"][0];
+        assert_eq!(bulk["name"], "bulk");
+        assert_within(
+            "watched passed_bps",
+            bulk["passed_bps"].as_f64().unwrap(),
+            10e6,
+            0.05,
+        );
+        // 100 Mbit/s of payload offered into 10: about 90 % dropped.
+        let dropped = bulk["dropped_percent"].as_f64().unwrap();
+        assert!((85.0..95.0).contains(&dropped), "dropped {dropped} %");
+    }
+    Ok(())
+}
