@@ -322,8 +322,8 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
     prepare(&None)?;
     let rows = collect(&netns, &args.dev)?;
     let header = [
-        "NAME", "DEV", "DIR", "PRIO", "RATE", "BURST", "PER", "PROTO", "SRC", "DST", "SPORT",
-        "DPORT",
+        "NAME", "DEV", "DIR", "PRIO", "RATE", "BURST", "PER", "ACTION", "PROTO", "SRC", "DST",
+        "SPORT", "DPORT",
     ];
     print_rows(&rows, args.json, &header, |row| {
         vec![

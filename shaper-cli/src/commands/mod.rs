@@ -56,7 +56,10 @@ fn manpages(dir: &std::path::Path) -> Result<()> {
         let static_name: &'static str = Box::leak(name.clone().into_boxed_str());
         clap_mangen::Man::new(command.clone().name(static_name)).render(&mut page)?;
         std::fs::write(dir.join(format!("{name}.1")), page)?;
-        for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+        for sub in command
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        {
             write(dir, sub.clone(), format!("{name}-{}", sub.get_name()))?;
         }
         Ok(())

@@ -1,0 +1,332 @@
+//! shaper-cni called as a container runtime calls a chained plugin: the reference `bridge`
+//! plugin (with `host-local` IPAM) wires a "container" namespace to the "host", then
+//! shaper-cni ADD / CHECK / DEL, with real traffic; then the same with the reference
+//! `bandwidth` plugin, side by side. The lab's router plays the host (plugins run with
+//! only its network namespace, as under a runtime) and its server the container.
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::{json, Value};
+use shaper_tests::{assert_within, shaper_bin, Lab, Netns, Udp};
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+const CNI_DIR: &str = "/usr/lib/cni";
+const SUBNET: &str = "198.18.9.0/24";
+const GATEWAY: &str = "198.18.9.1";
+const INGRESS_BPS: u64 = 10_000_000;
+const EGRESS_BPS: u64 = 5_000_000;
+
+/// One plugin invocation: its stdout as JSON (Null when empty) and its exit status.
+fn plugin(
+    binary: &Path,
+    host: &Netns,
+    container: &Netns,
+    ifname: &str,
+    command: &str,
+    config: &Value,
+) -> Result<(bool, Value)> {
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", host.name))
+        .arg(binary)
+        .env("CNI_COMMAND", command)
+        .env(
+            "CNI_CONTAINERID",
+            format!("shaper-test-{}", std::process::id()),
+        )
+        .env("CNI_NETNS", format!("/run/netns/{}", container.name))
+        .env("CNI_IFNAME", ifname)
+        .env("CNI_PATH", CNI_DIR)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(config.to_string().as_bytes())?;
+    let output = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let value = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("not JSON: {text}"))?
+    };
+    Ok((output.status.success(), value))
+}
+
+fn checked(result: Result<(bool, Value)>, what: &str) -> Result<Value> {
+    let (ok, value) = result?;
+    if !ok {
+        bail!("{what} failed: {value}");
+    }
+    Ok(value)
+}
+
+/// Cleans up after the runtime whatever a failed test may leave: host-local's leases,
+/// shaper-cni's record and pins of the host-side veth.
+struct Leftovers {
+    ipam_dir: PathBuf,
+    host_dev: Option<String>,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.ipam_dir);
+        if let Some(dev) = &self.host_dev {
+            let _ = std::fs::remove_dir_all(format!("/sys/fs/bpf/shaper/host/{dev}"));
+            let _ = std::fs::remove_file(format!(
+                "/run/shaper/cni/shaper-test-{}-eth1",
+                std::process::id()
+            ));
+        }
+    }
+}
+
+fn bridge_config(ipam_dir: &Path) -> Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": "shaper-test",
+        "type": "bridge",
+        "bridge": "cnibr0",
+        "isGateway": true,
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
+            "dataDir": ipam_dir,
+        },
+    })
+}
+
+fn limits_config(kind: &str, prev_result: &Value) -> Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": "shaper-test",
+        "type": kind,
+        "runtimeConfig": {"bandwidth": {
+            "ingressRate": INGRESS_BPS,
+            "ingressBurst": 1_000_000,
+            "egressRate": EGRESS_BPS,
+            "egressBurst": 1_000_000,
+        }},
+        "prevResult": prev_result,
+    })
+}
+
+/// The container's address and the host-side veth from the bridge plugin's result.
+fn wiring(result: &Value) -> Result<(String, String)> {
+    let address = result["ips"][0]["address"]
+        .as_str()
+        .context("no ip in the bridge result")?
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let host_dev = result["interfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["sandbox"].is_null() && i["name"] != "cnibr0")
+        .and_then(|i| i["name"].as_str())
+        .context("no host veth in the bridge result")?
+        .to_string();
+    Ok((address, host_dev))
+}
+
+/// UDP at 5× the limit each way; L2 rates measured by the receiver.
+fn measure(lab: &mut Lab, container_address: &str) -> Result<(f64, f64)> {
+    let into = measure_into(lab, container_address)?;
+    let (host, container) = (lab.router.clone(), lab.server.clone());
+    let out_of = lab
+        .udp_between(
+            &container,
+            &host,
+            GATEWAY,
+            &Udp {
+                rate: "25M",
+                seconds: 3,
+                ..Udp::default()
+            },
+        )?
+        .total_l2_bps();
+    Ok((into, out_of))
+}
+
+/// UDP toward the container at 5× its limit.
+fn measure_into(lab: &mut Lab, container_address: &str) -> Result<f64> {
+    let (host, container) = (lab.router.clone(), lab.server.clone());
+    Ok(lab
+        .udp_between(
+            &host,
+            &container,
+            container_address,
+            &Udp {
+                rate: "50M",
+                seconds: 3,
+                ..Udp::default()
+            },
+        )?
+        .total_l2_bps())
+}
+
+#[test]
+fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let (host, container) = (lab.router.clone(), lab.server.clone());
+    let mut leftovers = Leftovers {
+        ipam_dir: std::env::temp_dir().join(format!("shaper-test-ipam-{}", std::process::id())),
+        host_dev: None,
+    };
+    let bridge = Path::new(CNI_DIR).join("bridge");
+    let shaper_cni = shaper_bin().with_file_name("shaper-cni");
+    let bridge_conf = bridge_config(&leftovers.ipam_dir);
+
+    // VERSION.
+    let (ok, version) = plugin(
+        &shaper_cni,
+        &host,
+        &container,
+        "eth1",
+        "VERSION",
+        &json!({"cniVersion": "1.0.0"}),
+    )?;
+    assert!(ok);
+    assert!(version["supportedVersions"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("1.0.0")));
+
+    let result = checked(
+        plugin(&bridge, &host, &container, "eth1", "ADD", &bridge_conf),
+        "bridge ADD",
+    )?;
+    let (address, host_dev) = wiring(&result)?;
+    leftovers.host_dev = Some(host_dev.clone());
+
+    // shaper-cni: ADD passes prevResult through, CHECK agrees, traffic is limited.
+    let config = limits_config("shaper-cni", &result);
+    let added = checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "ADD", &config),
+        "shaper-cni ADD",
+    )?;
+    assert_eq!(added["ips"], result["ips"]);
+    assert_eq!(added["interfaces"], result["interfaces"]);
+    // ADD again (a runtime retrying) changes nothing.
+    checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "ADD", &config),
+        "second ADD",
+    )?;
+    checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "CHECK", &config),
+        "CHECK",
+    )?;
+    let pins = PathBuf::from(format!("/sys/fs/bpf/shaper/host/{host_dev}"));
+    assert!(pins.join("egress").exists() && pins.join("ingress").exists());
+    let (shaper_in, shaper_out) = measure(&mut lab, &address)?;
+    assert_within(
+        "shaper-cni container ingress",
+        shaper_in,
+        INGRESS_BPS as f64,
+        0.03,
+    );
+    assert_within(
+        "shaper-cni container egress",
+        shaper_out,
+        EGRESS_BPS as f64,
+        0.03,
+    );
+    // CHECK notices a change behind its back.
+    let changed = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", host.name))
+        .arg(shaper_bin())
+        .args([
+            "class",
+            "change",
+            "cni-ingress",
+            "--dev",
+            &host_dev,
+            "--rate",
+            "1mbit",
+        ])
+        .status()?;
+    assert!(changed.success());
+    let (ok, error) = plugin(&shaper_cni, &host, &container, "eth1", "CHECK", &config)?;
+    assert!(!ok, "CHECK passed a changed rate");
+    assert_eq!(error["code"], 100, "{error}");
+    assert!(
+        error["msg"]
+            .as_str()
+            .unwrap()
+            .contains("rate 1Mbit -> 10Mbit"),
+        "{error}"
+    );
+
+    // DEL removes everything; a second DEL has nothing to remove and succeeds.
+    checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "DEL", &config),
+        "DEL",
+    )?;
+    assert!(!pins.exists(), "DEL left pins");
+    let tcx = host.run("tc", &["filter", "show", "dev", &host_dev, "egress"])?;
+    assert!(tcx.stdout.is_empty(), "DEL left a filter");
+    checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "DEL", &config),
+        "second DEL",
+    )?;
+    let unlimited = measure_into(&mut lab, &address)?;
+    assert!(
+        unlimited > 2.0 * INGRESS_BPS as f64,
+        "still limited after DEL"
+    );
+
+    // The reference plugin, same configuration, same link.
+    let config = limits_config("bandwidth", &result);
+    checked(
+        plugin(
+            &Path::new(CNI_DIR).join("bandwidth"),
+            &host,
+            &container,
+            "eth1",
+            "ADD",
+            &config,
+        ),
+        "bandwidth ADD",
+    )?;
+    let (reference_in, reference_out) = measure(&mut lab, &address)?;
+    checked(
+        plugin(
+            &Path::new(CNI_DIR).join("bandwidth"),
+            &host,
+            &container,
+            "eth1",
+            "DEL",
+            &config,
+        ),
+        "bandwidth DEL",
+    )?;
+    checked(
+        plugin(&bridge, &host, &container, "eth1", "DEL", &bridge_conf),
+        "bridge DEL",
+    )?;
+    let links = host.run("ip", &["-o", "link", "show"])?;
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(
+        !links.contains(&host_dev),
+        "the host veth survived bridge DEL"
+    );
+    assert!(!links.contains("ifb"), "an ifb device survived DEL");
+    println!(
+        "cni (Mbit/s, L2): after DEL {:.1} in; shaper-cni {:.3} in / {:.3} out; reference bandwidth {:.3} / {:.3} (limits 10 / 5)",
+        unlimited / 1e6,
+        shaper_in / 1e6,
+        shaper_out / 1e6,
+        reference_in / 1e6,
+        reference_out / 1e6
+    );
+    Ok(())
+}
