@@ -1100,6 +1100,14 @@ dev = "eth0"
     }
 
     #[test]
+    fn the_example_in_contrib_parses() {
+        let text = include_str!("../../contrib/shaper.toml");
+        let desired = parse("contrib/shaper.toml", text).unwrap();
+        assert_eq!(desired.interfaces.len(), 2);
+        assert_eq!(desired.interfaces[0].classes.len(), 4);
+    }
+
+    #[test]
     fn exact_rates_round_trip() {
         for bits in [8, 1_000, 1_500, 10_000_000, 12_345_678, 400_000_000_000] {
             assert_eq!(parse_rate(&exact_rate(bits)).unwrap(), bits);

@@ -1,4 +1,4 @@
-//! `cargo xtask setup | demo | test | bench`: everything that orchestrates.
+//! `cargo xtask setup | demo | test | bench | man`: everything that orchestrates.
 
 mod demo;
 mod setup;
@@ -33,6 +33,9 @@ enum Task {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Write man pages for every shaper command into target/man (from the clap
+    /// definitions; `man -l target/man/shaper.1`).
+    Man,
 }
 
 fn main() {
@@ -61,6 +64,11 @@ fn run(task: Task) -> Result<()> {
             require_root("bench")?;
             setup::setup()?;
             bench(quick, json)
+        }
+        Task::Man => {
+            setup::setup()?;
+            build_shaper()?;
+            man()
         }
     }
 }
@@ -171,6 +179,20 @@ fn bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
     }
     args.extend(["--json", &json, "--report", &report]);
     cargo(&args)
+}
+
+fn man() -> Result<()> {
+    let dir = workspace_root().join("target/man");
+    let status = Command::new(shaper_binary())
+        .arg("manpages")
+        .arg(&dir)
+        .status()
+        .context("cannot run shaper")?;
+    if !status.success() {
+        bail!("shaper manpages failed");
+    }
+    println!("[xtask] man pages in {}", dir.display());
+    Ok(())
 }
 
 fn test() -> Result<()> {

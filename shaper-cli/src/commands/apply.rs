@@ -53,6 +53,11 @@ pub fn run(netns: Option<String>, args: ApplyArgs) -> Result<()> {
         Prune::Nothing
     };
     let plan = config::plan(&desired, prune)?;
+    if args.dry_run {
+        for line in describe(&plan) {
+            println!("would {line}");
+        }
+    }
     if !plan.missing.is_empty() {
         return Err(runtime(format!(
             "not present: {}; nothing was changed",
@@ -66,11 +71,11 @@ pub fn run(netns: Option<String>, args: ApplyArgs) -> Result<()> {
         );
         return Ok(());
     }
-    for line in describe(&plan) {
-        println!("{}{line}", if args.dry_run { "would " } else { "" });
-    }
     if args.dry_run {
         return Ok(());
+    }
+    for line in describe(&plan) {
+        println!("{line}");
     }
     config::execute(&plan)?;
     println!(

@@ -715,14 +715,21 @@ fn traffic_markdown(report: &Value) -> String {
     out.push_str(&format!("\n## Accuracy and TCP goodput\n\nClass (or qdisc) on the router's egress toward the server. UDP: iperf3 at 10× the rate, 1400-byte datagrams, L2 rate received by the server over the steady state (the first second, with the initial burst, left out). TCP: one cubic flow, goodput received by the server over the whole run, initial burst included. Unlimited, the sender here reaches {:.0} Mbit/s of UDP; rows where it cannot offer 2× the rate say so.\n\n| tool | action | proto | configured Mbit/s | measured Mbit/s | ratio | configuration |\n|---|---|---|---|---|---|---|\n", f(&report["sender_max_udp_bps"]) / 1e6));
     for row in report["accuracy"].as_array().into_iter().flatten() {
         let note = row["note"].as_str().unwrap_or_default();
+        let action = row["action"].as_str().unwrap_or_default();
+        // A marking action does not limit: its ratio only says how fast the link is.
+        let ratio = if action.starts_with("dscp") {
+            "not limited".to_string()
+        } else {
+            format!("{:.4}", f(&row["ratio"]))
+        };
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {:.3} | {:.4} | `{}`{} |\n",
+            "| {} | {} | {} | {} | {:.3} | {} | `{}`{} |\n",
             row["tool"].as_str().unwrap_or_default(),
-            row["action"].as_str().unwrap_or_default(),
+            action,
             row["proto"].as_str().unwrap_or_default(),
             row["configured_bps"].as_u64().unwrap_or(0) / 1_000_000,
             f(&row["measured_bps"]) / 1e6,
-            f(&row["ratio"]),
+            ratio,
             row["command"].as_str().unwrap_or_default(),
             if note.is_empty() {
                 String::new()
@@ -731,7 +738,7 @@ fn traffic_markdown(report: &Value) -> String {
             }
         ));
     }
-    out.push_str("\n`dscp=af11` only marks: it is there to show that a marking class does not limit (ratio > 1 means the flow ran at the line rate). TCP through `ecn` runs with `net.ipv4.tcp_ecn=1` on the client.\n");
+    out.push_str("\n`dscp=af11` only marks: it is there to show that a marking class does not limit (the flow runs at the line rate). TCP through `ecn` runs with `net.ipv4.tcp_ecn=1` on the client. In the plots, the policer (`shaper drop`) lets TCP through in bursts: a loss stops the flow until the 200 ms minimum RTO, by when the bucket has refilled, so 100 ms bins alternate between ~2× the rate and nothing while the average stays at the rate; a shaper (tbf, or `--action shape`) queues instead and the line is flat.\n");
     out.push_str("\n![UDP rate over time, shaper vs tbf](bench/udp-10mbit.png)\n\n![TCP goodput over time, shaper vs tbf](bench/tcp-10mbit.png)\n");
 
     out.push_str("\n## Honest limits\n\n");

@@ -572,7 +572,7 @@ pub fn accuracy(lab: &mut Lab, effort: &TrafficEffort, plots: &mut Plots) -> Res
                 result.goodput_bps,
                 "; cubic, goodput",
             ));
-            if mbit == 10 && matches!(peer, Peer::Shaper("drop") | Peer::Tbf) {
+            if mbit == 10 && matches!(peer, Peer::Shaper("drop" | "shape") | Peer::Tbf) {
                 let label = format!("{} {}", peer.tool(), peer.action());
                 plots.tcp.push((label, bins(&result.intervals)));
             }
