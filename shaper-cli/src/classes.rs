@@ -15,6 +15,7 @@ use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use shaper_common::{
+    bucket::{credit_chunk, shared_burst},
     meter::{METER_NONE, METER_SRTCM, METER_TRTCM},
     Action, Bucket, ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
     FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
@@ -223,8 +224,16 @@ impl ClassSpec {
         let (meter, peak_cost) = self
             .meter
             .second_cost(self.rate_bits_per_sec, self.burst_bytes);
+        let (cost, credit_chunk) = bucket_cost(
+            self.rate_bits_per_sec,
+            self.burst_bytes,
+            self.scope as u8,
+            meter,
+            self.action.action as u8,
+        );
         ClassConfig {
-            cost: ByteCost::new(self.rate_bits_per_sec, self.burst_bytes),
+            cost,
+            credit_chunk,
             peak_cost,
             meter,
             exceed_action: self.exceed.action as u8,
@@ -239,6 +248,38 @@ impl ClassSpec {
             ..ClassConfig::default()
         }
     }
+}
+
+/// CPUs a per-CPU map holds values for (the possible CPUs).
+pub fn possible_cpus() -> u64 {
+    aya::util::nr_cpus().map(|n| n as u64).unwrap_or(1).max(1)
+}
+
+/// The class bucket's cost and per-CPU credit chunk. Class-scoped buckets of policing and
+/// marking classes get per-CPU credit (see `shaper_common::bucket`), with the shared
+/// bucket's burst lowered by what the CPUs may hold; `ecn` (which marks by the bucket's
+/// occupancy), `shape`, meters and per-key buckets are charged per packet.
+pub fn bucket_cost(
+    rate_bits_per_sec: u64,
+    burst_bytes: u64,
+    scope: u8,
+    meter: u8,
+    action: u8,
+) -> (ByteCost, u32) {
+    let eligible = scope == Scope::Class as u8
+        && meter == METER_NONE
+        && action != Action::Ecn as u8
+        && action != Action::Shape as u8;
+    let cpus = possible_cpus();
+    let chunk = if eligible {
+        credit_chunk(burst_bytes, cpus)
+    } else {
+        0
+    };
+    (
+        ByteCost::new(rate_bits_per_sec, shared_burst(burst_bytes, cpus, chunk)),
+        chunk as u32,
+    )
 }
 
 /// Reads every class of an attachment with its counters.
@@ -524,7 +565,6 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             ));
         }
     }
-    config.cost = ByteCost::new(meta.rate_bits_per_sec, meta.burst_bytes);
     config.peak_cost = meter
         .second_cost(meta.rate_bits_per_sec, meta.burst_bytes)
         .1;
@@ -533,6 +573,15 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         config.action_arg = action.arg;
         config.action_mask = action.mask;
     }
+    (config.cost, config.credit_chunk) = bucket_cost(
+        meta.rate_bits_per_sec,
+        meta.burst_bytes,
+        config.scope,
+        config.meter,
+        config.action,
+    );
+    // Credit the CPUs took at the old rate and burst is dropped.
+    config.credit_epoch = config.credit_epoch.wrapping_add(1);
     classes.set(id, config, 0)?;
     attachment.meta()?.set(id, meta, 0)?;
     Ok(())

@@ -13,7 +13,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-use shaper_common::{bucket::level_bytes, map_names, Bucket, BucketKey, Scope, MAX_CLASSES};
+use shaper_common::{map_names, Bucket, BucketKey, Scope, MAX_CLASSES};
 use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(String, String)>;
@@ -59,13 +59,6 @@ fn with(labels: &Labels, extra: &[(&str, &str)]) -> Labels {
     all
 }
 
-/// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns().
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
-}
-
 /// Live keys in the per-flow/src/dst table (walks the keys: O(entries)).
 fn live_keys(attachment: &Attachment) -> Result<(u64, u32)> {
     let data = MapData::from_pin(attachment.dir().join(map_names::KEYED_BUCKETS))?;
@@ -82,8 +75,6 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
         .unwrap_or(false);
     families.up.get_or_create(&labels).set(i64::from(live));
     let views = classes::read_classes(&attachment)?;
-    let buckets = attachment.class_buckets()?;
-    let now = monotonic_ns();
     for view in &views {
         let spec = &view.spec;
         let class = with(&labels, &[("class", &spec.name)]);
@@ -120,8 +111,8 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
             .get_or_create(&class)
             .set(spec.burst_bytes as i64);
         if spec.scope == Scope::Class {
-            let bucket = buckets.get(&view.id, 0)?;
-            let level = level_bytes(bucket.tat, now, spec.rate_bits_per_sec, spec.burst_bytes);
+            let level =
+                attachment.bucket_level(view.id, spec.rate_bits_per_sec, spec.burst_bytes)?;
             families.level.get_or_create(&class).set(level as i64);
         }
     }

@@ -19,7 +19,7 @@ use aya::{
 };
 use nix::fcntl::{Flock, FlockArg};
 use shaper_common::{
-    map_names, program_names, Bucket, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
+    map_names, program_names, Bucket, ClassConfig, ClassMeta, ClassStats, Credit, Globals, RuleKey,
     RuleValue, Shape, ATTACH_MODE_CLSACT, ATTACH_MODE_TCX, CLASS_NAME_LEN,
 };
 use std::{
@@ -118,6 +118,13 @@ impl Location {
             Some(ns) => format!("{} {} (netns {ns})", self.dev, self.direction.name()),
         }
     }
+}
+
+/// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns().
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
 }
 
 /// bpffs reserves dots in names (EPERM), yet interface names like `eth0.100` have them.
@@ -535,6 +542,37 @@ impl Attachment {
             &self.dir,
             map_names::STATS,
         )?)?)
+    }
+
+    pub fn credit(&self) -> Result<PerCpuArray<MapData, Credit>> {
+        Ok(PerCpuArray::try_from(open_map(
+            &self.dir,
+            map_names::CREDIT,
+        )?)?)
+    }
+
+    /// Tokens a class-scoped bucket holds now: the shared bucket plus the CPUs' credit.
+    pub fn bucket_level(
+        &self,
+        class_id: u32,
+        rate_bits_per_sec: u64,
+        burst_bytes: u64,
+    ) -> Result<u64> {
+        let config = self.classes()?.get(&class_id, 0)?;
+        let chunk = u64::from(config.credit_chunk);
+        let cpus = crate::classes::possible_cpus();
+        let shared = shaper_common::bucket::shared_burst(burst_bytes, cpus, chunk);
+        let tat = self.class_buckets()?.get(&class_id, 0)?.tat;
+        let now = monotonic_ns();
+        let mut level = shaper_common::bucket::level_bytes(tat, now, rate_bits_per_sec, shared);
+        if chunk != 0 {
+            for credit in self.credit()?.get(&class_id, 0)?.iter() {
+                if credit.generation == config.generation && credit.epoch == config.credit_epoch {
+                    level += credit.bytes;
+                }
+            }
+        }
+        Ok(level.min(burst_bytes))
     }
 
     pub fn meta(&self) -> Result<Array<MapData, ClassMeta>> {

@@ -27,8 +27,9 @@ pub mod map_names {
     pub const STATS: &str = "STATS";
     pub const CLASS_META: &str = "CLASS_META";
     pub const CLASS_INDEX: &str = "CLASS_INDEX";
+    pub const CREDIT: &str = "CREDIT";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         GLOBALS,
         SHAPES,
         RULES,
@@ -38,6 +39,7 @@ pub mod map_names {
         STATS,
         CLASS_META,
         CLASS_INDEX,
+        CREDIT,
     ];
 }
 
@@ -200,7 +202,21 @@ pub struct ClassConfig {
     pub _pad: [u8; 3],
     pub exceed_arg: u32,
     pub exceed_mask: u32,
-    pub _pad2: u32,
+    /// Bytes a CPU takes from the class bucket at once into its per-CPU credit
+    /// (`bucket::credit_chunk`); 0 charges the bucket per packet.
+    pub credit_chunk: u32,
+    /// Changed by userspace with the rate or burst, so credit taken before is dropped.
+    pub credit_epoch: u32,
+}
+
+/// One CPU's prepaid credit on a class-scoped bucket: bytes already charged to the
+/// shared bucket that this CPU may still send. Valid for one class generation and epoch.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Credit {
+    pub bytes: u64,
+    pub generation: u32,
+    pub epoch: u32,
 }
 
 /// A bucket: one GCRA word, two for meters.
@@ -338,4 +354,5 @@ mod pod {
     unsafe impl aya::Pod for BucketKey {}
     unsafe impl aya::Pod for ClassStats {}
     unsafe impl aya::Pod for ClassMeta {}
+    unsafe impl aya::Pod for Credit {}
 }

@@ -1,7 +1,10 @@
 //! Properties of the one bucket function the eBPF program runs, checked on the host.
 
 use proptest::prelude::*;
-use shaper_common::{bucket::MAX_RATE_BITS_PER_SEC, conform, ByteCost};
+use shaper_common::{
+    bucket::{credit_chunk, shared_burst, use_credit, CreditUse, MAX_RATE_BITS_PER_SEC},
+    conform, ByteCost,
+};
 
 const NANOS: u128 = 1_000_000_000;
 
@@ -64,5 +67,60 @@ proptest! {
         let expected = rate_bits as f64 / 8.0 * duration_ns / 1e9;
         let error = (admitted as f64 - burst as f64 - expected) / expected;
         prop_assert!(error.abs() < 0.001, "rate {rate_bits} bit/s, size {size}: error {:.5} %", error * 100.0);
+    }
+
+    /// With per-CPU credit in front of the shared bucket (as the eBPF program runs it for
+    /// class-scoped buckets), the bytes admitted in *every* window [s, t] of any arrival
+    /// sequence spread over any number of CPUs stay within burst + rate × (t - s).
+    #[test]
+    fn credit_keeps_every_window_within_burst_plus_rate(
+        rate_bits in 8_000u64..=MAX_RATE_BITS_PER_SEC,
+        burst in 1514u64..(1 << 24),
+        cpus in 1u64..=8,
+        arrivals in prop::collection::vec((0u64..2_000_000, 1u64..70_000, 0u64..8), 1..300),
+    ) {
+        let chunk = credit_chunk(burst, cpus);
+        let cost = ByteCost::new(rate_bits, shared_burst(burst, cpus, chunk));
+        let mut tat = 0u64;
+        let mut credit = vec![0u64; cpus as usize];
+        let mut now = 1u64 << 40;
+        let mut sent: Vec<(u64, u64)> = Vec::new();
+        for (gap, size, cpu) in arrivals {
+            now += gap;
+            let cpu = (cpu % cpus) as usize;
+            let admitted = match use_credit(credit[cpu], size, chunk) {
+                CreditUse::Covered { left } => {
+                    credit[cpu] = left;
+                    true
+                }
+                CreditUse::Take { first, fallback } => {
+                    let taken = [first, fallback].into_iter().find_map(|take| {
+                        conform(tat, now, take, &cost).map(|next| (next, take))
+                    });
+                    match taken {
+                        Some((next, take)) => {
+                            tat = next;
+                            credit[cpu] = credit[cpu] + take - size;
+                            true
+                        }
+                        None => false,
+                    }
+                }
+            };
+            if admitted {
+                sent.push((now, size));
+            }
+        }
+        for (first, &(start, _)) in sent.iter().enumerate() {
+            let mut bytes: u128 = 0;
+            for &(at, size) in &sent[first..] {
+                bytes += size as u128;
+                let window = (at - start) as u128;
+                prop_assert!(
+                    bytes * 8 * NANOS <= burst as u128 * 8 * NANOS + rate_bits as u128 * window,
+                    "{bytes} B in {window} ns at {rate_bits} bit/s, burst {burst}, {cpus} CPUs, chunk {chunk}"
+                );
+            }
+        }
     }
 }

@@ -7,13 +7,13 @@ use aya_ebpf::{
 };
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
-    bucket::{departure, ticks},
+    bucket::{departure, ticks, use_credit, CreditUse},
     conform,
     meter::{charged, srtcm, trtcm, Colour, METER_NONE, METER_TRTCM},
-    Action, Bucket, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Globals, RuleKey,
-    RuleValue, Scope, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4, FAMILY_V6,
-    KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES, MAX_SHAPES,
-    PROTO_TCP, PROTO_UDP,
+    Action, Bucket, BucketKey, ByteCost, ClassConfig, ClassMeta, ClassStats, Credit, Globals,
+    RuleKey, RuleValue, Scope, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, FAMILY_V4,
+    FAMILY_V6, KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN, MAX_CLASSES, MAX_IPV6_EXT_HEADERS, MAX_RULES,
+    MAX_SHAPES, PROTO_TCP, PROTO_UDP,
 };
 
 #[map]
@@ -35,6 +35,9 @@ static KEYED_BUCKETS: LruHashMap<BucketKey, Bucket> =
     LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 #[map]
 static STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+/// Per-CPU prepaid credit on class-scoped buckets (see `shaper_common::bucket`).
+#[map]
+static CREDIT: PerCpuArray<Credit> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
 /// Userspace bookkeeping only (names, rules); declared here so it is created and pinned
 /// with the rest of the attachment's state.
 #[map]
@@ -345,6 +348,21 @@ fn bucket_of(class_id: u32, class: &ClassConfig, packet: &Packet) -> Option<*mut
 
 #[inline(always)]
 fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> Verdict {
+    // Userspace sets a chunk only on class-scoped buckets that need no occupancy (not ecn).
+    if class.credit_chunk != 0 {
+        if let (Some(bucket), Some(credit)) = (
+            CLASS_BUCKETS.get_ptr_mut(class_id),
+            CREDIT.get_ptr_mut(class_id),
+        ) {
+            return charge_with_credit(
+                unsafe { &raw mut (*bucket).tat },
+                unsafe { &mut *credit },
+                class,
+                now,
+                packet.wire_len,
+            );
+        }
+    }
     match bucket_of(class_id, class, packet) {
         Some(bucket) => charge(
             unsafe { &raw mut (*bucket).tat },
@@ -388,6 +406,46 @@ fn keyed_bucket(
     let fresh = Bucket::default();
     let _ = KEYED_BUCKETS.insert(&key, &fresh, aya_ebpf::bindings::BPF_NOEXIST as u64);
     KEYED_BUCKETS.get_ptr_mut(&key)
+}
+
+/// Spends this CPU's credit, taking a chunk (or what is missing) from the shared bucket
+/// when it runs short; the occupancy reported is 0 (unused by the actions that get here).
+#[inline(always)]
+fn charge_with_credit(
+    word: *mut u64,
+    credit: &mut Credit,
+    class: &ClassConfig,
+    now: u64,
+    bytes: u64,
+) -> Verdict {
+    if credit.generation != class.generation || credit.epoch != class.credit_epoch {
+        // Credit of a deleted class, or taken before a rate or burst change.
+        *credit = Credit {
+            bytes: 0,
+            generation: class.generation,
+            epoch: class.credit_epoch,
+        };
+    }
+    match use_credit(credit.bytes, bytes, class.credit_chunk as u64) {
+        CreditUse::Covered { left } => {
+            credit.bytes = left;
+            Verdict::Within { occupancy: 0 }
+        }
+        CreditUse::Take { first, fallback } => {
+            let mut take = first;
+            for _ in 0..2 {
+                if let Verdict::Within { .. } = charge(word, now, take, &class.cost) {
+                    credit.bytes = credit.bytes + take - bytes;
+                    return Verdict::Within { occupancy: 0 };
+                }
+                if take == fallback {
+                    break;
+                }
+                take = fallback;
+            }
+            Verdict::Exceed
+        }
+    }
 }
 
 /// Applies [`conform`] to the bucket word with compare-and-swap, so concurrent CPUs

@@ -8,7 +8,10 @@
 
 use aya::programs::{TestRun as _, TestRunOptions};
 use shaper_cli::state::{self, Attachment, Direction, Location};
-use shaper_common::{conform, program_names, ByteCost, ClassStats};
+use shaper_common::{
+    bucket::{use_credit, CreditUse},
+    conform, program_names, ByteCost, ClassStats,
+};
 use shaper_tests::Lab;
 use std::collections::HashMap;
 
@@ -571,6 +574,75 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
         dropped > 100 && admitted > 100,
         "the sequence must exercise both verdicts"
     );
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+/// A class-scoped bucket spends per-CPU credit taken from the shared bucket a chunk at a
+/// time; on one CPU the program's verdicts equal, packet by packet, the host model built
+/// from the same functions (`use_credit`, `conform`).
+#[test]
+fn per_cpu_credit_admits_exactly_what_the_model_predicts() {
+    // Per-CPU state: keep every test run on one CPU.
+    let mut only_cpu0 = nix::sched::CpuSet::new();
+    only_cpu0.set(0).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &only_cpu0).unwrap();
+    let mut harness = Harness::new(&[&[
+        "credit", "--dev", DEV, "--proto", "udp", "--dport", "9300", "--rate", "2mbit", "--burst",
+        "200k",
+    ]]);
+    let id = *harness.names.keys().next().unwrap();
+    let config = harness.attachment.classes().unwrap().get(&id, 0).unwrap();
+    let chunk = u64::from(config.credit_chunk);
+    assert!(
+        chunk > 0,
+        "a 200k class-scoped drop bucket gets per-CPU credit"
+    );
+    let cost = config.cost;
+    let (mut tat, mut credit) = (0u64, 0u64);
+    let mut dice = Lcg(11);
+    let mut now = 5_000_000_000u64;
+    let (mut admitted, mut dropped, mut mismatches) = (0, 0, Vec::new());
+    for index in 0..1500 {
+        now += dice.next(3_000_000);
+        let frame = ipv4(V4::default(), udp(9300, dice.next(1400) as usize));
+        let size = frame.len() as u64;
+        let expected = match use_credit(credit, size, chunk) {
+            CreditUse::Covered { left } => {
+                credit = left;
+                PASS
+            }
+            CreditUse::Take { first, fallback } => {
+                match [first, fallback]
+                    .into_iter()
+                    .find_map(|take| conform(tat, now, take, &cost).map(|next| (next, take)))
+                {
+                    Some((next, take)) => {
+                        tat = next;
+                        credit = credit + take - size;
+                        PASS
+                    }
+                    None => SHOT,
+                }
+            }
+        };
+        let (verdict, _) = harness.run(&frame, now, 1);
+        if verdict == PASS {
+            admitted += 1
+        } else {
+            dropped += 1
+        }
+        if verdict != expected {
+            mismatches.push(format!(
+                "packet {index}: {size} bytes at {now} ns: got {}, model says {}",
+                verdict as i32, expected as i32
+            ));
+        }
+    }
+    println!(
+        "1500 packets through per-CPU credit (chunk {chunk} B): {admitted} admitted, {dropped} dropped, {} mismatches",
+        mismatches.len()
+    );
+    assert!(dropped > 100 && admitted > 100, "both verdicts exercised");
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
 
