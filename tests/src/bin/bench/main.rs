@@ -91,7 +91,7 @@ fn main() -> Result<()> {
             live_flows: 1_000_000,
             classes: 10_000,
             traffic: TrafficEffort {
-                rounds: 3,
+                rounds: 5,
                 forward_seconds: 5,
                 many_classes: 1000,
                 accuracy_mbit: vec![1, 10, 100, 1000],
@@ -702,7 +702,7 @@ fn traffic_markdown(report: &Value) -> String {
     }
     out.push_str("\n![cost per packet against flows and classes](bench/cost-vs-scale.png)\n");
 
-    out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server; the figure is the router's tx packets/s on its server-side veth over the middle of each run, the median of the rounds, each setup installed and removed in turn. Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape). Target: shaper ≥ 95 % of nothing, and above tbf/htb.\n\n| setup | packets/s | × nothing |\n|---|---|---|\n");
+    out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server; the figure is the router's tx packets/s on its server-side veth over the middle of each run, the median of the rounds, each setup installed and removed in turn. Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape): once with every class in one rule shape (4-port blocks), once with the idle classes in a second shape (single ports). Target: shaper ≥ 95 % of nothing, and above tbf/htb.\n\n| setup | packets/s | × nothing |\n|---|---|---|\n");
     for row in report["throughput"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "| {} | {:.0} | {:.3} |\n",

@@ -265,7 +265,12 @@ impl Drop for Children {
 #[derive(Clone, Copy)]
 enum Forwarder {
     Nothing,
-    Shaper(u32),
+    /// shaper with this many classes, in one rule shape (every class matches a 4-port
+    /// block) or in two (the idle classes match one port each).
+    Shaper {
+        classes: u32,
+        one_shape: bool,
+    },
     Tbf,
     HtbU32(u32),
 }
@@ -274,8 +279,14 @@ impl Forwarder {
     fn label(self) -> String {
         match self {
             Forwarder::Nothing => "nothing attached".into(),
-            Forwarder::Shaper(1) => "shaper, 1 class (rate never reached)".into(),
-            Forwarder::Shaper(n) => format!("shaper, {n} classes"),
+            Forwarder::Shaper { classes: 1, .. } => "shaper, 1 class (rate never reached)".into(),
+            Forwarder::Shaper {
+                classes,
+                one_shape: true,
+            } => format!("shaper, {classes} classes in 1 rule shape"),
+            Forwarder::Shaper { classes, .. } => {
+                format!("shaper, {classes} classes in 2 rule shapes")
+            }
             Forwarder::Tbf => "tbf (rate never reached)".into(),
             Forwarder::HtbU32(1) => "htb + 1 u32 filter (rate never reached)".into(),
             Forwarder::HtbU32(n) => format!("htb, {n} classes + {n} u32 filters"),
@@ -284,18 +295,26 @@ impl Forwarder {
 }
 
 /// Sets up `forwarder`; with n classes, n - 1 classes (filters) match ports nobody uses
-/// and the last one matches the senders, so u32 walks its whole list as it does for the
-/// last-added rule, while shaper's classifier does one hash lookup per rule shape.
+/// and the last one (ports 20000-20003) matches the senders, so u32 walks its whole list
+/// as it does for the last-added rule, while shaper's classifier does one hash lookup per
+/// rule shape.
 fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
         Forwarder::Nothing => Ok(()),
-        Forwarder::Shaper(count) => {
+        Forwarder::Shaper {
+            classes: count,
+            one_shape,
+        } => {
             lab.shaper_in(&lab.router, &["attach", DEV])?;
             let mut lines: Vec<String> = (0..count - 1)
                 .map(|i| {
+                    let ports = if one_shape {
+                        format!("{}-{}", 4000 + 4 * i, 4003 + 4 * i)
+                    } else {
+                        (10_000 + i).to_string()
+                    };
                     format!(
-                        "class add idle{i} --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport {}",
-                        10_000 + i
+                        "class add idle{i} --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport {ports}"
                     )
                 })
                 .collect();
@@ -341,7 +360,7 @@ fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
 fn remove_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
         Forwarder::Nothing => Ok(()),
-        Forwarder::Shaper(_) => lab.shaper_in(&lab.router, &["detach", DEV]).map(|_| ()),
+        Forwarder::Shaper { .. } => lab.shaper_in(&lab.router, &["detach", DEV]).map(|_| ()),
         Forwarder::Tbf | Forwarder::HtbU32(_) => {
             tc_batch(lab, &[format!("qdisc del dev {DEV} root")])
         }
@@ -405,10 +424,20 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
     let n = effort.many_classes;
     let setups = [
         Forwarder::Nothing,
-        Forwarder::Shaper(1),
+        Forwarder::Shaper {
+            classes: 1,
+            one_shape: true,
+        },
         Forwarder::Tbf,
         Forwarder::HtbU32(1),
-        Forwarder::Shaper(n),
+        Forwarder::Shaper {
+            classes: n,
+            one_shape: true,
+        },
+        Forwarder::Shaper {
+            classes: n,
+            one_shape: false,
+        },
         Forwarder::HtbU32(n),
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
