@@ -657,6 +657,11 @@ impl Attachment {
             .max_entries())
     }
 
+    /// The id of the pinned program.
+    pub fn program_id(&self) -> Result<u32> {
+        Ok(aya::programs::ProgramInfo::from_pin(self.dir.join(PROG_PIN))?.id())
+    }
+
     /// The pinned program, for test runs.
     pub fn program_fd_path(&self) -> PathBuf {
         self.dir.join(PROG_PIN)

@@ -5,6 +5,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
+use aya_log_ebpf::warn;
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
     bucket::{departure, ticks, use_credit, CreditUse},
@@ -120,7 +121,7 @@ fn run(ctx: &TcContext, now: u64) -> i32 {
     if class.meter != METER_NONE {
         return meter(ctx, class_id, class, &packet, now);
     }
-    let verdict = charge_bucket(class_id, class, &packet, now);
+    let verdict = charge_bucket(ctx, class_id, class, &packet, now);
     act(ctx, class_id, class, verdict, &packet)
 }
 
@@ -347,7 +348,13 @@ fn bucket_of(class_id: u32, class: &ClassConfig, packet: &Packet) -> Option<*mut
 }
 
 #[inline(always)]
-fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> Verdict {
+fn charge_bucket(
+    ctx: &TcContext,
+    class_id: u32,
+    class: &ClassConfig,
+    packet: &Packet,
+    now: u64,
+) -> Verdict {
     // Userspace sets a chunk only on class-scoped buckets that need no occupancy (not ecn).
     if class.credit_chunk != 0 {
         if let (Some(bucket), Some(credit)) = (
@@ -371,7 +378,13 @@ fn charge_bucket(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) 
             &class.cost,
         ),
         // The LRU could not hold a new bucket (every entry busy on other CPUs): fail open.
-        None => Verdict::Within { occupancy: 0 },
+        None => {
+            warn!(
+                ctx,
+                "class {}: no room for a new bucket in the flow table; packet passed", class_id
+            );
+            Verdict::Within { occupancy: 0 }
+        }
     }
 }
 
@@ -682,6 +695,12 @@ fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, packet: &Packet, n
                 bpf_skb_set_tstamp(ctx.skb.skb, leave_at, SKB_TSTAMP_DELIVERY_MONO);
             },
             None => {
+                warn!(
+                    ctx,
+                    "class {}: departure beyond the {} ms horizon; packet dropped",
+                    class_id,
+                    class.action_mask
+                );
                 stats.dropped_packets += 1;
                 stats.dropped_bytes += packet.wire_len;
                 return TC_ACT_SHOT as i32;

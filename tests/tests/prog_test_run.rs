@@ -755,7 +755,7 @@ fn two_cpus_charging_one_bucket_never_over_admit() {
 /// the horizon is dropped.
 #[test]
 fn edt_shaping_writes_departure_times_and_drops_beyond_the_horizon() {
-    let harness = Harness::new(&[&[
+    let mut harness = Harness::new(&[&[
         "edt", "--dev", DEV, "--proto", "udp", "--dport", "9300", "--rate", "8mbit",
     ]]);
     // Switch the class to EDT shaping (no HTB class, 2 ms horizon) in its config entry.
@@ -798,4 +798,36 @@ fn edt_shaping_writes_departure_times_and_drops_beyond_the_horizon() {
     assert_eq!(sent[3].0, SHOT, "3 ms ahead is beyond the 2 ms horizon");
     // Once the queue has drained, a packet leaves at once.
     assert_eq!(send(now + 10_000_000), (PASS, now + 10_000_000));
+
+    // The program logged the horizon drop (aya-log), as the daemon forwards it.
+    let records = Records::default();
+    let mut reader =
+        aya_log::EbpfLogger::init_with_logger(&mut harness.ebpf, records.clone()).unwrap();
+    reader.flush();
+    let lines = records.0.lock().unwrap().clone();
+    assert_eq!(
+        lines,
+        vec![format!(
+            "WARN class {id}: departure beyond the 2 ms horizon; packet dropped"
+        )]
+    );
+}
+
+/// A `log::Log` that keeps what it is given, for checking the eBPF program's records.
+#[derive(Clone, Default)]
+struct Records(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl log::Log for Records {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{} {}", record.level(), record.args()));
+    }
+
+    fn flush(&self) {}
 }

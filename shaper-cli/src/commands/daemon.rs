@@ -8,7 +8,9 @@
 //!   back) and attaches one that appeared late;
 //! - serves Prometheus metrics on `/metrics` and a health check on `/healthz`;
 //! - on SIGTERM/SIGINT leaves everything attached (the kernel keeps enforcing), unless
-//!   `--cleanup-on-exit`.
+//!   `--cleanup-on-exit`;
+//! - forwards the eBPF program's own log records (aya-log: a departure beyond the EDT
+//!   horizon, a full flow table) of every attachment into its log.
 //!
 //! Everything runs on one thread (a current-thread runtime): plans and scrapes enter
 //! network namespaces with setns, which is per thread, and never overlap.
@@ -75,6 +77,8 @@ struct Daemon {
     health: Health,
     /// Missing interfaces at the last check (logged when this changes).
     missing: Vec<String>,
+    /// Readers of each attached program's log ring buffer, by program id.
+    ebpf_logs: std::collections::HashMap<u32, aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
 impl Daemon {
@@ -178,6 +182,34 @@ impl Daemon {
         }
     }
 
+    /// Forwards what the attached programs logged since the last call.
+    fn forward_ebpf_logs(&mut self) {
+        let mut live = Vec::new();
+        for location in state::list_locations(None).unwrap_or_default() {
+            let Ok(attachment) = state::Attachment::open(&location) else {
+                continue;
+            };
+            let Ok(id) = attachment.program_id() else {
+                continue;
+            };
+            live.push(id);
+            if let std::collections::hash_map::Entry::Vacant(entry) = self.ebpf_logs.entry(id) {
+                match aya_log::EbpfLogger::init_from_id(id) {
+                    Ok(logger) => {
+                        entry.insert(logger);
+                    }
+                    Err(error) => {
+                        log::debug!("no eBPF log reader for {}: {error}", location.describe())
+                    }
+                }
+            }
+        }
+        self.ebpf_logs.retain(|id, _| live.contains(id));
+        for logger in self.ebpf_logs.values_mut() {
+            logger.flush();
+        }
+    }
+
     fn cleanup(&mut self) {
         let empty = Desired::default();
         let everything = Self::interfaces(&self.desired);
@@ -209,6 +241,7 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
             ..Health::default()
         },
         missing: Vec::new(),
+        ebpf_logs: Default::default(),
     }));
     {
         let mut state = daemon.borrow_mut();
@@ -240,7 +273,11 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
     loop {
         tokio::select! {
             _ = hangup.recv() => daemon.borrow_mut().reload("SIGHUP"),
-            _ = ticker.tick() => daemon.borrow_mut().tick(),
+            _ = ticker.tick() => {
+                let mut state = daemon.borrow_mut();
+                state.tick();
+                state.forward_ebpf_logs();
+            }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
         }
