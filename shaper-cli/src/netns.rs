@@ -32,29 +32,31 @@ pub fn ifindex(dev: &str) -> Result<u32> {
 /// Runs `work` inside the network namespace at `path` (a CNI runtime's CNI_NETNS, e.g.
 /// /proc/PID/ns/net or /var/run/netns/NAME) and comes back.
 pub fn in_path<T>(path: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
-    let home = File::open("/proc/self/ns/net")
-        .map_err(|e| runtime(format!("cannot open the current network namespace: {e}")))?;
-    let target = File::open(path)
-        .map_err(|e| runtime(format!("network namespace {path} not found: {e}")))?;
-    setns(target, CloneFlags::CLONE_NEWNET)
-        .map_err(|e| runtime(format!("cannot enter network namespace {path}: {e}")))?;
-    let result = work();
-    setns(home, CloneFlags::CLONE_NEWNET).map_err(|e| {
-        runtime(format!(
-            "cannot return to the original network namespace: {e}"
-        ))
-    })?;
-    result
+    round_trip(
+        || {
+            let target = File::open(path)
+                .map_err(|e| runtime(format!("network namespace {path} not found: {e}")))?;
+            setns(target, CloneFlags::CLONE_NEWNET)
+                .map_err(|e| runtime(format!("cannot enter network namespace {path}: {e}")))
+        },
+        work,
+    )
 }
 
 /// Runs `work` inside the named namespace (or the current one for `None`) and comes back.
 pub fn in_namespace<T>(netns: &Option<String>, work: impl FnOnce() -> Result<T>) -> Result<T> {
-    let Some(name) = netns else {
-        return work();
-    };
+    match netns {
+        None => work(),
+        Some(name) => round_trip(|| enter(name), work),
+    }
+}
+
+/// `go` moves this thread into another network namespace; `work` runs there, then the
+/// thread returns to the namespace it came from.
+fn round_trip<T>(go: impl FnOnce() -> Result<()>, work: impl FnOnce() -> Result<T>) -> Result<T> {
     let home = File::open("/proc/self/ns/net")
         .map_err(|e| runtime(format!("cannot open the current network namespace: {e}")))?;
-    enter(name)?;
+    go()?;
     let result = work();
     setns(home, CloneFlags::CLONE_NEWNET).map_err(|e| {
         runtime(format!(

@@ -706,3 +706,48 @@ fn daemon_forwards_the_programs_log_records() -> Result<()> {
     assert!(daemon.stop()?.success());
     Ok(())
 }
+
+/// Completions and man pages come from the clap definitions, so every command has them.
+#[test]
+fn completions_and_man_pages_cover_every_command() -> Result<()> {
+    let commands = [
+        "attach", "detach", "class", "stats", "status", "batch", "apply", "export", "daemon",
+    ];
+    for shell in ["bash", "zsh", "fish"] {
+        let output = shaper(&["completions", shell]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let script = stdout(&output);
+        for command in commands {
+            assert!(
+                script.contains(command),
+                "{shell} completion lacks {command}"
+            );
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("shaper-test-man-{}", std::process::id()));
+    let output = shaper(&["manpages", dir.to_str().unwrap()]);
+    let pages: Vec<String> = std::fs::read_dir(&dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().to_string()))
+        .collect::<Result<_, _>>()?;
+    let apply = std::fs::read_to_string(dir.join("shaper-apply.1"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "{}", stderr(&output));
+    for command in commands {
+        assert!(
+            pages.contains(&format!("shaper-{command}.1")),
+            "no page for {command}: {pages:?}"
+        );
+    }
+    assert!(pages.contains(&"shaper-class-add.1".to_string()));
+    assert!(!pages.iter().any(|p| p.contains("help")), "{pages:?}");
+    let apply = apply?;
+    assert!(
+        apply.starts_with(".ie") || apply.contains(".TH"),
+        "not a man page"
+    );
+    assert!(
+        apply.contains("dry\\-run"),
+        "the apply page lacks --dry-run"
+    );
+    Ok(())
+}

@@ -294,6 +294,29 @@ impl Forwarder {
     }
 }
 
+impl Forwarder {
+    /// The configuration, as printed in the report.
+    fn command(self) -> String {
+        match self {
+            Forwarder::Nothing => "-".into(),
+            Forwarder::Shaper { classes: 1, .. } => format!(
+                "shaper attach {DEV}; shaper class add blast --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport 20000-20003"
+            ),
+            Forwarder::Shaper { classes, one_shape } => format!(
+                "shaper batch -f: {} × `class add idleN --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport {}`, then the blast class",
+                classes - 1,
+                if one_shape { "P-P+3" } else { "P" }
+            ),
+            Forwarder::Tbf => format!(
+                "tc qdisc add dev {DEV} root tbf rate {NEVER_REACHED} burst 10mb latency 50ms"
+            ),
+            Forwarder::HtbU32(n) => format!(
+                "tc -batch: htb root (default 0), {n} × (`class add … htb rate {NEVER_REACHED}` + `filter add … u32 match ip protocol 17 0xff match ip dport P 0xffff`), the senders' filter last"
+            ),
+        }
+    }
+}
+
 /// Sets up `forwarder`; with n classes, n - 1 classes (filters) match ports nobody uses
 /// and the last one (ports 20000-20003) matches the senders, so u32 walks its whole list
 /// as it does for the last-added rule, while shaper's classifier does one hash lookup per
@@ -367,8 +390,46 @@ fn remove_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     }
 }
 
+/// An nftables table in the server's namespace that drops the senders' datagrams at
+/// prerouting; removed on drop.
+struct Sink<'a>(&'a shaper_tests::Netns);
+
+impl<'a> Sink<'a> {
+    const TABLE: &'static str = "shaper_bench_sink";
+
+    fn install(server: &'a shaper_tests::Netns) -> Result<Self> {
+        let rules = format!(
+            "table inet {} {{\n chain prerouting {{\n  type filter hook prerouting priority -300;\n  udp dport {}-{} drop\n }}\n}}\n",
+            Self::TABLE,
+            BLAST_PORTS[0],
+            BLAST_PORTS[1]
+        );
+        let mut child = server
+            .command("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(rules.as_bytes())?;
+        if !child.wait()?.success() {
+            bail!("nft could not install the sink");
+        }
+        Ok(Self(server))
+    }
+}
+
+impl Drop for Sink<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.run("nft", &["delete", "table", "inet", Self::TABLE]);
+    }
+}
+
 /// Packets per second the router forwards toward the server while two iperf3 senders,
-/// one pinned to each core, send 64-byte UDP datagrams as fast as they can.
+/// one pinned to each core, send 64-byte UDP datagrams as fast as they can, and the
+/// server drops them on arrival.
 fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
     let mut children = Children(Vec::new());
     for port in BLAST_PORTS {
@@ -400,8 +461,11 @@ fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
             .spawn()?;
         children.0.push(child);
     }
-    // Measure the middle of the run: skip the start-up second and the last one.
+    // Once iperf3 has set up its streams, the server drops the datagrams before any
+    // socket sees them: the two cores then go to sending and forwarding, not to the
+    // receivers, and the measurement is less at the mercy of the scheduler.
     thread::sleep(Duration::from_secs(1));
+    let sink = Sink::install(&lab.server)?;
     let before = lab.router.link_stat(DEV, "tx_packets")?;
     let started = Instant::now();
     thread::sleep(Duration::from_secs(u64::from(
@@ -409,6 +473,7 @@ fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
     )));
     let after = lab.router.link_stat(DEV, "tx_packets")?;
     let elapsed = started.elapsed().as_secs_f64();
+    drop(sink);
     for child in &mut children.0 {
         child.wait()?;
     }
@@ -473,6 +538,7 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
         );
         rows.push(json!({
             "setup": setup.label(),
+            "command": setup.command(),
             "pps": medians[index],
             "pps_runs": samples[index],
             "ratio_to_none": ratio,
