@@ -272,7 +272,7 @@ pub fn bucket_cost(
         && action != Action::Shape as u8;
     let cpus = possible_cpus();
     let chunk = if eligible {
-        credit_chunk(burst_bytes, cpus)
+        credit_chunk(rate_bits_per_sec, burst_bytes, cpus)
     } else {
         0
     };

@@ -26,7 +26,8 @@
 //! **Per-CPU credit.** When several CPUs send through one class-scoped bucket, the
 //! compare-and-swap on its one word moves a cache line between CPUs for every packet;
 //! on the lab's router that costs about 5 % of the forwarding rate. So a CPU takes
-//! bytes from the shared bucket a chunk at a time ([`credit_chunk`], at most 16 KiB) into
+//! bytes from the shared bucket a chunk at a time ([`credit_chunk`], at most 16 KiB and
+//! 1 ms at the rate) into
 //! a per-CPU credit and spends it packet by packet without touching the shared word.
 //! The bound stays exact: every byte sent was charged to the shared bucket before, and
 //! the shared bucket's burst is lowered by what the CPUs can hold ([`shared_burst`]), so
@@ -97,11 +98,17 @@ pub const MAX_CREDIT_CHUNK: u64 = 16 * 1024;
 /// Smallest chunk worth having: one full-size Ethernet frame.
 const MIN_CREDIT_CHUNK: u64 = 1514;
 
-/// The per-CPU credit chunk for a class bucket of `burst_bytes` on `cpus` CPUs: a quarter
-/// of the burst spread over the CPUs, at most [`MAX_CREDIT_CHUNK`]; 0 (charge per packet)
-/// when that is less than one full frame.
-pub fn credit_chunk(burst_bytes: u64, cpus: u64) -> u64 {
-    let chunk = (burst_bytes / (4 * cpus.max(1))).min(MAX_CREDIT_CHUNK);
+/// The per-CPU credit chunk for a class bucket of `rate_bits_per_sec` and `burst_bytes` on
+/// `cpus` CPUs: a quarter of the burst spread over the CPUs, at most 1 ms at the rate
+/// (credit a CPU sits on delays nobody by more than that) and at most
+/// [`MAX_CREDIT_CHUNK`]; 0 (charge per packet) when that is less than one full frame, so
+/// classes below about 12 Mbit/s, whose packet rates cause no contention, keep the
+/// per-packet bucket.
+pub fn credit_chunk(rate_bits_per_sec: u64, burst_bytes: u64, cpus: u64) -> u64 {
+    let one_milli = rate_bits_per_sec / 8 / 1000;
+    let chunk = (burst_bytes / (4 * cpus.max(1)))
+        .min(one_milli)
+        .min(MAX_CREDIT_CHUNK);
     if chunk < MIN_CREDIT_CHUNK {
         0
     } else {
@@ -214,9 +221,12 @@ mod tests {
                 fallback: 65_000
             }
         );
-        assert_eq!(credit_chunk(3000, 2), 0);
-        assert_eq!(credit_chunk(128 * 1024, 2), 16 * 1024);
-        assert_eq!(credit_chunk(64 * 1024, 2), 8 * 1024);
+        assert_eq!(credit_chunk(1_000_000_000, 3000, 2), 0);
+        assert_eq!(credit_chunk(1_000_000_000, 128 * 1024, 2), 16 * 1024);
+        assert_eq!(credit_chunk(1_000_000_000, 64 * 1024, 2), 8 * 1024);
+        // 1 ms at 100 Mbit/s is 12 500 bytes; at 10 Mbit/s less than a frame.
+        assert_eq!(credit_chunk(100_000_000, 1 << 20, 2), 12_500);
+        assert_eq!(credit_chunk(10_000_000, 1 << 20, 2), 0);
         assert_eq!(shared_burst(64 * 1024, 2, 8 * 1024), 48 * 1024);
     }
 

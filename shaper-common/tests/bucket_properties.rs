@@ -79,7 +79,7 @@ proptest! {
         cpus in 1u64..=8,
         arrivals in prop::collection::vec((0u64..2_000_000, 1u64..70_000, 0u64..8), 1..300),
     ) {
-        let chunk = credit_chunk(burst, cpus);
+        let chunk = credit_chunk(rate_bits, burst, cpus);
         let cost = ByteCost::new(rate_bits, shared_burst(burst, cpus, chunk));
         let mut tat = 0u64;
         let mut credit = vec![0u64; cpus as usize];
