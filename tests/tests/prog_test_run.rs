@@ -524,17 +524,15 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
     let shared_cost = ByteCost::new(1_000_000, 3000);
     let flow_cost = ByteCost::new(2_000_000, 4000);
     let mut model_tat: HashMap<(u16, u16), u64> = HashMap::new();
-    let mut dice = Lcg(7);
-    let mut now = 5_000_000_000u64;
-    let (mut admitted, mut dropped, mut mismatches) = (0, 0, Vec::new());
-    for index in 0..1000 {
-        now += dice.next(3_000_000); // 0-3 ms apart
+    let mut index = 0;
+    let summary = against_model(&mut harness, 1000, Lcg(7), 3_000_000, |dice, now| {
         let payload = dice.next(1400) as usize;
         let (dport, sport) = if index % 2 == 0 {
             (9000, 1000)
         } else {
             (9001, 1000 + dice.next(3) as u16)
         };
+        index += 1;
         let mut datagram = udp(dport, payload);
         datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
         let frame = ipv4(V4::default(), datagram);
@@ -551,6 +549,26 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
             }
             None => SHOT,
         };
+        (frame, expected)
+    });
+    println!("1000 packets: {summary}");
+}
+
+/// Runs `count` packets `gap_ns` apart at most (random gaps from `dice`): `next` makes
+/// each frame and says what the host model expects of it; every verdict of the program
+/// must match, and both verdicts must occur more than 100 times.
+fn against_model(
+    harness: &mut Harness,
+    count: usize,
+    mut dice: Lcg,
+    gap_ns: u64,
+    mut next: impl FnMut(&mut Lcg, u64) -> (Vec<u8>, u32),
+) -> String {
+    let mut now = 5_000_000_000u64;
+    let (mut admitted, mut dropped, mut mismatches) = (0, 0, Vec::new());
+    for index in 0..count {
+        now += dice.next(gap_ns);
+        let (frame, expected) = next(&mut dice, now);
         let (verdict, _) = harness.run(&frame, now, 1);
         if verdict == PASS {
             admitted += 1
@@ -566,15 +584,12 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
             ));
         }
     }
-    println!(
-        "1000 packets: {admitted} admitted, {dropped} dropped, {} mismatches",
-        mismatches.len()
-    );
     assert!(
         dropped > 100 && admitted > 100,
-        "the sequence must exercise both verdicts"
+        "the sequence must exercise both verdicts ({admitted} admitted, {dropped} dropped)"
     );
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+    format!("{admitted} admitted, {dropped} dropped, 0 mismatches")
 }
 
 /// A class-scoped bucket spends per-CPU credit taken from the shared bucket a chunk at a
@@ -599,11 +614,8 @@ fn per_cpu_credit_admits_exactly_what_the_model_predicts() {
     );
     let cost = config.cost;
     let (mut tat, mut credit) = (0u64, 0u64);
-    let mut dice = Lcg(11);
-    let mut now = 5_000_000_000u64;
-    let (mut admitted, mut dropped, mut mismatches) = (0, 0, Vec::new());
-    for index in 0..1500 {
-        now += dice.next(100_000); // about 120 Mbit/s offered: both verdicts
+    // Gaps up to 100 µs: about 120 Mbit/s offered, so both verdicts occur.
+    let summary = against_model(&mut harness, 1500, Lcg(11), 100_000, |dice, now| {
         let frame = ipv4(V4::default(), udp(9300, dice.next(1400) as usize));
         let size = frame.len() as u64;
         let expected = match use_credit(credit, size, chunk) {
@@ -625,25 +637,9 @@ fn per_cpu_credit_admits_exactly_what_the_model_predicts() {
                 }
             }
         };
-        let (verdict, _) = harness.run(&frame, now, 1);
-        if verdict == PASS {
-            admitted += 1
-        } else {
-            dropped += 1
-        }
-        if verdict != expected {
-            mismatches.push(format!(
-                "packet {index}: {size} bytes at {now} ns: got {}, model says {}",
-                verdict as i32, expected as i32
-            ));
-        }
-    }
-    println!(
-        "1500 packets through per-CPU credit (chunk {chunk} B): {admitted} admitted, {dropped} dropped, {} mismatches",
-        mismatches.len()
-    );
-    assert!(dropped > 100 && admitted > 100, "both verdicts exercised");
-    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+        (frame, expected)
+    });
+    println!("1500 packets through per-CPU credit (chunk {chunk} B): {summary}");
 }
 
 /// Classification cost follows the number of rule shapes, not of classes: 200 classes
