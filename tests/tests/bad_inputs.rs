@@ -56,6 +56,7 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
     assert_eq!(before.0.as_array().unwrap().len(), 1);
     assert_eq!(before.1.as_array().unwrap().len(), 1);
 
+    let owned = |args: &[&str]| -> Vec<String> { args.iter().map(|s| s.to_string()).collect() };
     let r1 = ROUTER_TO_SERVER;
     // `class add x --dev r1 --rate 1mbit` plus the options under test.
     let add_x = |extra: &[&str]| -> Vec<String> {
@@ -181,6 +182,27 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
             1,
         ),
         ("unknown command", ns(&["explode"]), 2),
+        (
+            "apply of a missing file",
+            owned(&["apply", "-f", "/nonexistent/shaper.toml"]),
+            1,
+        ),
+        ("apply with --netns", ns(&["apply", "-f", "/dev/null"]), 2),
+        (
+            "daemon with a bad metrics address",
+            owned(&["daemon", "-f", "/dev/null", "--metrics-addr", "nowhere"]),
+            2,
+        ),
+        (
+            "daemon with a bad interval",
+            owned(&["daemon", "-f", "/dev/null", "--interval", "soon"]),
+            2,
+        ),
+        (
+            "stats --watch too often",
+            ns(&["stats", "--watch", "--interval", "1ms"]),
+            2,
+        ),
     ];
     let mut failures = Vec::new();
     for (what, args, expected_code) in &cases {
