@@ -642,13 +642,18 @@ fn namespace_exists(netns: &Option<String>) -> bool {
 pub fn plan(desired: &Desired, prune: Prune) -> Result<Plan> {
     let mut plan = Plan::default();
     for interface in &desired.interfaces {
-        if !namespace_exists(&interface.netns)
-            || netns::in_namespace(&interface.netns, || netns::ifindex(&interface.dev)).is_err()
-        {
+        if !namespace_exists(&interface.netns) {
             plan.missing.push(interface.describe());
             continue;
         }
-        netns::in_namespace(&interface.netns, || plan_interface(interface, &mut plan))?;
+        // One trip into the namespace: look the device up, then plan it.
+        netns::in_namespace(&interface.netns, || {
+            if netns::ifindex(&interface.dev).is_err() {
+                plan.missing.push(interface.describe());
+                return Ok(());
+            }
+            plan_interface(interface, &mut plan)
+        })?;
     }
     let named: Vec<(Option<String>, String)> = desired
         .interfaces
