@@ -19,9 +19,13 @@ use shaper_cli::{
     state::{self, Attachment, Direction, Location},
 };
 use shaper_common::{map_names, program_names, Bucket, BucketKey, Scope, FAMILY_V4, PROTO_UDP};
-use shaper_tests::Lab;
-use std::{path::PathBuf, process::Command, time::Instant};
-use traffic::{Peer, TrafficEffort};
+use shaper_tests::{output_bounded, Lab, COMMAND_LIMIT};
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+use traffic::{AccuracyKey, Peer, TrafficEffort};
 
 struct Options {
     quick: bool,
@@ -60,9 +64,9 @@ struct Effort {
     traffic: TrafficEffort,
 }
 
-fn main() -> Result<()> {
-    let options = options()?;
-    let effort = if options.quick {
+/// How much a run does: `--quick` (CI) or the full run.
+fn effort(quick: bool) -> Effort {
+    if quick {
         Effort {
             repeat: 200_000,
             runs: 3,
@@ -110,7 +114,12 @@ fn main() -> Result<()> {
                 ],
             },
         }
-    };
+    }
+}
+
+fn main() -> Result<()> {
+    let options = options()?;
+    let effort = effort(options.quick);
     let started = Instant::now();
     let lab = Lab::new()?;
     println!(
@@ -157,7 +166,7 @@ fn main() -> Result<()> {
         std::fs::write(path, markdown(&report))?;
         println!("wrote {}", path.display());
     }
-    check_targets(&report)
+    check_targets(&report, &Expected::of(&effort))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -244,6 +253,34 @@ fn median(sorted: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
+const CASE_FLOOR: &str = "floor: empty TC program";
+const CASE_A: &str = "(a) 1 class, 1 flow";
+const CASE_D: &str = "(d) no class matches";
+
+fn case_b(live_flows: u32) -> String {
+    format!("(b) 1 class, {live_flows} live flows")
+}
+
+fn case_c(classes: u16) -> String {
+    format!("(c) {classes} classes")
+}
+
+/// The live-flow counts measured: decades from 1000 up to `live_flows`.
+fn flow_levels(live_flows: u32) -> Vec<u32> {
+    std::iter::successors(Some(1000u32), |level| level.checked_mul(10))
+        .take_while(|level| *level <= live_flows)
+        .collect()
+}
+
+/// The class counts measured: decades from 1, the last one `classes`.
+fn class_levels(classes: u16) -> Vec<u16> {
+    let mut levels = vec![1u16];
+    while let Some(&level) = levels.last().filter(|level| **level < classes) {
+        levels.push(level.saturating_mul(10).min(classes));
+    }
+    levels
+}
+
 /// The fixed cases (floor, a–d), and the cost at growing numbers of flows and classes.
 fn per_packet(lab: &Lab, effort: &Effort) -> Result<(Vec<Value>, Value)> {
     let one = bench_attachment(lab, "bench0", effort.live_flows.next_power_of_two() * 2)?;
@@ -263,39 +300,30 @@ fn per_packet(lab: &Lab, effort: &Effort) -> Result<(Vec<Value>, Value)> {
 
     let matching = udp_frame(5000, 40000);
     let mut cases: Vec<(String, Vec<f64>)> = Vec::new();
+    cases.push((CASE_FLOOR.into(), time_runs(floor, &matching, effort)?));
+    cases.push((CASE_A.into(), time_runs(shaper_one, &matching, effort)?));
     cases.push((
-        "floor: empty TC program".into(),
-        time_runs(floor, &matching, effort)?,
-    ));
-    cases.push((
-        "(a) 1 class, 1 flow".into(),
-        time_runs(shaper_one, &matching, effort)?,
-    ));
-    cases.push((
-        "(d) no class matches".into(),
+        CASE_D.into(),
         time_runs(shaper_one, &udp_frame(6000, 40000), effort)?,
     ));
 
     // Flows: the table grows in decades; the packet's own flow is one of them.
     let mut flows = vec![(1.0, median(&cases[1].1))];
     let mut live = 1;
-    let mut level = 1000;
-    while level <= effort.live_flows {
+    for level in flow_levels(effort.live_flows) {
         populate_flows(&one, live, level)?;
         live = level;
         let samples = time_runs(shaper_one, &matching, effort)?;
         println!("  {level:>8} live flows: {:6.1} ns", median(&samples));
         flows.push((f64::from(level), median(&samples)));
         if level == effort.live_flows {
-            cases.push((format!("(b) 1 class, {level} live flows"), samples));
+            cases.push((case_b(level), samples));
         }
-        level *= 10;
     }
     // Classes: added in decades to one attachment; the packet matches the first class.
     let mut class_points = Vec::new();
     let mut added: u16 = 0;
-    let mut level: u16 = 1;
-    loop {
+    for level in class_levels(effort.classes) {
         let specs: Vec<ClassSpec> = (added..level)
             .map(|i| udp_class(format!("c{i}"), 10_000 + i, Scope::Class))
             .collect();
@@ -305,10 +333,8 @@ fn per_packet(lab: &Lab, effort: &Effort) -> Result<(Vec<Value>, Value)> {
         println!("  {level:>8} classes:    {:6.1} ns", median(&samples));
         class_points.push((f64::from(level), median(&samples)));
         if level >= effort.classes {
-            cases.push((format!("(c) {level} classes"), samples));
-            break;
+            cases.push((case_c(level), samples));
         }
-        level = level.saturating_mul(10).min(effort.classes);
     }
 
     let floor_ns = median(&cases[0].1);
@@ -498,7 +524,7 @@ fn memory(lab: &Lab) -> Result<Value> {
 
 fn timed(mut command: Command) -> Result<f64> {
     let started = Instant::now();
-    let output = command.output()?;
+    let output = output_bounded(&mut command, COMMAND_LIMIT)?;
     if !output.status.success() {
         bail!(
             "{command:?} failed: {}",
@@ -594,11 +620,12 @@ fn control_plane(lab: &Lab, effort: &Effort) -> Result<Value> {
 // report
 
 fn date() -> String {
-    Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
+    output_bounded(
+        Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]),
+        Duration::from_secs(10),
+    )
+    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    .unwrap_or_default()
 }
 
 fn machine() -> Value {
@@ -750,25 +777,170 @@ fn traffic_markdown(report: &Value) -> String {
     out
 }
 
-/// Prints how the per-packet targets fare; fails only on a broken measurement.
-fn check_targets(report: &Value) -> Result<()> {
-    let rows = report["per_packet"]
-        .as_array()
-        .context("no per-packet rows")?;
-    for row in rows.iter().skip(1) {
-        let ratio = row["ratio_to_floor"].as_f64().unwrap_or(0.0);
+/// Every row and figure a run of an effort must report.
+struct Expected {
+    per_packet: Vec<String>,
+    flow_counts: Vec<u32>,
+    class_counts: Vec<u16>,
+    maps: Vec<&'static str>,
+    control_plane_classes: u16,
+    throughput: Vec<String>,
+    accuracy: Vec<AccuracyKey>,
+}
+
+impl Expected {
+    fn of(effort: &Effort) -> Self {
+        Self {
+            per_packet: vec![
+                CASE_FLOOR.into(),
+                CASE_A.into(),
+                CASE_D.into(),
+                case_b(effort.live_flows),
+                case_c(effort.classes),
+            ],
+            flow_counts: std::iter::once(1)
+                .chain(flow_levels(effort.live_flows))
+                .collect(),
+            class_counts: class_levels(effort.classes),
+            maps: map_names::ALL.to_vec(),
+            control_plane_classes: effort.classes,
+            throughput: traffic::expected_throughput(&effort.traffic),
+            accuracy: traffic::expected_accuracy(&effort.traffic),
+        }
+    }
+}
+
+/// Most a measured rate may exceed what limits it (or a setup what forwards without it)
+/// before the figure is taken for a broken measurement.
+const MAX_SANE_RATIO: f64 = 1.5;
+
+/// A figure that is there, finite and positive, and at most `max`.
+fn sane(value: &Value, max: f64) -> bool {
+    value
+        .as_f64()
+        .is_some_and(|v| v.is_finite() && v > 0.0 && v <= max)
+}
+
+/// Prints how the targets fare, and fails when a measurement the run was to make is
+/// missing or absurd: a row of `expected` absent, a figure zero, NaN (null in JSON) or
+/// negative, a throughput or accuracy ratio above [`MAX_SANE_RATIO`].
+fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
+    let mut broken: Vec<String> = Vec::new();
+    let rows_of = |key: &str| report[key].as_array().cloned().unwrap_or_default();
+
+    // Per-packet cost: ratios to the floor are legitimately well above 1.
+    let per_packet = rows_of("per_packet");
+    for row in per_packet.iter().skip(1) {
+        let ratio = row["ratio_to_floor"].as_f64().unwrap_or(f64::NAN);
         let verdict = if ratio <= 2.0 { "meets" } else { "misses" };
         println!(
             "target ≤ 2.0× floor: {} {verdict} ({ratio:.2})",
             row["case"].as_str().unwrap_or_default()
         );
-        if ratio.is_nan() || ratio <= 0.0 {
-            bail!("a per-packet measurement is missing or zero");
+    }
+    for case in &expected.per_packet {
+        match per_packet.iter().find(|row| row["case"] == case.as_str()) {
+            None => broken.push(format!("per-packet row missing: {case}")),
+            Some(row) => {
+                for figure in ["ns_median", "ratio_to_floor"] {
+                    if !sane(&row[figure], f64::INFINITY) {
+                        broken.push(format!("per-packet {case}: {figure} is {}", row[figure]));
+                    }
+                }
+            }
         }
     }
-    let throughput = report["throughput"]
-        .as_array()
-        .context("no throughput rows")?;
+    for (axis, counts) in [
+        (
+            "flows",
+            expected
+                .flow_counts
+                .iter()
+                .map(|&n| f64::from(n))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "classes",
+            expected
+                .class_counts
+                .iter()
+                .map(|&n| f64::from(n))
+                .collect(),
+        ),
+    ] {
+        let points = report["scaling"][axis]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let measured: Vec<f64> = points.iter().filter_map(|p| p["count"].as_f64()).collect();
+        if measured != counts {
+            broken.push(format!(
+                "scaling by {axis}: counts {measured:?}, expected {counts:?}"
+            ));
+        }
+        if let Some(point) = points
+            .iter()
+            .find(|p| !sane(&p["ns_median"], f64::INFINITY))
+        {
+            broken.push(format!("scaling by {axis}: {point}"));
+        }
+    }
+    if !sane(&report["scaling"]["floor_ns"], f64::INFINITY) {
+        broken.push(format!(
+            "scaling: floor_ns is {}",
+            report["scaling"]["floor_ns"]
+        ));
+    }
+
+    // Memory and control plane.
+    let memory = &report["memory"];
+    let maps = memory["maps"].as_array().cloned().unwrap_or_default();
+    for name in &expected.maps {
+        match maps.iter().find(|row| row["map"] == *name) {
+            None => broken.push(format!("memory row missing: {name}")),
+            Some(row) => {
+                for figure in ["bytes", "max_entries", "bytes_per_entry"] {
+                    if !sane(&row[figure], f64::INFINITY) {
+                        broken.push(format!("memory {name}: {figure} is {}", row[figure]));
+                    }
+                }
+            }
+        }
+    }
+    for figure in ["bytes_per_flow", "bytes_per_class", "bytes_for_1m_flows"] {
+        if !sane(&memory[figure], f64::INFINITY) {
+            broken.push(format!("memory: {figure} is {}", memory[figure]));
+        }
+    }
+    let control = &report["control_plane"];
+    if control["classes"].as_u64() != Some(expected.control_plane_classes.into()) {
+        broken.push(format!(
+            "control plane: {} classes, expected {}",
+            control["classes"], expected.control_plane_classes
+        ));
+    }
+    for (group, figure) in [
+        ("apply_seconds", "shaper_batch"),
+        ("apply_seconds", "tc_batch_htb_u32"),
+        ("rate_change_seconds", "shaper"),
+        ("rate_change_seconds", "tc_class_change"),
+    ] {
+        if !sane(&control[group][figure], f64::INFINITY) {
+            broken.push(format!(
+                "control plane: {group}.{figure} is {}",
+                control[group][figure]
+            ));
+        }
+    }
+    if !sane(&control["apply_ratio_shaper_to_tc"], f64::INFINITY) {
+        broken.push(format!(
+            "control plane: apply_ratio_shaper_to_tc is {}",
+            control["apply_ratio_shaper_to_tc"]
+        ));
+    }
+
+    // Forwarding throughput.
+    let throughput = rows_of("throughput");
     let ratio_of = |prefix: &str, nth: usize| {
         throughput
             .iter()
@@ -808,10 +980,232 @@ fn check_targets(report: &Value) -> Result<()> {
             "target ≥ 95 % of nothing and above tbf/htb: shaper {label} {verdict} ({shaper:.3})"
         );
     }
-    for row in report["accuracy"].as_array().context("no accuracy rows")? {
-        if f(&row["measured_bps"]).is_nan() || f(&row["measured_bps"]) <= 0.0 {
-            bail!("an accuracy measurement is missing or zero: {row}");
+    for setup in &expected.throughput {
+        match throughput.iter().find(|row| row["setup"] == setup.as_str()) {
+            None => broken.push(format!("throughput row missing: {setup}")),
+            Some(row) => {
+                if !sane(&row["pps"], f64::INFINITY) {
+                    broken.push(format!("throughput {setup}: pps is {}", row["pps"]));
+                }
+                if !sane(&row["ratio_to_none"], MAX_SANE_RATIO) {
+                    broken.push(format!(
+                        "throughput {setup}: ratio to nothing is {} (expected in (0, {MAX_SANE_RATIO}])",
+                        row["ratio_to_none"]
+                    ));
+                }
+            }
         }
     }
-    Ok(())
+
+    // Accuracy and TCP goodput.
+    if !sane(&report["sender_max_udp_bps"], f64::INFINITY) {
+        broken.push(format!(
+            "sender_max_udp_bps is {}",
+            report["sender_max_udp_bps"]
+        ));
+    }
+    let accuracy = rows_of("accuracy");
+    for key in &expected.accuracy {
+        match accuracy.iter().find(|row| key.matches(row)) {
+            None => broken.push(format!("accuracy row missing: {key}")),
+            Some(row) => {
+                if !sane(&row["measured_bps"], f64::INFINITY) {
+                    broken.push(format!("accuracy {key}: measured {}", row["measured_bps"]));
+                }
+                // A marking class does not limit: its flow runs at the line rate.
+                let max = if key.limits() {
+                    MAX_SANE_RATIO
+                } else {
+                    f64::INFINITY
+                };
+                if !sane(&row["ratio"], max) {
+                    broken.push(format!(
+                        "accuracy {key}: measured / configured is {} (expected in (0, {max}])",
+                        row["ratio"]
+                    ));
+                }
+            }
+        }
+    }
+
+    if broken.is_empty() {
+        return Ok(());
+    }
+    for problem in &broken {
+        eprintln!("broken measurement: {problem}");
+    }
+    bail!(
+        "{} measurement(s) missing or absurd:\n  {}",
+        broken.len(),
+        broken.join("\n  ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report with every row the quick run makes, every figure plausible.
+    fn sane_report(expected: &Expected) -> Value {
+        let counts = |counts: Vec<f64>| -> Vec<Value> {
+            counts
+                .into_iter()
+                .map(|n| json!({"count": n, "ns_median": 30.0}))
+                .collect()
+        };
+        json!({
+            "per_packet": expected.per_packet.iter().enumerate().map(|(i, case)| json!({
+                "case": case,
+                "ns_median": 10.0 + 10.0 * i as f64,
+                "ns_min": 9.0,
+                "ratio_to_floor": 1.0 + i as f64,
+                "ratio_to_a": 1.0,
+            })).collect::<Vec<_>>(),
+            "scaling": {
+                "floor_ns": 10.0,
+                "flows": counts(expected.flow_counts.iter().map(|&n| f64::from(n)).collect()),
+                "classes": counts(expected.class_counts.iter().map(|&n| f64::from(n)).collect()),
+            },
+            "memory": {
+                "maps": expected.maps.iter().map(|name| json!({
+                    "map": name, "bytes": 4096, "max_entries": 64, "bytes_per_entry": 64.0,
+                })).collect::<Vec<_>>(),
+                "total_bytes_for_this_attachment": 4096 * expected.maps.len(),
+                "bytes_per_flow": 120.0,
+                "bytes_per_class": 300.0,
+                "bytes_for_1m_flows": 120e6,
+            },
+            "control_plane": {
+                "classes": expected.control_plane_classes,
+                "apply_seconds": {"shaper_batch": 0.5, "tc_batch_htb_u32": 1.0},
+                "apply_ratio_shaper_to_tc": 0.5,
+                "rate_change_seconds": {"shaper": 0.01, "tc_class_change": 0.005},
+            },
+            "throughput": expected.throughput.iter().map(|setup| json!({
+                "setup": setup, "command": "-", "pps": 3e5, "pps_runs": [3e5], "ratio_to_none": 0.97,
+            })).collect::<Vec<_>>(),
+            "sender_max_udp_bps": 9e8,
+            "accuracy": expected.accuracy.iter().map(|key| json!({
+                "tool": key.tool,
+                "action": key.action,
+                "proto": key.proto,
+                "configured_bps": key.configured_bps,
+                "measured_bps": key.configured_bps as f64 * 0.99,
+                "ratio": 0.99,
+                "command": "-",
+                "note": "",
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn rejected(report: &Value, expected: &Expected, what: &str) {
+        let error = check_targets(report, expected).expect_err("a broken report passed");
+        let message = format!("{error:#}");
+        assert!(message.contains(what), "{message}");
+    }
+
+    #[test]
+    fn the_quick_run_fails_on_a_missing_or_absurd_measurement() {
+        let expected = Expected::of(&effort(true));
+        // What the quick run must produce, derived from its effort.
+        assert_eq!(expected.per_packet.len(), 5);
+        assert!(expected
+            .per_packet
+            .contains(&"(b) 1 class, 100000 live flows".into()));
+        assert_eq!(expected.flow_counts, [1, 1000, 10_000, 100_000]);
+        assert_eq!(expected.class_counts, [1, 10, 100, 1000, 10_000]);
+        assert_eq!(expected.throughput.len(), 7);
+        assert_eq!(expected.accuracy.len(), 2 + 4);
+        let sane = sane_report(&expected);
+        check_targets(&sane, &expected).unwrap();
+
+        // A row missing, of each kind.
+        let mut report = sane.clone();
+        report["per_packet"].as_array_mut().unwrap().remove(3);
+        rejected(
+            &report,
+            &expected,
+            "per-packet row missing: (b) 1 class, 100000 live flows",
+        );
+        let mut report = sane.clone();
+        report["throughput"].as_array_mut().unwrap().pop();
+        rejected(
+            &report,
+            &expected,
+            "throughput row missing: htb, 1000 classes",
+        );
+        let mut report = sane.clone();
+        report["accuracy"].as_array_mut().unwrap().pop();
+        rejected(
+            &report,
+            &expected,
+            "accuracy row missing: shaper-cni drop tcp at 10 Mbit/s",
+        );
+        let mut report = sane.clone();
+        report["memory"]["maps"].as_array_mut().unwrap().remove(0);
+        rejected(&report, &expected, "memory row missing");
+        let mut report = sane.clone();
+        report["control_plane"]["rate_change_seconds"] = json!({});
+        rejected(&report, &expected, "rate_change_seconds.shaper is null");
+        let mut report = sane.clone();
+        report["scaling"]["flows"].as_array_mut().unwrap().pop();
+        rejected(&report, &expected, "scaling by flows");
+
+        // A zero ratio, of each kind; NaN, which JSON writes as null.
+        let mut report = sane.clone();
+        report["per_packet"][2]["ratio_to_floor"] = json!(0.0);
+        rejected(
+            &report,
+            &expected,
+            "(d) no class matches: ratio_to_floor is 0.0",
+        );
+        let mut report = sane.clone();
+        report["throughput"][1]["ratio_to_none"] = json!(0.0);
+        rejected(&report, &expected, "ratio to nothing is 0.0");
+        let mut report = sane.clone();
+        report["accuracy"][0]["ratio"] = json!(0.0);
+        rejected(
+            &report,
+            &expected,
+            "shaper drop udp at 10 Mbit/s: measured / configured is 0.0",
+        );
+        let mut report = sane.clone();
+        report["throughput"][0]["ratio_to_none"] = json!(f64::NAN);
+        rejected(&report, &expected, "ratio to nothing is null");
+
+        // Ratios above 1.5: absurd for throughput and accuracy, fine per packet.
+        let mut report = sane.clone();
+        report["throughput"][4]["ratio_to_none"] = json!(1.6);
+        rejected(&report, &expected, "ratio to nothing is 1.6");
+        let mut report = sane.clone();
+        report["accuracy"][3]["ratio"] = json!(1.6);
+        rejected(
+            &report,
+            &expected,
+            "tbf shape tcp at 10 Mbit/s: measured / configured is 1.6",
+        );
+        let mut report = sane.clone();
+        report["per_packet"][4]["ratio_to_floor"] = json!(8.5);
+        check_targets(&report, &expected).unwrap();
+    }
+
+    #[test]
+    fn a_marking_class_may_run_at_the_line_rate_in_the_full_run() {
+        let expected = Expected::of(&effort(false));
+        assert!(expected
+            .per_packet
+            .contains(&"(b) 1 class, 1000000 live flows".into()));
+        assert_eq!(expected.accuracy.len(), 4 * 2 + 2 * 8);
+        let mut report = sane_report(&expected);
+        check_targets(&report, &expected).unwrap();
+        let dscp = expected
+            .accuracy
+            .iter()
+            .position(|key| key.action == "dscp=af11")
+            .unwrap();
+        report["accuracy"][dscp]["ratio"] = json!(95.0);
+        check_targets(&report, &expected).unwrap();
+        report["accuracy"][dscp]["ratio"] = json!(0.0);
+        rejected(&report, &expected, "dscp=af11");
+    }
 }

@@ -5,7 +5,10 @@
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::{json, Value};
-use shaper_tests::{Lab, Udp, ROUTER_TO_SERVER, SERVER_DEV, SERVER_V4};
+use shaper_tests::{
+    wait_bounded, wait_with_output_bounded, CniLeftovers, Lab, Udp, COMMAND_LIMIT,
+    ROUTER_TO_SERVER, SERVER_DEV, SERVER_V4,
+};
 use std::{
     io::Write as _,
     process::{Child, Stdio},
@@ -21,6 +24,8 @@ const CNI_DIR: &str = "/usr/lib/cni";
 const NEVER_REACHED: &str = "40gbit";
 /// Ports the throughput senders use; the classes and filters that match them come last.
 const BLAST_PORTS: [u16; 2] = [20001, 20002];
+/// What limits the UDP accuracy runs.
+const UDP_PEERS: [Peer; 2] = [Peer::Shaper("drop"), Peer::Tbf];
 
 /// How much of each measurement a run does.
 pub struct TrafficEffort {
@@ -48,7 +53,7 @@ pub enum Peer {
 }
 
 impl Peer {
-    fn tool(self) -> &'static str {
+    pub fn tool(self) -> &'static str {
         match self {
             Peer::Shaper(_) => "shaper",
             Peer::Tbf => "tbf",
@@ -58,7 +63,7 @@ impl Peer {
         }
     }
 
-    fn action(self) -> &'static str {
+    pub fn action(self) -> &'static str {
         match self {
             Peer::Shaper(action) => action,
             Peer::ShaperCni => "drop",
@@ -178,6 +183,24 @@ enum Cni {
     Shaper,
 }
 
+/// CNI_CONTAINERID of the bench's plugin runs (with the pid, so the lab's sweep can tell
+/// the record of a dead run).
+fn cni_container_id() -> String {
+    format!("shaper-bench-{}", std::process::id())
+}
+
+/// For a CNI peer, the guard that removes what its plugin may leave when a run fails
+/// half-way (shaper-cni's pins and record); None for the other peers.
+fn cni_leftovers(lab: &Lab, peer: Peer) -> Option<CniLeftovers> {
+    matches!(peer, Peer::CniBandwidth | Peer::ShaperCni).then(|| CniLeftovers {
+        host_netns: Some(lab.router.name.clone()),
+        container_id: cni_container_id(),
+        ifname: SERVER_DEV.into(),
+        host_dev: Some(DEV.into()),
+        ipam_dir: None,
+    })
+}
+
 /// Runs a CNI plugin as a container runtime would: the router is the host, the server
 /// namespace the container, `r1` its host-side veth and `s0` its interface; container
 /// ingress (host → container) is what it limits, on `r1`. The plugin runs with the
@@ -219,7 +242,7 @@ fn cni_plugin(lab: &Lab, plugin: Cni, command: &str, rate_bps: u64) -> Result<()
         .arg(&binary);
     let mut child = child
         .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", "shaper-bench")
+        .env("CNI_CONTAINERID", cni_container_id())
         .env("CNI_NETNS", &sandbox)
         .env("CNI_IFNAME", SERVER_DEV)
         .env("CNI_PATH", CNI_DIR)
@@ -235,7 +258,8 @@ fn cni_plugin(lab: &Lab, plugin: Cni, command: &str, rate_bps: u64) -> Result<()
         .take()
         .context("no stdin")?
         .write_all(config.to_string().as_bytes())?;
-    let output = child.wait_with_output()?;
+    let output = wait_with_output_bounded(child, COMMAND_LIMIT)
+        .with_context(|| format!("CNI {binary} {command}"))?;
     if !output.status.success() {
         bail!(
             "CNI {binary} {command} failed: {}{}",
@@ -253,7 +277,7 @@ impl Drop for Children {
     fn drop(&mut self) {
         for child in &mut self.0 {
             let _ = child.kill();
-            let _ = child.wait();
+            let _ = wait_bounded(child, Duration::from_secs(5));
         }
     }
 }
@@ -414,7 +438,7 @@ impl<'a> Sink<'a> {
             .take()
             .context("stdin")?
             .write_all(rules.as_bytes())?;
-        if !child.wait()?.success() {
+        if !wait_bounded(&mut child, COMMAND_LIMIT)?.success() {
             bail!("nft could not install the sink");
         }
         Ok(Self(server))
@@ -431,6 +455,8 @@ impl Drop for Sink<'_> {
 /// one pinned to each core, send 64-byte UDP datagrams as fast as they can, and the
 /// server drops them on arrival.
 fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
+    // Senders and one-shot servers are all done by the run's length plus a grace.
+    let deadline = Instant::now() + Duration::from_secs(seconds.into()) + shaper_tests::IPERF_GRACE;
     let mut children = Children(Vec::new());
     for port in BLAST_PORTS {
         children.0.push(lab.iperf_server(port)?);
@@ -438,10 +464,8 @@ fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
     for (cpu, port) in BLAST_PORTS.iter().enumerate() {
         let child = lab
             .client
-            .command("timeout")
+            .command("iperf3")
             .args([
-                &(seconds + 30).to_string(),
-                "iperf3",
                 "-c",
                 SERVER_V4,
                 "-u",
@@ -475,7 +499,8 @@ fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
     let elapsed = started.elapsed().as_secs_f64();
     drop(sink);
     for child in &mut children.0 {
-        child.wait()?;
+        wait_bounded(child, deadline.saturating_duration_since(Instant::now()))
+            .context("an iperf3 peer of the throughput run did not finish")?;
     }
     if after <= before {
         bail!("no packets were forwarded during the throughput run");
@@ -486,25 +511,7 @@ fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
 /// Throughput rows: every setup measured once per round, rounds interleaved so drift
 /// on the shared machine hits all setups alike; the median per setup is reported.
 pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
-    let n = effort.many_classes;
-    let setups = [
-        Forwarder::Nothing,
-        Forwarder::Shaper {
-            classes: 1,
-            one_shape: true,
-        },
-        Forwarder::Tbf,
-        Forwarder::HtbU32(1),
-        Forwarder::Shaper {
-            classes: n,
-            one_shape: true,
-        },
-        Forwarder::Shaper {
-            classes: n,
-            one_shape: false,
-        },
-        Forwarder::HtbU32(n),
-    ];
+    let setups = setups(effort);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     for round in 0..effort.rounds {
         for (index, setup) in setups.iter().enumerate() {
@@ -547,6 +554,34 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
     Ok(rows)
 }
 
+/// The throughput setups, in the order they are measured and reported.
+fn setups(effort: &TrafficEffort) -> Vec<Forwarder> {
+    let n = effort.many_classes;
+    vec![
+        Forwarder::Nothing,
+        Forwarder::Shaper {
+            classes: 1,
+            one_shape: true,
+        },
+        Forwarder::Tbf,
+        Forwarder::HtbU32(1),
+        Forwarder::Shaper {
+            classes: n,
+            one_shape: true,
+        },
+        Forwarder::Shaper {
+            classes: n,
+            one_shape: false,
+        },
+        Forwarder::HtbU32(n),
+    ]
+}
+
+/// The setup column of every throughput row a run of `effort` reports.
+pub fn expected_throughput(effort: &TrafficEffort) -> Vec<String> {
+    setups(effort).iter().map(|setup| setup.label()).collect()
+}
+
 // ---------------------------------------------------------------------------------------
 // accuracy and TCP goodput
 
@@ -563,6 +598,66 @@ fn bins(intervals: &[(f64, f64)]) -> Series {
             (seconds > 0.01).then(|| (*end, bits / seconds / 1e6))
         })
         .collect()
+}
+
+/// What identifies an accuracy row: tool, action, protocol, configured rate (bit/s).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AccuracyKey {
+    pub tool: &'static str,
+    pub action: &'static str,
+    pub proto: &'static str,
+    pub configured_bps: u64,
+}
+
+impl AccuracyKey {
+    fn new(peer: Peer, proto: &'static str, mbit: u64) -> Self {
+        Self {
+            tool: peer.tool(),
+            action: peer.action(),
+            proto,
+            configured_bps: mbit * 1_000_000,
+        }
+    }
+
+    pub fn matches(&self, row: &Value) -> bool {
+        row["tool"] == self.tool
+            && row["action"] == self.action
+            && row["proto"] == self.proto
+            && row["configured_bps"].as_u64() == Some(self.configured_bps)
+    }
+
+    /// A marking action does not limit: its rate is the line's, not the class's.
+    pub fn limits(&self) -> bool {
+        !self.action.starts_with("dscp")
+    }
+}
+
+impl std::fmt::Display for AccuracyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {} at {} Mbit/s",
+            self.tool,
+            self.action,
+            self.proto,
+            self.configured_bps / 1_000_000
+        )
+    }
+}
+
+/// Every accuracy and TCP row a run of `effort` reports, in order.
+pub fn expected_accuracy(effort: &TrafficEffort) -> Vec<AccuracyKey> {
+    let udp = effort
+        .accuracy_mbit
+        .iter()
+        .flat_map(|&mbit| UDP_PEERS.map(|peer| AccuracyKey::new(peer, "udp", mbit)));
+    let tcp = effort.tcp_mbit.iter().flat_map(|&mbit| {
+        effort
+            .tcp_peers
+            .iter()
+            .map(move |&peer| AccuracyKey::new(peer, "tcp", mbit))
+    });
+    udp.chain(tcp).collect()
 }
 
 /// Series kept for the 10 Mbit/s plots.
@@ -630,7 +725,8 @@ pub fn accuracy(lab: &mut Lab, effort: &TrafficEffort, plots: &mut Plots) -> Res
         } else {
             String::new()
         };
-        for peer in [Peer::Shaper("drop"), Peer::Tbf] {
+        for peer in UDP_PEERS {
+            let _leftovers = cni_leftovers(lab, peer);
             install(lab, peer, rate_bps)?;
             let result = lab.udp(&Udp {
                 rate: offered,
@@ -656,6 +752,8 @@ pub fn accuracy(lab: &mut Lab, effort: &TrafficEffort, plots: &mut Plots) -> Res
     for &mbit in &effort.tcp_mbit {
         let rate_bps = mbit * 1_000_000;
         for &peer in &effort.tcp_peers {
+            // Dropped after `remove`, or on an early return: a CNI run leaves nothing.
+            let _leftovers = cni_leftovers(lab, peer);
             install(lab, peer, rate_bps)?;
             let result = lab.tcp_series(effort.tcp_seconds, "cubic", 0.1);
             remove(lab, peer, rate_bps)?;
