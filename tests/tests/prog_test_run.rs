@@ -9,7 +9,7 @@
 use aya::programs::{TestRun as _, TestRunOptions};
 use shaper_cli::state::{self, Attachment, Direction, Location};
 use shaper_common::{
-    bucket::{use_credit, CreditUse},
+    bucket::{credit_chunk, shared_burst, use_credit, CreditUse},
     conform, program_names, ByteCost, ClassStats,
 };
 use shaper_tests::Lab;
@@ -517,15 +517,17 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
             "--burst", "3000",
         ],
         &[
-            "perflow", "--dev", DEV, "--proto", "udp", "--dport", "9001", "--rate", "2mbit",
+            "perflow", "--dev", DEV, "--proto", "udp", "--dport", "9001", "--rate", "400kbit",
             "--burst", "4000", "--per", "flow",
         ],
     ]);
+    // Each class gets about 1.9 Mbit/s: 1.9× the shared rate, and each of the three flows
+    // 1.6× its own rate, so both buckets refuse packets.
     let shared_cost = ByteCost::new(1_000_000, 3000);
-    let flow_cost = ByteCost::new(2_000_000, 4000);
+    let flow_cost = ByteCost::new(400_000, 4000);
     let mut model_tat: HashMap<(u16, u16), u64> = HashMap::new();
     let mut index = 0;
-    let summary = against_model(&mut harness, 1000, Lcg(7), 3_000_000, |dice, now| {
+    let (summary, _) = against_model(&mut harness, 1000, Lcg(7), 3_000_000, |dice, now, _cpu| {
         let payload = dice.next(1400) as usize;
         let (dport, sport) = if index % 2 == 0 {
             (9000, 1000)
@@ -536,10 +538,10 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
         let mut datagram = udp(dport, payload);
         datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
         let frame = ipv4(V4::default(), datagram);
-        let (cost, key) = if dport == 9000 {
-            (&shared_cost, (dport, 0))
+        let (cost, key, class) = if dport == 9000 {
+            (&shared_cost, (dport, 0), "shared")
         } else {
-            (&flow_cost, (dport, sport))
+            (&flow_cost, (dport, sport), "perflow")
         };
         let tat = model_tat.entry(key).or_insert(0);
         let expected = match conform(*tat, now, frame.len() as u64, cost) {
@@ -549,96 +551,142 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
             }
             None => SHOT,
         };
-        (frame, expected)
+        (frame, expected, class)
     });
     println!("1000 packets: {summary}");
 }
 
-/// Runs `count` packets `gap_ns` apart at most (random gaps from `dice`): `next` makes
-/// each frame and says what the host model expects of it; every verdict of the program
-/// must match, and both verdicts must occur more than 100 times.
+/// Every CPU the per-CPU maps hold a slot for.
+fn possible_cpus() -> usize {
+    aya::util::nr_cpus().unwrap()
+}
+
+/// Pins the calling thread to `cpu`: BPF_PROG_TEST_RUN runs the program on the CPU it
+/// is called from, so this picks the per-CPU state a packet meets.
+fn run_on_cpu(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+}
+
+/// Runs `count` packets `gap_ns` apart at most (random gaps from `dice`), each on a CPU
+/// drawn at random: `next` makes each frame and says which verdict and class the host
+/// model expects of it on that CPU. Every verdict and every class must match, and every
+/// class must both pass and drop more than 50 packets. Returns a summary and the
+/// (time, bytes) of every packet the program admitted.
 fn against_model(
     harness: &mut Harness,
     count: usize,
     mut dice: Lcg,
     gap_ns: u64,
-    mut next: impl FnMut(&mut Lcg, u64) -> (Vec<u8>, u32),
-) -> String {
+    mut next: impl FnMut(&mut Lcg, u64, usize) -> (Vec<u8>, u32, &'static str),
+) -> (String, Vec<(u64, u64)>) {
+    let cpus = possible_cpus();
     let mut now = 5_000_000_000u64;
-    let (mut admitted, mut dropped, mut mismatches) = (0, 0, Vec::new());
+    let mut verdicts: HashMap<&str, (u32, u32)> = HashMap::new();
+    let (mut admitted, mut mismatches) = (Vec::new(), Vec::new());
     for index in 0..count {
         now += dice.next(gap_ns);
-        let (frame, expected) = next(&mut dice, now);
-        let (verdict, _) = harness.run(&frame, now, 1);
+        let cpu = dice.next(cpus as u64) as usize;
+        run_on_cpu(cpu);
+        let (frame, expected, expected_class) = next(&mut dice, now, cpu);
+        let (verdict, class) = harness.run(&frame, now, 1);
+        let counts = verdicts.entry(expected_class).or_default();
         if verdict == PASS {
-            admitted += 1
+            counts.0 += 1;
+            admitted.push((now, frame.len() as u64));
         } else {
-            dropped += 1
+            counts.1 += 1;
         }
-        if verdict != expected {
+        if verdict != expected || class.as_deref() != Some(expected_class) {
             mismatches.push(format!(
-                "packet {index}: {} bytes at {now} ns: got {}, model says {}",
+                "packet {index}: {} bytes at {now} ns on CPU {cpu}: got ({}, {class:?}), model says ({}, {expected_class})",
                 frame.len(),
                 verdict as i32,
                 expected as i32
             ));
         }
     }
-    assert!(
-        dropped > 100 && admitted > 100,
-        "the sequence must exercise both verdicts ({admitted} admitted, {dropped} dropped)"
-    );
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
-    format!("{admitted} admitted, {dropped} dropped, 0 mismatches")
+    for (class, (passed, dropped)) in &verdicts {
+        assert!(
+            *passed > 50 && *dropped > 50,
+            "class {class} must see both verdicts ({passed} admitted, {dropped} dropped)"
+        );
+    }
+    let mut per_class: Vec<String> = verdicts
+        .iter()
+        .map(|(class, (passed, dropped))| format!("{class}: {passed} admitted, {dropped} dropped"))
+        .collect();
+    per_class.sort();
+    (
+        format!(
+            "{}; 0 mismatches in verdict or class over {cpus} CPUs",
+            per_class.join("; ")
+        ),
+        admitted,
+    )
 }
 
 /// A class-scoped bucket spends per-CPU credit taken from the shared bucket a chunk at a
-/// time; on one CPU the program's verdicts equal, packet by packet, the host model built
-/// from the same functions (`use_credit`, `conform`).
+/// time. Packets on random CPUs get, packet by packet, the verdicts of a host model whose
+/// per-byte cost and chunk come from the user's rate and burst (not from the kernel's
+/// map), and what the program admitted stays within the user's burst + rate × t in every
+/// window.
 #[test]
 fn per_cpu_credit_admits_exactly_what_the_model_predicts() {
-    // Per-CPU state: keep every test run on one CPU.
-    let mut only_cpu0 = nix::sched::CpuSet::new();
-    only_cpu0.set(0).unwrap();
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &only_cpu0).unwrap();
+    const RATE: u64 = 20_000_000;
+    const BURST: u64 = 200 * 1024;
     let mut harness = Harness::new(&[&[
         "credit", "--dev", DEV, "--proto", "udp", "--dport", "9300", "--rate", "20mbit", "--burst",
         "200k",
     ]]);
-    let id = *harness.names.keys().next().unwrap();
-    let config = harness.attachment.classes().unwrap().get(&id, 0).unwrap();
-    let chunk = u64::from(config.credit_chunk);
+    let cpus = possible_cpus() as u64;
+    let chunk = credit_chunk(RATE, BURST, cpus);
+    let cost = ByteCost::new(RATE, shared_burst(BURST, cpus, chunk));
     assert!(
         chunk > 0,
         "a 20mbit, 200k class-scoped drop bucket gets per-CPU credit"
     );
-    let cost = config.cost;
-    let (mut tat, mut credit) = (0u64, 0u64);
+    let (mut tat, mut credit) = (0u64, vec![0u64; cpus as usize]);
     // Gaps up to 100 µs: about 120 Mbit/s offered, so both verdicts occur.
-    let summary = against_model(&mut harness, 1500, Lcg(11), 100_000, |dice, now| {
-        let frame = ipv4(V4::default(), udp(9300, dice.next(1400) as usize));
-        let size = frame.len() as u64;
-        let expected = match use_credit(credit, size, chunk) {
-            CreditUse::Covered { left } => {
-                credit = left;
-                PASS
-            }
-            CreditUse::Take { first, fallback } => {
-                match [first, fallback]
-                    .into_iter()
-                    .find_map(|take| conform(tat, now, take, &cost).map(|next| (next, take)))
-                {
-                    Some((next, take)) => {
-                        tat = next;
-                        credit = credit + take - size;
-                        PASS
-                    }
-                    None => SHOT,
+    let (summary, admitted) =
+        against_model(&mut harness, 1500, Lcg(11), 100_000, |dice, now, cpu| {
+            let frame = ipv4(V4::default(), udp(9300, dice.next(1400) as usize));
+            let size = frame.len() as u64;
+            let expected = match use_credit(credit[cpu], size, chunk) {
+                CreditUse::Covered { left } => {
+                    credit[cpu] = left;
+                    PASS
                 }
-            }
-        };
-        (frame, expected)
-    });
+                CreditUse::Take { first, fallback } => {
+                    match [first, fallback]
+                        .into_iter()
+                        .find_map(|take| conform(tat, now, take, &cost).map(|next| (next, take)))
+                    {
+                        Some((next, take)) => {
+                            tat = next;
+                            credit[cpu] = credit[cpu] + take - size;
+                            PASS
+                        }
+                        None => SHOT,
+                    }
+                }
+            };
+            (frame, expected, "credit")
+        });
+    for (first, &(start, _)) in admitted.iter().enumerate() {
+        let mut bytes = 0u128;
+        for &(at, size) in &admitted[first..] {
+            bytes += size as u128;
+            let allowed = BURST as u128 * 8_000_000_000 + RATE as u128 * (at - start) as u128;
+            assert!(
+                bytes * 8_000_000_000 <= allowed,
+                "{bytes} B admitted in {} ns: more than 200k + 20 Mbit/s × t",
+                at - start
+            );
+        }
+    }
     println!("1500 packets through per-CPU credit (chunk {chunk} B): {summary}");
 }
 
