@@ -1180,6 +1180,60 @@ pub fn assert_goodput_fraction(what: &str, fraction: f64, lower: f64) {
     );
 }
 
+/// Ids of every BPF program loaded in the kernel.
+pub fn loaded_program_ids() -> Vec<u32> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .map(|p| p.id())
+        .collect()
+}
+
+/// Asserts that none of the programs `ids` is loaded any more. TCX links are not tc
+/// filters, so "no filter left" proves nothing under TCX: a detached program is gone
+/// from the kernel. It is freed asynchronously (RCU): polled for up to 2 s.
+pub fn assert_programs_unloaded(what: &str, ids: &[u32]) {
+    assert!(!ids.is_empty(), "{what}: no program ids to check");
+    let mut left = ids.to_vec();
+    for _ in 0..100 {
+        let loaded = loaded_program_ids();
+        left.retain(|id| loaded.contains(id));
+        if left.is_empty() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what}: programs {left:?} still loaded 2 s later");
+}
+
+/// The program ids of every row of `shaper status --json` output for `dev`.
+pub fn status_program_ids(status_json: &str, dev: &str) -> Vec<u32> {
+    serde_json::from_str::<Value>(status_json)
+        .unwrap_or_default()
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|row| row["dev"] == dev)
+        .filter_map(|row| row["program_id"].as_u64().map(|id| id as u32))
+        .collect()
+}
+
+/// `output()` and `status()` of a [`Command`], bounded by [`COMMAND_LIMIT`]: a child that
+/// hangs is killed and the call fails, instead of hanging the suite.
+pub trait BoundedCommand {
+    fn output_within_limit(&mut self) -> Result<Output>;
+    fn status_within_limit(&mut self) -> Result<ExitStatus>;
+}
+
+impl BoundedCommand for Command {
+    fn output_within_limit(&mut self) -> Result<Output> {
+        output_bounded(self, COMMAND_LIMIT)
+    }
+
+    fn status_within_limit(&mut self) -> Result<ExitStatus> {
+        Ok(output_bounded(self, COMMAND_LIMIT)?.status)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,10 @@
 //! (runtime), and leaves the configured state exactly as it was.
 
 use serde_json::Value;
-use shaper_tests::{shaper_bin, Lab, ROUTER_TO_CLIENT, ROUTER_TO_SERVER};
+use shaper_tests::{
+    shaper_bin, wait_bounded, BoundedCommand, Lab, COMMAND_LIMIT, ROUTER_TO_CLIENT,
+    ROUTER_TO_SERVER,
+};
 use std::process::Command;
 
 /// Everything a user can observe: attachments and classes with their settings.
@@ -206,7 +209,10 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
     ];
     let mut failures = Vec::new();
     for (what, args, expected_code) in &cases {
-        let output = Command::new(shaper_bin()).args(args).output().unwrap();
+        let output = Command::new(shaper_bin())
+            .args(args)
+            .output_within_limit()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr).to_string();
         let lines: Vec<&str> = stderr.lines().collect();
         println!(
@@ -239,7 +245,7 @@ fn scenario10_bad_inputs_fail_cleanly_and_change_nothing() {
             .args(["--inh-caps", "-all", "--bounding-set", cap])
             .arg(shaper_bin())
             .args(add_x(&[]))
-            .output()
+            .output_within_limit()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr).to_string();
         println!(
@@ -306,7 +312,7 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
         })
         .collect();
     for mut child in children {
-        assert!(child.wait().unwrap().success());
+        assert!(wait_bounded(&mut child, COMMAND_LIMIT).unwrap().success());
     }
     let handles: Vec<_> = (0..8)
         .map(|i| {
@@ -324,7 +330,7 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
                         "--rate",
                         &format!("{}mbit", i + 2),
                     ])
-                    .status()
+                    .status_within_limit()
                     .unwrap()
             })
         })
@@ -374,7 +380,7 @@ fn attach_is_idempotent_and_concurrent_adds_all_land() {
                         "--dport",
                         &(7000 + i).to_string(),
                     ])
-                    .status()
+                    .status_within_limit()
                     .unwrap()
             })
         })
@@ -460,7 +466,7 @@ fn bpffs_is_mounted_when_missing() {
     );
     let output = Command::new("unshare")
         .args(["--mount", "sh", "-c", &script])
-        .output()
+        .output_within_limit()
         .unwrap();
     assert!(
         output.status.success(),
@@ -479,13 +485,13 @@ fn detach_after_the_namespace_was_deleted_removes_the_pins() {
     let name = format!("{}-gone", lab.router.name);
     Command::new("ip")
         .args(["netns", "add", &name])
-        .status()
+        .status_within_limit()
         .unwrap();
     Command::new("ip")
         .args([
             "-n", &name, "link", "add", "gone0", "type", "veth", "peer", "name", "gone1",
         ])
-        .status()
+        .status_within_limit()
         .unwrap();
     let attach = lab.shaper(&["--netns", &name, "attach", "gone0"]);
     assert!(
@@ -495,7 +501,7 @@ fn detach_after_the_namespace_was_deleted_removes_the_pins() {
     );
     Command::new("ip")
         .args(["netns", "del", &name])
-        .status()
+        .status_within_limit()
         .unwrap();
     let pins = std::path::Path::new("/sys/fs/bpf/shaper").join(format!("netns-{name}"));
     assert!(pins.exists());

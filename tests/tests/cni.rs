@@ -6,7 +6,10 @@
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::{json, Value};
-use shaper_tests::{assert_within, shaper_bin, Lab, Netns, Udp};
+use shaper_tests::{
+    assert_programs_unloaded, assert_within, shaper_bin, status_program_ids,
+    wait_with_output_bounded, BoundedCommand, Lab, Netns, Udp, COMMAND_LIMIT,
+};
 use std::{
     io::Write as _,
     path::{Path, PathBuf},
@@ -49,7 +52,7 @@ fn plugin(
         .take()
         .context("stdin")?
         .write_all(config.to_string().as_bytes())?;
-    let output = child.wait_with_output()?;
+    let output = wait_with_output_bounded(child, COMMAND_LIMIT)?;
     let text = String::from_utf8_lossy(&output.stdout);
     let value = if text.trim().is_empty() {
         Value::Null
@@ -253,7 +256,7 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
             "--rate",
             "1mbit",
         ])
-        .status()?;
+        .status_within_limit()?;
     assert!(changed.success());
     let (ok, error) = plugin(&shaper_cni, &host, &container, "eth1", "CHECK", &config)?;
     assert!(!ok, "CHECK passed a changed rate");
@@ -266,14 +269,25 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
         "{error}"
     );
 
-    // DEL removes everything; a second DEL has nothing to remove and succeeds.
+    // DEL removes everything (both programs gone from the kernel: TCX links are not tc
+    // filters); a second DEL has nothing to remove and succeeds.
+    let status = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", host.name))
+        .arg(shaper_bin())
+        .args(["status", "--json"])
+        .output_within_limit()?;
+    let program_ids = status_program_ids(&String::from_utf8_lossy(&status.stdout), &host_dev);
+    assert_eq!(
+        program_ids.len(),
+        2,
+        "shaper-cni attaches egress and ingress"
+    );
     checked(
         plugin(&shaper_cni, &host, &container, "eth1", "DEL", &config),
         "DEL",
     )?;
     assert!(!pins.exists(), "DEL left pins");
-    let tcx = host.run("tc", &["filter", "show", "dev", &host_dev, "egress"])?;
-    assert!(tcx.stdout.is_empty(), "DEL left a filter");
+    assert_programs_unloaded("shaper-cni DEL", &program_ids);
     checked(
         plugin(&shaper_cni, &host, &container, "eth1", "DEL", &config),
         "second DEL",

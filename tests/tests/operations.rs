@@ -3,7 +3,10 @@
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
-use shaper_tests::{assert_within, shaper_bin, Lab, Netns, Udp};
+use shaper_tests::{
+    assert_within, shaper_bin, wait_bounded, wait_with_output_bounded, BoundedCommand, Lab, Netns,
+    Udp, COMMAND_LIMIT,
+};
 use std::{
     io::{Read as _, Write as _},
     path::PathBuf,
@@ -42,7 +45,10 @@ impl Drop for ConfigFile {
 }
 
 fn shaper(args: &[&str]) -> Output {
-    Command::new(shaper_bin()).args(args).output().unwrap()
+    Command::new(shaper_bin())
+        .args(args)
+        .output_within_limit()
+        .unwrap()
 }
 
 fn stdout(output: &Output) -> String {
@@ -162,7 +168,7 @@ fn apply_is_idempotent_minimal_and_round_trips_through_export() -> Result<()> {
         .stderr(Stdio::piped())
         .spawn()?;
     child.stdin.take().unwrap().write_all(exported.as_bytes())?;
-    let output = child.wait_with_output()?;
+    let output = wait_with_output_bounded(child, COMMAND_LIMIT)?;
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(
         stdout(&output).trim(),
@@ -303,7 +309,7 @@ impl Daemon {
     fn signal(&self, name: &str) {
         let _ = Command::new("kill")
             .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status();
+            .status_within_limit();
     }
 
     /// SIGTERM and the exit status.
@@ -323,7 +329,7 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = wait_bounded(&mut self.child, Duration::from_secs(5));
         let _ = std::fs::remove_file(&self.log);
     }
 }

@@ -4,7 +4,8 @@
 
 use serde_json::Value;
 use shaper_tests::{
-    assert_goodput_fraction, assert_within, shaper_bin, Lab, Netns, Udp, ROUTER_TO_CLIENT,
+    assert_goodput_fraction, assert_programs_unloaded, assert_within, loaded_program_ids,
+    shaper_bin, status_program_ids, BoundedCommand, Lab, Netns, Udp, ROUTER_TO_CLIENT,
     ROUTER_TO_SERVER, SERVER_DEV, SERVER_V4,
 };
 use std::{path::Path, process::Command, thread, time::Duration};
@@ -206,7 +207,7 @@ fn scenario04_class_change_takes_effect_during_a_run() {
                 "--rate",
                 "20mbit",
             ])
-            .status()
+            .status_within_limit()
             .unwrap();
         assert!(status.success());
     });
@@ -287,17 +288,15 @@ fn scenario06_tcp_through_a_10mbit_class() {
     );
 }
 
-fn program_ids() -> Vec<u32> {
-    aya::programs::loaded_programs()
-        .flatten()
-        .map(|p| p.id())
-        .collect()
-}
-
 fn detach_restores(mode: &str) {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
-    attach(&lab, &router, ROUTER_TO_SERVER, &["--attach-mode", mode]);
+    attach(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        &["--attach-mode", mode, "--direction", "both"],
+    );
     add_class(
         &lab,
         &router,
@@ -306,9 +305,13 @@ fn detach_restores(mode: &str) {
         "10mbit",
         &["--proto", "udp"],
     );
-    let status: Value =
-        serde_json::from_str(&lab.shaper_in(&router, &["status", "--json"]).unwrap()).unwrap();
-    let program_id = status[0]["program_id"].as_u64().unwrap() as u32;
+    let program_ids = status_program_ids(
+        &lab.shaper_in(&router, &["status", "--json"]).unwrap(),
+        ROUTER_TO_SERVER,
+    );
+    assert_eq!(program_ids.len(), 2, "one program per direction");
+    let loaded = loaded_program_ids();
+    assert!(program_ids.iter().all(|id| loaded.contains(id)));
     let policed = lab
         .udp(&Udp {
             rate: "50M",
@@ -327,27 +330,20 @@ fn detach_restores(mode: &str) {
         .unwrap();
     let pins = Path::new("/sys/fs/bpf/shaper").join(format!("netns-{}", router.name));
     assert!(!pins.exists(), "pins left behind in {}", pins.display());
-    // The kernel frees an unreferenced program asynchronously (RCU): poll briefly.
-    let mut still_loaded = true;
-    for _ in 0..100 {
-        still_loaded = program_ids().contains(&program_id);
-        if !still_loaded {
-            break;
-        }
-        thread::sleep(Duration::from_millis(20));
+    assert_programs_unloaded(&format!("detach ({mode})"), &program_ids);
+    for direction in ["egress", "ingress"] {
+        let filters = router
+            .run(
+                "tc",
+                &["filter", "show", "dev", ROUTER_TO_SERVER, direction],
+            )
+            .unwrap();
+        assert!(
+            filters.stdout.is_empty(),
+            "tc filters left on {direction}: {}",
+            String::from_utf8_lossy(&filters.stdout)
+        );
     }
-    assert!(
-        !still_loaded,
-        "program {program_id} still loaded 2 s after detach"
-    );
-    let filters = router
-        .run("tc", &["filter", "show", "dev", ROUTER_TO_SERVER, "egress"])
-        .unwrap();
-    assert!(
-        filters.stdout.is_empty(),
-        "tc filters left: {}",
-        String::from_utf8_lossy(&filters.stdout)
-    );
     let qdiscs = router
         .run("tc", &["qdisc", "show", "dev", ROUTER_TO_SERVER])
         .unwrap();

@@ -737,59 +737,108 @@ fn two_hundred_classes_of_one_shape_cost_one_lookup() {
     assert_eq!(class, None);
 }
 
-/// Two CPUs charging one bucket at once never admit more than it allows: both run the
-/// attached program (real clock) flat out on the same class bucket, and the bytes passed
-/// stay within burst + rate × wall time, while a racy update would over-admit.
+/// Two CPUs charging one bucket at once never admit more than it allows: one thread
+/// pinned to each CPU runs the attached program (real clock) flat out on the same class
+/// bucket. The burst is small enough that the class gets no per-CPU credit, so every
+/// packet meets the shared word; the bytes passed must stay within burst + rate × the
+/// span in which the kernel ran them (CLOCK_MONOTONIC, the program's own clock, read
+/// around the two test runs), while a racy update would admit up to twice that.
 #[test]
 fn two_cpus_charging_one_bucket_never_over_admit() {
+    const RATE: u64 = 1_000_000_000;
+    const BURST: u64 = 8192;
+    const REPEAT: u32 = 2_000_000;
+    let cpus = possible_cpus();
+    assert!(
+        cpus >= 2,
+        "the race needs two CPUs, this machine has {cpus}"
+    );
     let harness = Harness::new(&[&[
         "race", "--dev", DEV, "--proto", "udp", "--dport", "9200", "--rate", "1gbit", "--burst",
-        "64k",
+        "8k",
     ]]);
+    let id = harness.class_id("race");
+    assert_eq!(credit_chunk(RATE, BURST, cpus as u64), 0);
+    let config = harness.attachment.classes().unwrap().get(&id, 0).unwrap();
+    assert_eq!(
+        config.credit_chunk, 0,
+        "every packet must meet the shared word"
+    );
     let frame = ipv4(V4::default(), udp(9200, 958)); // 1000 bytes on the wire
     let dir = harness.attachment.dir().to_path_buf();
     let barrier = std::sync::Barrier::new(2);
-    let started = std::sync::Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..2 {
-            let (frame, dir, barrier, started) = (&frame, &dir, &barrier, &started);
-            scope.spawn(move || {
-                // Each thread has its own program instance over the same pinned maps.
-                let mut ebpf = state::load_object(dir, 1024).unwrap();
-                let program = state::load_program(&mut ebpf, program_names::SHAPER).unwrap();
-                barrier.wait();
-                started
-                    .lock()
-                    .unwrap()
-                    .get_or_insert_with(std::time::Instant::now);
-                program
-                    .test_run(TestRunOptions {
-                        data_in: Some(frame),
-                        repeat: 2_000_000,
-                        ..TestRunOptions::default()
-                    })
-                    .unwrap();
-            });
-        }
+    let monotonic = || {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    };
+    // Per thread: (monotonic ns before the run, after it, kernel run time in ns).
+    let runs: Vec<(u64, u64, u64)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2)
+            .map(|cpu| {
+                let (frame, dir, barrier) = (&frame, &dir, &barrier);
+                scope.spawn(move || {
+                    run_on_cpu(cpu);
+                    // Each thread has its own program instance over the same pinned maps.
+                    let mut ebpf = state::load_object(dir, 1024).unwrap();
+                    let program = state::load_program(&mut ebpf, program_names::SHAPER).unwrap();
+                    barrier.wait();
+                    let before = monotonic();
+                    let result = program
+                        .test_run(TestRunOptions {
+                            data_in: Some(frame),
+                            repeat: REPEAT,
+                            ..TestRunOptions::default()
+                        })
+                        .unwrap();
+                    let after = monotonic();
+                    // The kernel reports the mean time of one run.
+                    (
+                        before,
+                        after,
+                        result.duration.as_nanos() as u64 * REPEAT as u64,
+                    )
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
     });
-    let elapsed = started.lock().unwrap().unwrap().elapsed().as_secs_f64();
-    let stats = harness
-        .attachment
-        .class_stats(harness.class_id("race"))
-        .unwrap();
-    let allowed = 65_536.0 + 1e9 / 8.0 * elapsed;
+    let span = runs.iter().map(|r| r.1).max().unwrap() - runs.iter().map(|r| r.0).min().unwrap();
+    let stats = harness.attachment.class_stats(id).unwrap();
+    let allowed = BURST as f64 + RATE as f64 / 8.0 * span as f64 / 1e9;
     println!(
-        "2 CPUs × 2e6 packets in {elapsed:.3} s: {} passed ({} bytes, allowed {allowed:.0}), {} dropped",
-        stats.passed_packets, stats.passed_bytes, stats.dropped_packets
+        "2 CPUs × {REPEAT} packets within {:.3} ms (kernel run time {:.3} and {:.3} ms): {} passed ({} bytes, allowed {allowed:.0}), {} dropped",
+        span as f64 / 1e6,
+        runs[0].2 as f64 / 1e6,
+        runs[1].2 as f64 / 1e6,
+        stats.passed_packets,
+        stats.passed_bytes,
+        stats.dropped_packets
     );
-    assert_eq!(stats.passed_packets + stats.dropped_packets, 4_000_000);
+    assert_eq!(
+        stats.passed_packets + stats.dropped_packets,
+        2 * REPEAT as u64
+    );
+    // The two runs overlapped for most of the span, so the word was contended.
+    for (cpu, run) in runs.iter().enumerate() {
+        assert!(
+            run.2 as f64 >= 0.5 * span as f64,
+            "CPU {cpu} ran the program for only {} of {span} ns",
+            run.2
+        );
+    }
     assert!(
-        stats.dropped_packets > 0 && stats.passed_bytes > 65_536,
+        stats.dropped_packets > 0 && stats.passed_bytes > BURST,
         "the bucket must be contended"
     );
     assert!(
         stats.passed_bytes as f64 <= allowed,
         "over-admitted: {} > {allowed:.0}",
+        stats.passed_bytes
+    );
+    // A correct bucket admits about the rate: far more than half of the allowance.
+    assert!(
+        stats.passed_bytes as f64 >= 0.5 * allowed,
+        "under-admitted: {} of {allowed:.0}",
         stats.passed_bytes
     );
 }
