@@ -93,12 +93,105 @@ pub fn srtcm(
     (Colour::Red, tat_c, tat_total)
 }
 
+/// The RFCs' own definitions, token by token: the reference the two-word meters are
+/// checked against, on the host (below) and in the kernel (BPF_PROG_TEST_RUN replays in
+/// the tests crate). Tokens are counted in ticks (bytes × ticks per byte); `last` and
+/// the times given are nanoseconds. Buckets start full.
+pub mod rfc {
+    use super::Colour;
+    use crate::bucket::{ticks, ByteCost};
+
+    /// RFC 2698 section 3: Tp and Tc start full and grow by PIR / CIR, capped at PBS / CBS.
+    pub struct RfcTrTcm {
+        pub tp: u64,
+        pub tc: u64,
+        pub pbs: u64,
+        pub cbs: u64,
+        pub last: u64,
+    }
+
+    impl RfcTrTcm {
+        pub fn packet(&mut self, now: u64, cost_p: u64, cost_c: u64) -> Colour {
+            let dt = ticks(now - self.last);
+            self.last = now;
+            self.tp = (self.tp + dt).min(self.pbs);
+            self.tc = (self.tc + dt).min(self.cbs);
+            if self.tp < cost_p {
+                Colour::Red
+            } else if self.tc < cost_c {
+                self.tp -= cost_p;
+                Colour::Yellow
+            } else {
+                self.tp -= cost_p;
+                self.tc -= cost_c;
+                Colour::Green
+            }
+        }
+    }
+
+    /// RFC 2697 section 3: tokens go to C until it holds CBS, then to E up to EBS.
+    pub struct RfcSrTcm {
+        pub tc: u64,
+        pub te: u64,
+        pub cbs: u64,
+        pub ebs: u64,
+        pub last: u64,
+    }
+
+    impl RfcSrTcm {
+        pub fn packet(&mut self, now: u64, cost: u64) -> Colour {
+            let mut refill = ticks(now - self.last);
+            self.last = now;
+            let to_c = refill.min(self.cbs - self.tc);
+            self.tc += to_c;
+            refill -= to_c;
+            self.te = (self.te + refill).min(self.ebs);
+            if self.tc >= cost {
+                self.tc -= cost;
+                Colour::Green
+            } else if self.te >= cost {
+                self.te -= cost;
+                Colour::Yellow
+            } else {
+                Colour::Red
+            }
+        }
+    }
+
+    impl RfcTrTcm {
+        /// Full buckets P (PIR, PBS) and C (CIR, CBS) at `now_ns`.
+        pub fn full(peak: &ByteCost, committed: &ByteCost, now_ns: u64) -> Self {
+            Self {
+                tp: peak.tolerance_ticks,
+                tc: committed.tolerance_ticks,
+                pbs: peak.tolerance_ticks,
+                cbs: committed.tolerance_ticks,
+                last: now_ns,
+            }
+        }
+    }
+
+    impl RfcSrTcm {
+        /// Full buckets C (CIR, CBS) and E (EBS) at `now_ns`; `total` is (CIR, CBS + EBS).
+        pub fn full(committed: &ByteCost, total: &ByteCost, now_ns: u64) -> Self {
+            let ebs = total.tolerance_ticks - committed.tolerance_ticks;
+            Self {
+                tc: committed.tolerance_ticks,
+                te: ebs,
+                cbs: committed.tolerance_ticks,
+                ebs,
+                last: now_ns,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The RFCs' own definitions, token by token, against the two-word meters. Rates are
     //! chosen with a whole number of ticks per byte so both sides are exact integers:
     //! tokens are counted in ticks (bytes × ticks per byte).
-    use super::*;
+    use super::{rfc::*, *};
 
     const NS: u64 = 1;
 
@@ -121,63 +214,6 @@ mod tests {
             dice.next(400_000)
         } else {
             dice.next(4_000_000)
-        }
-    }
-
-    /// RFC 2698 section 3: Tp and Tc start full and grow by PIR / CIR, capped at PBS / CBS.
-    struct RfcTrTcm {
-        tp: u64,
-        tc: u64,
-        pbs: u64,
-        cbs: u64,
-        last: u64,
-    }
-
-    impl RfcTrTcm {
-        fn packet(&mut self, now: u64, cost_p: u64, cost_c: u64) -> Colour {
-            let dt = ticks(now - self.last);
-            self.last = now;
-            self.tp = (self.tp + dt).min(self.pbs);
-            self.tc = (self.tc + dt).min(self.cbs);
-            if self.tp < cost_p {
-                Colour::Red
-            } else if self.tc < cost_c {
-                self.tp -= cost_p;
-                Colour::Yellow
-            } else {
-                self.tp -= cost_p;
-                self.tc -= cost_c;
-                Colour::Green
-            }
-        }
-    }
-
-    /// RFC 2697 section 3: tokens go to C until it holds CBS, then to E up to EBS.
-    struct RfcSrTcm {
-        tc: u64,
-        te: u64,
-        cbs: u64,
-        ebs: u64,
-        last: u64,
-    }
-
-    impl RfcSrTcm {
-        fn packet(&mut self, now: u64, cost: u64) -> Colour {
-            let mut refill = ticks(now - self.last);
-            self.last = now;
-            let to_c = refill.min(self.cbs - self.tc);
-            self.tc += to_c;
-            refill -= to_c;
-            self.te = (self.te + refill).min(self.ebs);
-            if self.tc >= cost {
-                self.tc -= cost;
-                Colour::Green
-            } else if self.te >= cost {
-                self.te -= cost;
-                Colour::Yellow
-            } else {
-                Colour::Red
-            }
         }
     }
 

@@ -10,7 +10,13 @@ use aya::programs::{TestRun as _, TestRunOptions};
 use shaper_cli::state::{self, Attachment, Direction, Location};
 use shaper_common::{
     bucket::{credit_chunk, shared_burst, use_credit, CreditUse},
-    conform, program_names, ByteCost, ClassStats,
+    conform,
+    meter::{
+        deficit,
+        rfc::{RfcSrTcm, RfcTrTcm},
+        Colour,
+    },
+    program_names, ByteCost, ClassStats,
 };
 use shaper_tests::Lab;
 use std::collections::HashMap;
@@ -688,6 +694,155 @@ fn per_cpu_credit_admits_exactly_what_the_model_predicts() {
         }
     }
     println!("1500 packets through per-CPU credit (chunk {chunk} B): {summary}");
+}
+
+/// Which colour the meter gave the packet just run: the colour counter of `id` that moved.
+fn colour_of_last(before: &ClassStats, after: &ClassStats) -> Colour {
+    let moved = [
+        (after.green_packets - before.green_packets, Colour::Green),
+        (after.yellow_packets - before.yellow_packets, Colour::Yellow),
+        (after.red_packets - before.red_packets, Colour::Red),
+    ];
+    let counted: Vec<Colour> = moved.iter().filter(|m| m.0 > 0).map(|m| m.1).collect();
+    assert_eq!(counted.len(), 1, "one colour per packet: {moved:?}");
+    counted[0]
+}
+
+/// Overload (gaps up to 0.4 ms) and quiet (up to 4 ms) in phases of 100 packets, so
+/// every colour and every bucket level occurs (srTCM's E refills only in quiet phases).
+fn meter_gap(dice: &mut Lcg, index: u64) -> u64 {
+    if (index / 100).is_multiple_of(2) {
+        dice.next(400_000)
+    } else {
+        dice.next(4_000_000)
+    }
+}
+
+/// Replays random traffic through a meter class of the loaded program, one packet at a
+/// time on one CPU, against the RFC's own token-count definition (`shaper_common::meter::
+/// rfc`): every colour, every verdict (yellow passes, red drops) and, after every packet,
+/// the kernel's two bucket words read as token counts must equal the RFC's buckets.
+/// `rfc_packet` runs the RFC model for (now, bytes) and returns the colour and the two
+/// token counts the kernel's words (first, second) must show.
+fn meter_against_rfc(
+    class: &[&str],
+    mut rfc_packet: impl FnMut(u64, u64) -> (Colour, u64, u64),
+    kernel_tokens: impl Fn(&shaper_common::Bucket, u64) -> (u64, u64),
+) -> [u32; 3] {
+    run_on_cpu(0);
+    let mut harness = Harness::new(&[class]);
+    let id = harness.class_id("meter");
+    let buckets = harness.attachment.class_buckets().unwrap();
+    let mut dice = Lcg(23);
+    let mut now = 1_000_000_000u64;
+    let (mut seen, mut mismatches) = ([0u32; 3], Vec::new());
+    for index in 0..2000u64 {
+        now += meter_gap(&mut dice, index);
+        let frame = ipv4(V4::default(), udp(9400, dice.next(1437) as usize + 22));
+        let bytes = frame.len() as u64;
+        let before = harness.attachment.class_stats(id).unwrap();
+        let (verdict, _) = harness.run(&frame, now, 1);
+        let colour = colour_of_last(&before, &harness.attachment.class_stats(id).unwrap());
+        let (expected, first, second) = rfc_packet(now, bytes);
+        let expected_verdict = if expected == Colour::Red { SHOT } else { PASS };
+        let tokens = kernel_tokens(&buckets.get(&id, 0).unwrap(), now);
+        if colour != expected || verdict != expected_verdict || tokens != (first, second) {
+            mismatches.push(format!(
+                "packet {index} ({bytes} B at {now} ns): kernel {colour:?}, verdict {}, tokens {tokens:?}; RFC {expected:?}, tokens {:?}",
+                verdict as i32,
+                (first, second)
+            ));
+        }
+        seen[expected as usize] += 1;
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} mismatches, first: {}",
+        mismatches.len(),
+        mismatches[..mismatches.len().min(5)].join("\n")
+    );
+    assert!(seen.iter().all(|n| *n > 100), "colours seen: {seen:?}");
+    seen
+}
+
+/// The kernel's trTCM (two GCRA words, compare-and-swap) against RFC 2698, packet by
+/// packet. CIR 8 and PIR 16 Mbit/s give whole ticks per byte, so both sides are exact.
+#[test]
+fn kernel_trtcm_matches_rfc_2698_packet_by_packet() {
+    let committed = ByteCost::new(8_000_000, 6_000);
+    let peak = ByteCost::new(16_000_000, 12_000);
+    let mut rfc = RfcTrTcm::full(&peak, &committed, 0);
+    let seen = meter_against_rfc(
+        &[
+            "meter",
+            "--dev",
+            DEV,
+            "--proto",
+            "udp",
+            "--dport",
+            "9400",
+            "--rate",
+            "8mbit",
+            "--burst",
+            "6000",
+            "--peak-rate",
+            "16mbit",
+            "--peak-burst",
+            "12000",
+        ],
+        |now, bytes| {
+            let colour = rfc.packet(now, peak.ticks_for(bytes), committed.ticks_for(bytes));
+            (colour, rfc.tc, rfc.tp)
+        },
+        // Words: (C, P); tokens are the tolerance less the deficit.
+        |bucket, now| {
+            (
+                committed.tolerance_ticks - deficit(bucket.tat, now),
+                peak.tolerance_ticks - deficit(bucket.tat2, now),
+            )
+        },
+    );
+    println!("trTCM, 2000 packets: green/yellow/red {seen:?}, 0 mismatches with RFC 2698");
+}
+
+/// The kernel's srTCM (C's word and a word for the total deficit of C and E) against
+/// RFC 2697, packet by packet.
+#[test]
+fn kernel_srtcm_matches_rfc_2697_packet_by_packet() {
+    let committed = ByteCost::new(8_000_000, 6_000);
+    let total = ByteCost::new(8_000_000, 6_000 + 20_000);
+    let mut rfc = RfcSrTcm::full(&committed, &total, 0);
+    let seen = meter_against_rfc(
+        &[
+            "meter",
+            "--dev",
+            DEV,
+            "--proto",
+            "udp",
+            "--dport",
+            "9400",
+            "--rate",
+            "8mbit",
+            "--burst",
+            "6000",
+            "--excess-burst",
+            "20000",
+        ],
+        |now, bytes| {
+            let colour = rfc.packet(now, committed.ticks_for(bytes));
+            (colour, rfc.tc, rfc.te)
+        },
+        // Words: (C, total); E's deficit is the total's less C's.
+        |bucket, now| {
+            let deficit_c = deficit(bucket.tat, now);
+            let excess_burst = total.tolerance_ticks - committed.tolerance_ticks;
+            (
+                committed.tolerance_ticks - deficit_c,
+                excess_burst - (deficit(bucket.tat2, now) - deficit_c),
+            )
+        },
+    );
+    println!("srTCM, 2000 packets: green/yellow/red {seen:?}, 0 mismatches with RFC 2697");
 }
 
 /// Classification cost follows the number of rule shapes, not of classes: 200 classes
