@@ -18,7 +18,7 @@ use shaper_common::{
     bucket::{credit_chunk, shared_burst},
     meter::{METER_NONE, METER_SRTCM, METER_TRTCM},
     Action, Bucket, ByteCost, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Scope, Shape,
-    FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_SHAPES,
+    FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 use std::{
     collections::{BTreeMap, HashMap},
@@ -468,7 +468,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
                 continue; // An older or higher-priority class already owns this key.
             }
             if let Err(e) = rules.insert(key, value, 0) {
-                outcome = Err(runtime(format!("cannot add classifier entry: {e}")));
+                outcome = Err(runtime(rule_insert_error(&e)));
                 break;
             }
             written.push((key, previous));
@@ -499,6 +499,33 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         ids.push(id);
     }
     Ok(ids)
+}
+
+/// Why a classifier entry could not be written, in the user's terms.
+fn rule_insert_error(error: &MapError) -> String {
+    match error {
+        // A full BPF hash map answers an insert with E2BIG.
+        MapError::SyscallError(failed)
+            if failed.io_error.raw_os_error() == Some(nix::errno::Errno::E2BIG as i32) =>
+        {
+            format!(
+                "cannot add classifier entry: the classifier table is full ({MAX_RULES} entries \
+                 per interface and direction; port ranges take one entry per power-of-two block)"
+            )
+        }
+        other => format!(
+            "cannot add classifier entry: {other}: {}",
+            root_cause(other)
+        ),
+    }
+}
+
+fn root_cause(error: &dyn std::error::Error) -> String {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 /// Finds a class by name.

@@ -1,0 +1,196 @@
+//! The class table's limits and all-or-nothing promises, on a real attachment: `shaper
+//! batch` checks every line before it runs any, a class that would need a 33rd rule
+//! shape is refused, and a `class add` that fails half-way through writing its
+//! classifier entries leaves none of them behind.
+
+use serde_json::Value;
+use shaper_tests::{shaper_bin, BoundedCommand, Lab, ROUTER_TO_SERVER};
+use std::process::{Command, Output};
+
+/// A batch file that removes itself.
+struct BatchFile(std::path::PathBuf);
+
+impl BatchFile {
+    fn new(tag: &str, lines: &[String]) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("shaper-test-{}-{tag}.batch", std::process::id()));
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for BatchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn shaper(lab: &Lab, args: &[&str]) -> Output {
+    Command::new(shaper_bin())
+        .args(["--netns", &lab.router.name])
+        .args(args)
+        .output_within_limit()
+        .unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).trim().to_string()
+}
+
+fn class_list(lab: &Lab) -> Value {
+    let output = shaper(lab, &["class", "list", "--dev", ROUTER_TO_SERVER, "--json"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn class_count(lab: &Lab) -> usize {
+    class_list(lab).as_array().unwrap().len()
+}
+
+/// Asserts a failed command: the exit code, one `shaper:` line containing `needle`.
+fn assert_refused(output: &Output, code: i32, needle: &str) {
+    let message = stderr(output);
+    println!("exit {:?}: {message}", output.status.code());
+    assert_eq!(output.status.code(), Some(code), "{message}");
+    assert_eq!(message.lines().count(), 1, "one line: {message}");
+    assert!(
+        message.starts_with("shaper: ") && message.contains(needle),
+        "{message}"
+    );
+}
+
+#[test]
+fn batch_checks_every_line_first_and_a_33rd_rule_shape_is_refused() {
+    let lab = Lab::new().unwrap();
+    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER])
+        .unwrap();
+    // 32 distinct rule shapes: source prefixes /15../32 and destination prefixes /15../28.
+    let mut lines: Vec<String> = (15..=32)
+        .map(|bits| format!("class add src{bits} --dev r1 --rate 1mbit --src 198.18.0.0/{bits}"))
+        .chain((15..=28).map(|bits| {
+            format!("class add dst{bits} --dev r1 --rate 1mbit --dst 198.18.0.0/{bits}")
+        }))
+        .collect();
+    assert_eq!(lines.len(), 32);
+
+    // A bad last line: nothing runs, and the line is named.
+    lines.push("class add broken --dev r1 --rate fast".into());
+    let bad = BatchFile::new("bad", &lines);
+    let output = shaper(&lab, &["batch", "-f", bad.path()]);
+    assert_refused(&output, 2, &format!("{}:33:", bad.path()));
+    assert_eq!(
+        class_count(&lab),
+        0,
+        "a batch with a bad line added classes"
+    );
+
+    lines.pop();
+    let good = BatchFile::new("good", &lines);
+    let output = shaper(&lab, &["batch", "-f", good.path()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(class_count(&lab), 32);
+
+    // A 33rd shape is refused and changes nothing.
+    let before = class_list(&lab);
+    let output = shaper(
+        &lab,
+        &[
+            "class",
+            "add",
+            "dst29",
+            "--dev",
+            ROUTER_TO_SERVER,
+            "--rate",
+            "1mbit",
+            "--dst",
+            "198.18.0.0/29",
+        ],
+    );
+    assert_refused(&output, 1, "too many distinct rule shapes (the limit is 32");
+    assert_eq!(
+        class_list(&lab),
+        before,
+        "the refused class changed the table"
+    );
+    // What counts is shapes, not classes: another /24 destination shares a shape.
+    lab.shaper_in(
+        &lab.router,
+        &[
+            "class",
+            "add",
+            "another24",
+            "--dev",
+            ROUTER_TO_SERVER,
+            "--rate",
+            "1mbit",
+            "--dst",
+            "198.18.5.0/24",
+        ],
+    )
+    .unwrap();
+    assert_eq!(class_count(&lab), 33);
+}
+
+/// Fills the classifier table (262 144 entries) to 20 entries short of full, then adds a
+/// class that needs 34: its first 20 entries are written, the 21st fails, and the class
+/// must be rolled back to nothing. Proof that no entry leaked: after an 18-entry class is
+/// deleted, 38 entries are free (18 had the 20 leaked) and the same class now fits.
+#[test]
+fn class_add_rolls_back_a_half_written_class() {
+    const FULL_CLASSES: u32 = 7709; // × 34 entries = 262 106 of 262 144
+    let lab = Lab::new().unwrap();
+    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER])
+        .unwrap();
+    // Each class: one source address, UDP, source ports 1-3 (2 blocks) × destination
+    // ports 1-65535 (16 blocks) = 32 entries in the same 32 shapes, and 2 for packets
+    // whose ports or protocol are unknown: 34.
+    let source = |index: u32| format!("198.18.{}.{}/32", index / 256, index % 256);
+    let full_class = |name: &str, index: u32| {
+        format!(
+            "class add {name} --dev r1 --rate 1mbit --proto udp --src {} --sport 1-3 --dport 1-65535",
+            source(index)
+        )
+    };
+    let mut lines: Vec<String> = (0..FULL_CLASSES)
+        .map(|index| full_class(&format!("c{index}"), index))
+        .collect();
+    // 18 entries: one source port block (16), and the 2 for unknown ports/protocol.
+    lines.push(format!(
+        "class add half --dev r1 --rate 1mbit --proto udp --src {} --sport 1 --dport 1-65535",
+        source(FULL_CLASSES)
+    ));
+    let batch = BatchFile::new("fill", &lines);
+    let output = shaper(&lab, &["batch", "-f", batch.path()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(class_count(&lab) as u32, FULL_CLASSES + 1);
+
+    let before = class_list(&lab);
+    let victim = full_class("victim", FULL_CLASSES + 1);
+    let victim_args: Vec<&str> = victim.split_whitespace().collect();
+    let output = shaper(&lab, &victim_args);
+    assert_refused(&output, 1, "the classifier table is full (262144 entries");
+    assert_eq!(
+        class_list(&lab),
+        before,
+        "the failed class changed the table"
+    );
+
+    // Deleting the 18-entry class frees 18: with the 20 never used, the victim's 34 fit
+    // only if its failed attempt left none of its entries behind.
+    lab.shaper_in(
+        &lab.router,
+        &["class", "del", "half", "--dev", ROUTER_TO_SERVER],
+    )
+    .unwrap();
+    let output = shaper(&lab, &victim_args);
+    assert!(
+        output.status.success(),
+        "the class does not fit after its rollback: entries leaked ({})",
+        stderr(&output)
+    );
+    assert_eq!(class_count(&lab) as u32, FULL_CLASSES + 1);
+}
