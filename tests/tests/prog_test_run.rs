@@ -147,7 +147,7 @@ fn ipv6(
 // ---- the harness ----
 
 struct Harness {
-    _lab: Lab,
+    lab: Lab,
     attachment: Attachment,
     ebpf: aya::Ebpf,
     names: HashMap<u32, String>,
@@ -184,7 +184,7 @@ impl Harness {
         let mut ebpf = state::load_object(attachment.dir(), 1024).unwrap();
         state::load_program(&mut ebpf, program_names::SHAPER_CLOCKED).unwrap();
         Self {
-            _lab: lab,
+            lab,
             attachment,
             ebpf,
             names,
@@ -843,6 +843,74 @@ fn kernel_srtcm_matches_rfc_2697_packet_by_packet() {
         },
     );
     println!("srTCM, 2000 packets: green/yellow/red {seen:?}, 0 mismatches with RFC 2697");
+}
+
+/// Priority and deletion as the README states them: the lowest `--prio` wins, ties go to
+/// the older class, and deleting a class re-points its entries at the next-best class that
+/// matches them.
+#[test]
+fn ties_go_to_the_older_class_and_deletion_falls_back_to_the_next_best() {
+    let class = |name: &'static str, dport: Option<&'static str>, prio: &'static str| {
+        let mut args = vec![name, "--dev", DEV, "--proto", "udp", "--prio", prio];
+        if let Some(port) = dport {
+            args.extend(["--dport", port]);
+        }
+        args.extend(["--rate", "400gbit"]);
+        args
+    };
+    let (older, younger, fallback) = (
+        class("older", Some("53"), "10"),
+        class("younger", Some("53"), "10"),
+        class("fallback", None, "20"),
+    );
+    let mut harness = Harness::new(&[&older, &younger, &fallback]);
+    let dns = ipv4(V4::default(), udp(53, 32));
+    let classified = |harness: &mut Harness, step: &str| {
+        harness.reload_names();
+        let (verdict, class) = harness.run(&dns, 1_000_000_000, 1);
+        println!("{step:48} -> {class:?}");
+        assert_eq!(verdict, PASS);
+        class
+    };
+    assert_eq!(
+        classified(&mut harness, "two classes of prio 10 match").as_deref(),
+        Some("older")
+    );
+    let router = harness.lab.router.clone();
+    let delete = |harness: &Harness, name: &str| {
+        harness
+            .lab
+            .shaper_in(&router, &["class", "del", name, "--dev", DEV])
+            .unwrap();
+    };
+    delete(&harness, "older");
+    assert_eq!(
+        classified(&mut harness, "the older one deleted").as_deref(),
+        Some("younger")
+    );
+    // The lowest prio wins over age.
+    harness
+        .lab
+        .shaper_in(
+            &router,
+            &[
+                "class", "add", "urgent", "--dev", DEV, "--proto", "udp", "--dport", "53",
+                "--prio", "5", "--rate", "400gbit",
+            ],
+        )
+        .unwrap();
+    assert_eq!(
+        classified(&mut harness, "a newer class of prio 5 added").as_deref(),
+        Some("urgent")
+    );
+    delete(&harness, "urgent");
+    delete(&harness, "younger");
+    assert_eq!(
+        classified(&mut harness, "only the prio 20 catch-all left").as_deref(),
+        Some("fallback")
+    );
+    delete(&harness, "fallback");
+    assert_eq!(classified(&mut harness, "no class left"), None);
 }
 
 /// Classification cost follows the number of rule shapes, not of classes: 200 classes
