@@ -346,6 +346,8 @@ pub struct Udp {
     pub tos: Option<u8>,
     /// Report interval in seconds (iperf3 -i); one second when unset.
     pub interval: Option<f64>,
+    /// Source address of the client (iperf3 -B), e.g. a second address of the client.
+    pub bind: Option<&'static str>,
 }
 
 impl Default for Udp {
@@ -357,6 +359,7 @@ impl Default for Udp {
             ipv6: false,
             port: None,
             length: 1400,
+            bind: None,
             tos: None,
             interval: None,
         }
@@ -491,7 +494,7 @@ impl Lab {
 
     /// Starts a one-shot iperf3 server in the server namespace and waits until it listens.
     pub fn iperf_server(&self, port: u16) -> Result<Child> {
-        iperf_server_in(&self.server, port, 1.0)
+        iperf_server_in(&self.server, port, 1.0, None)
     }
 
     /// One iperf3 run of `seconds`: a one-shot server, the client with `args`, the
@@ -512,7 +515,15 @@ impl Lab {
         seconds: u32,
     ) -> Result<Value> {
         let deadline = Instant::now() + Duration::from_secs(seconds.into()) + IPERF_GRACE;
-        let mut server = iperf_server_in(to, port, interval)?;
+        // The server listens on the address the client targets: iperf3's UDP replies
+        // must come from it, and to a second address of the server they would otherwise
+        // leave from the primary one and never reach the client.
+        let target = args
+            .iter()
+            .position(|arg| arg == "-c")
+            .and_then(|index| args.get(index + 1))
+            .map(String::as_str);
+        let mut server = iperf_server_in(to, port, interval, target)?;
         let json = iperf_client_in(from, port, args, deadline);
         if json.is_err() {
             // The one-shot server may never see its client: do not wait for it.
@@ -543,6 +554,40 @@ impl Lab {
         options: &Udp,
     ) -> Result<UdpResult> {
         let port = options.port.unwrap_or_else(|| self.port());
+        self.udp_on_port(from, to, target, port, options)
+    }
+
+    /// Several UDP runs at once, each (from, to, target, options) on its own port; their
+    /// results in the same order.
+    pub fn udp_concurrently(
+        &mut self,
+        runs: &[(&Netns, &Netns, &str, &Udp)],
+    ) -> Result<Vec<UdpResult>> {
+        let ports: Vec<u16> = runs.iter().map(|_| self.port()).collect();
+        let lab = &*self;
+        thread::scope(|scope| {
+            let handles: Vec<_> = runs
+                .iter()
+                .zip(ports)
+                .map(|(&(from, to, target, options), port)| {
+                    scope.spawn(move || lab.udp_on_port(from, to, target, port, options))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| handle.join().expect("a UDP run panicked"))
+                .collect()
+        })
+    }
+
+    fn udp_on_port(
+        &self,
+        from: &Netns,
+        to: &Netns,
+        target: &str,
+        port: u16,
+        options: &Udp,
+    ) -> Result<UdpResult> {
         let args: Vec<String> = [
             "-c",
             target,
@@ -565,6 +610,9 @@ impl Lab {
         }
         if let Some(interval) = options.interval {
             args.extend(["-i".to_string(), interval.to_string()]);
+        }
+        if let Some(address) = options.bind {
+            args.extend(["-B".to_string(), address.to_string()]);
         }
         let json = self.iperf_between(
             from,
@@ -639,10 +687,13 @@ impl Lab {
 /// Starts a one-shot iperf3 server in `ns`, reporting every `interval` seconds, and waits
 /// until it listens. A server that does not listen within 5 s is killed. The caller waits
 /// for the returned child with [`wait_bounded`] (or kills it).
-fn iperf_server_in(ns: &Netns, port: u16, interval: f64) -> Result<Child> {
+fn iperf_server_in(ns: &Netns, port: u16, interval: f64, bind: Option<&str>) -> Result<Child> {
     // `ip netns exec` execs iperf3 itself: the child is the server, and killing it works.
-    let mut child = ns
-        .command("iperf3")
+    let mut command = ns.command("iperf3");
+    if let Some(address) = bind {
+        command.args(["-B", address]);
+    }
+    let mut child = command
         .args(["-s", "-1", "--json", "-p", &port.to_string()])
         .args(["-i", &interval.to_string()])
         .stdin(Stdio::null())

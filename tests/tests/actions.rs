@@ -45,28 +45,39 @@ fn dscp_remarks_over_rate_packets_ipv4_and_ipv6() {
             &["--rate", "5mbit", "--proto", "udp", "--action", "dscp=af11"],
         );
         let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
+        // ECT(0) datagrams: the rewrite must keep the ECN bits.
         let result = lab
             .udp(&Udp {
                 rate: "20M",
                 seconds: 3,
                 ipv6,
+                tos: Some(2),
                 ..Udp::default()
             })
             .unwrap();
-        let (af11, all) = if ipv6 {
-            // Traffic class is bits 4-11 of the first 16-bit word; DSCP its upper six.
+        let (af11, af11_ect0, all) = if ipv6 {
+            // Traffic class is bits 4-11 of the first 16-bit word: DSCP its upper six,
+            // ECN its lower two.
             (
                 capture
                     .count("udp and (ip6[0:2] >> 6) & 0x3f = 10")
+                    .unwrap(),
+                capture
+                    .count("udp and (ip6[0:2] >> 6) & 0x3f = 10 and (ip6[0:2] >> 4) & 3 = 2")
                     .unwrap(),
                 capture.count("udp").unwrap(),
             )
         } else {
             (
                 capture.count("udp and ip[1] & 0xfc = 40").unwrap(),
+                capture.count("udp and ip[1] = 42").unwrap(),
                 capture.count("udp").unwrap(),
             )
         };
+        assert_eq!(
+            af11_ect0, af11,
+            "every remarked packet keeps its ECT(0) bits"
+        );
         let bad_checksums = capture
             .lines("udp")
             .unwrap()

@@ -142,6 +142,62 @@ fn scenario02_class_bucket_shares_the_rate() {
     );
 }
 
+/// Three UDP flows at 20 Mbit/s each, at once, through a 5 Mbit/s class with `--per
+/// src` or `--per dst`: A 198.18.1.2 → 198.18.2.2, B 198.18.1.3 → 198.18.2.2 and
+/// C 198.18.1.2 → 198.18.2.3 (second addresses on the client and the server). Received
+/// L2 rates of A, B and C.
+fn three_flows_keyed_by_address(per: &str) -> [f64; 3] {
+    let mut lab = Lab::new().unwrap();
+    let (client, router, server) = (lab.client.clone(), lab.router.clone(), lab.server.clone());
+    client
+        .run("ip", &["addr", "add", "198.18.1.3/24", "dev", "c0"])
+        .unwrap();
+    server
+        .run("ip", &["addr", "add", "198.18.2.3/24", "dev", SERVER_DEV])
+        .unwrap();
+    attach(&lab, &router, ROUTER_TO_SERVER, &[]);
+    add_class(
+        &lab,
+        &router,
+        ROUTER_TO_SERVER,
+        "keyed",
+        "5mbit",
+        &["--proto", "udp", "--per", per],
+    );
+    let flow = |bind| Udp {
+        rate: "20M",
+        seconds: 4,
+        bind: Some(bind),
+        ..Udp::default()
+    };
+    let (a, b, c) = (flow("198.18.1.2"), flow("198.18.1.3"), flow("198.18.1.2"));
+    let results = lab
+        .udp_concurrently(&[
+            (&client, &server, "198.18.2.2", &a),
+            (&client, &server, "198.18.2.2", &b),
+            (&client, &server, "198.18.2.3", &c),
+        ])
+        .unwrap();
+    assert!(class_stat(&lab, &router, "keyed", "dropped_packets") > 0);
+    [0, 1, 2].map(|index| results[index].total_l2_bps())
+}
+
+#[test]
+fn scenario02_per_src_buckets_follow_the_source_address() {
+    let [a, b, c] = three_flows_keyed_by_address("src");
+    // A and C share a source, B has its own.
+    assert_within("--per src: A + C (one source)", a + c, 5e6, 0.05);
+    assert_within("--per src: B (another source)", b, 5e6, 0.05);
+}
+
+#[test]
+fn scenario02_per_dst_buckets_follow_the_destination_address() {
+    let [a, b, c] = three_flows_keyed_by_address("dst");
+    // A and B share a destination, C has its own.
+    assert_within("--per dst: A + B (one destination)", a + b, 5e6, 0.05);
+    assert_within("--per dst: C (another destination)", c, 5e6, 0.05);
+}
+
 #[test]
 fn scenario03_unmatched_traffic_is_not_limited() {
     let mut lab = Lab::new().unwrap();
