@@ -138,7 +138,7 @@ fn batch_checks_every_line_first_and_a_33rd_rule_shape_is_refused() {
 /// Fills the classifier table (262 144 entries) to 20 entries short of full, then adds a
 /// class that needs 34: its first 20 entries are written, the 21st fails, and the class
 /// must be rolled back to nothing. Proof that no entry leaked: after an 18-entry class is
-/// deleted, 38 entries are free (18 had the 20 leaked) and the same class now fits.
+/// deleted, 38 entries are free (18 had the 20 leaked) and another 34-entry class fits.
 #[test]
 fn class_add_rolls_back_a_half_written_class() {
     const FULL_CLASSES: u32 = 7709; // × 34 entries = 262 106 of 262 144
@@ -179,14 +179,16 @@ fn class_add_rolls_back_a_half_written_class() {
         "the failed class changed the table"
     );
 
-    // Deleting the 18-entry class frees 18: with the 20 never used, the victim's 34 fit
-    // only if its failed attempt left none of its entries behind.
+    // Deleting the 18-entry class frees 18: with the 20 never used, another class of 34
+    // entries (its own keys: a leaked entry of the victim's cannot be reused) fits only
+    // if the failed attempt left none of its entries behind.
     lab.shaper_in(
         &lab.router,
         &["class", "del", "half", "--dev", ROUTER_TO_SERVER],
     )
     .unwrap();
-    let output = shaper(&lab, &victim_args);
+    let other = full_class("other", FULL_CLASSES + 2);
+    let output = shaper(&lab, &other.split_whitespace().collect::<Vec<_>>());
     assert!(
         output.status.success(),
         "the class does not fit after its rollback: entries leaked ({})",
