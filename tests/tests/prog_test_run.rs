@@ -765,6 +765,16 @@ fn meter_against_rfc(
     seen
 }
 
+/// `class add` arguments of the replayed meter: CIR 8 Mbit/s, CBS 6000 bytes, and `extra`.
+fn meter_class<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "meter", "--dev", DEV, "--proto", "udp", "--dport", "9400", "--rate", "8mbit", "--burst",
+        "6000",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// The kernel's trTCM (two GCRA words, compare-and-swap) against RFC 2698, packet by
 /// packet. CIR 8 and PIR 16 Mbit/s give whole ticks per byte, so both sides are exact.
 #[test]
@@ -773,23 +783,7 @@ fn kernel_trtcm_matches_rfc_2698_packet_by_packet() {
     let peak = ByteCost::new(16_000_000, 12_000);
     let mut rfc = RfcTrTcm::full(&peak, &committed, 0);
     let seen = meter_against_rfc(
-        &[
-            "meter",
-            "--dev",
-            DEV,
-            "--proto",
-            "udp",
-            "--dport",
-            "9400",
-            "--rate",
-            "8mbit",
-            "--burst",
-            "6000",
-            "--peak-rate",
-            "16mbit",
-            "--peak-burst",
-            "12000",
-        ],
+        &meter_class(&["--peak-rate", "16mbit", "--peak-burst", "12000"]),
         |now, bytes| {
             let colour = rfc.packet(now, peak.ticks_for(bytes), committed.ticks_for(bytes));
             (colour, rfc.tc, rfc.tp)
@@ -813,21 +807,7 @@ fn kernel_srtcm_matches_rfc_2697_packet_by_packet() {
     let total = ByteCost::new(8_000_000, 6_000 + 20_000);
     let mut rfc = RfcSrTcm::full(&committed, &total, 0);
     let seen = meter_against_rfc(
-        &[
-            "meter",
-            "--dev",
-            DEV,
-            "--proto",
-            "udp",
-            "--dport",
-            "9400",
-            "--rate",
-            "8mbit",
-            "--burst",
-            "6000",
-            "--excess-burst",
-            "20000",
-        ],
+        &meter_class(&["--excess-burst", "20000"]),
         |now, bytes| {
             let colour = rfc.packet(now, committed.ticks_for(bytes));
             (colour, rfc.tc, rfc.te)
