@@ -1,15 +1,19 @@
-//! shaper's TC classifier: parse → classify → bucket → act.
+//! shaper's TC classifier, read as parse → classify → bucket → act.
 //!
-//! One object, attached once per interface and direction. The packet path:
-//! 1. parse: Ethernet (up to two VLAN tags), IPv4 (options) or IPv6 (bounded walk over
+//! One object, attached once per interface and direction. [`run`] is the packet path:
+//! 1. [`parse`]: Ethernet (up to two VLAN tags), IPv4 (options) or IPv6 (bounded walk over
 //!    extension headers), TCP/UDP ports. Non-IP frames pass untouched.
-//! 2. classify: tuple-space search — one exact-match hash lookup per distinct rule shape
-//!    (`SHAPES`), never a scan over classes; the lowest rank wins.
-//! 3. bucket: GCRA (one u64 per bucket, updated by compare-and-swap) from shaper-common,
-//!    per class (`CLASS_BUCKETS`) or per flow/src/dst (`KEYED_BUCKETS`, LRU, lazily created).
-//! 4. act: within the rate → pass; over it → the class's action (drop for now).
+//! 2. [`classify`]: tuple-space search — one exact-match hash lookup per distinct rule
+//!    shape (`SHAPES`), never a scan over classes; the lowest rank wins.
+//! 3. [`bucket`]: GCRA (one u64 per bucket, updated by compare-and-swap) from
+//!    shaper-common, per class (`CLASS_BUCKETS`, with per-CPU credit) or per flow/src/dst
+//!    (`KEYED_BUCKETS`, LRU, lazily created).
+//! 4. [`act`]: within the rate → pass; over it → the class's action (drop, ECN, DSCP and
+//!    fwmark via [`rewrite`]). Meters ([`meter`]) and shaping ([`shape`]) take their own
+//!    path after classification.
 //!
-//! On the host this crate compiles to an empty program so workspace tooling works.
+//! The maps are in [`maps`]. On the host this crate compiles to an empty program so
+//! workspace tooling works.
 #![cfg_attr(target_arch = "bpf", no_std, no_main, feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
@@ -17,7 +21,79 @@
 fn main() {}
 
 #[cfg(target_arch = "bpf")]
-mod program;
+mod act;
+#[cfg(target_arch = "bpf")]
+mod bucket;
+#[cfg(target_arch = "bpf")]
+mod classify;
+#[cfg(target_arch = "bpf")]
+mod maps;
+#[cfg(target_arch = "bpf")]
+mod meter;
+#[cfg(target_arch = "bpf")]
+mod parse;
+#[cfg(target_arch = "bpf")]
+mod rewrite;
+#[cfg(target_arch = "bpf")]
+mod shape;
+
+#[cfg(target_arch = "bpf")]
+mod entry {
+    use crate::{
+        act::act, bucket::charge_bucket, classify::classify, maps::CLASSES, meter::meter,
+        parse::parse, shape::shape,
+    };
+    use aya_ebpf::{
+        bindings::{TC_ACT_OK, TC_ACT_UNSPEC},
+        helpers::bpf_ktime_get_ns,
+        macros::classifier,
+        programs::TcContext,
+    };
+    use shaper_common::{meter::METER_NONE, Action};
+
+    #[classifier]
+    pub fn shaper(ctx: TcContext) -> i32 {
+        run(&ctx, unsafe { bpf_ktime_get_ns() })
+    }
+
+    /// The same program with the clock taken from `skb->tstamp`, so BPF_PROG_TEST_RUN can
+    /// check the bucket against the host model packet by packet. Never attached.
+    #[classifier]
+    pub fn shaper_clocked(ctx: TcContext) -> i32 {
+        let now = unsafe { (*ctx.skb.skb).tstamp };
+        run(&ctx, now)
+    }
+
+    /// The per-packet cost floor for benchmarks: an empty classifier in the same object.
+    #[classifier]
+    pub fn shaper_floor(_ctx: TcContext) -> i32 {
+        TC_ACT_OK as i32
+    }
+
+    #[inline(always)]
+    fn run(ctx: &TcContext, now: u64) -> i32 {
+        let Some(packet) = parse(ctx) else {
+            return TC_ACT_UNSPEC;
+        };
+        let Some(class_id) = classify(&packet) else {
+            return TC_ACT_UNSPEC;
+        };
+        let Some(class) = CLASSES.get(class_id) else {
+            return TC_ACT_UNSPEC;
+        };
+        if class.in_use == 0 {
+            return TC_ACT_UNSPEC;
+        }
+        if class.action == Action::Shape as u8 {
+            return shape(ctx, class_id, class, &packet, now);
+        }
+        if class.meter != METER_NONE {
+            return meter(ctx, class_id, class, &packet, now);
+        }
+        let verdict = charge_bucket(ctx, class_id, class, &packet, now);
+        act(ctx, class_id, class, verdict, &packet)
+    }
+}
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

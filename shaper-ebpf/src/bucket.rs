@@ -1,0 +1,178 @@
+//! Bucket: the GCRA word of the class (`CLASS_BUCKETS`, with per-CPU credit) or of the
+//! packet's flow, source or destination (`KEYED_BUCKETS`, created lazily), charged by
+//! compare-and-swap.
+
+use crate::{
+    maps::{CLASS_BUCKETS, CREDIT, KEYED_BUCKETS},
+    parse::Packet,
+};
+use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
+use aya_log_ebpf::warn;
+use core::intrinsics::{atomic_cxchg, AtomicOrdering};
+use shaper_common::{
+    bucket::{ticks, use_credit, CreditUse},
+    conform, Bucket, BucketKey, ByteCost, ClassConfig, Credit, Scope,
+};
+
+/// Compare-and-swap attempts on one bucket before the packet is judged over the rate.
+pub(crate) const CAS_ATTEMPTS: u32 = 16;
+
+/// The bucket's answer for one packet.
+pub(crate) enum Verdict {
+    /// Within the rate; the bucket is now `occupancy` ticks deep (0 = full, tolerance = empty).
+    Within { occupancy: u64 },
+    /// Over the rate; the bucket is unchanged.
+    Exceed,
+}
+
+#[inline(always)]
+pub(crate) fn bucket_of(
+    class_id: u32,
+    class: &ClassConfig,
+    packet: &Packet,
+) -> Option<*mut Bucket> {
+    match Scope::from_u8(class.scope) {
+        Some(Scope::Class) | None => CLASS_BUCKETS.get_ptr_mut(class_id),
+        Some(scope) => keyed_bucket(class_id, class.generation, scope, packet),
+    }
+}
+
+#[inline(always)]
+pub(crate) fn charge_bucket(
+    ctx: &TcContext,
+    class_id: u32,
+    class: &ClassConfig,
+    packet: &Packet,
+    now: u64,
+) -> Verdict {
+    // Userspace sets a chunk only on class-scoped buckets that need no occupancy (not ecn).
+    if class.credit_chunk != 0 {
+        if let (Some(bucket), Some(credit)) = (
+            CLASS_BUCKETS.get_ptr_mut(class_id),
+            CREDIT.get_ptr_mut(class_id),
+        ) {
+            return charge_with_credit(
+                unsafe { &raw mut (*bucket).tat },
+                unsafe { &mut *credit },
+                class,
+                now,
+                packet.wire_len,
+            );
+        }
+    }
+    match bucket_of(class_id, class, packet) {
+        Some(bucket) => charge(
+            unsafe { &raw mut (*bucket).tat },
+            now,
+            packet.wire_len,
+            &class.cost,
+        ),
+        // The LRU could not hold a new bucket (every entry busy on other CPUs): fail open.
+        None => {
+            warn!(
+                ctx,
+                "class {}: no room for a new bucket in the flow table; packet passed", class_id
+            );
+            Verdict::Within { occupancy: 0 }
+        }
+    }
+}
+
+#[inline(always)]
+fn keyed_bucket(
+    class_id: u32,
+    generation: u32,
+    scope: Scope,
+    packet: &Packet,
+) -> Option<*mut Bucket> {
+    let mut key = BucketKey {
+        class_id,
+        generation,
+        family: packet.family,
+        ..BucketKey::default()
+    };
+    match scope {
+        Scope::Src => key.src = packet.src,
+        Scope::Dst => key.dst = packet.dst,
+        _ => {
+            key.proto = packet.proto;
+            key.sport = packet.sport;
+            key.dport = packet.dport;
+            key.src = packet.src;
+            key.dst = packet.dst;
+        }
+    }
+    if let Some(word) = KEYED_BUCKETS.get_ptr_mut(&key) {
+        return Some(word);
+    }
+    // A fresh bucket is full: tat = 0 is "long ago". NOEXIST keeps a racing CPU's bucket.
+    let fresh = Bucket::default();
+    let _ = KEYED_BUCKETS.insert(&key, &fresh, BPF_NOEXIST as u64);
+    KEYED_BUCKETS.get_ptr_mut(&key)
+}
+
+/// Spends this CPU's credit, taking a chunk (or what is missing) from the shared bucket
+/// when it runs short; the occupancy reported is 0 (unused by the actions that get here).
+#[inline(always)]
+fn charge_with_credit(
+    word: *mut u64,
+    credit: &mut Credit,
+    class: &ClassConfig,
+    now: u64,
+    bytes: u64,
+) -> Verdict {
+    if credit.generation != class.generation || credit.epoch != class.credit_epoch {
+        // Credit of a deleted class, or taken before a rate or burst change.
+        *credit = Credit {
+            bytes: 0,
+            generation: class.generation,
+            epoch: class.credit_epoch,
+        };
+    }
+    match use_credit(credit.bytes, bytes, class.credit_chunk as u64) {
+        CreditUse::Covered { left } => {
+            credit.bytes = left;
+            Verdict::Within { occupancy: 0 }
+        }
+        CreditUse::Take { first, fallback } => {
+            let mut take = first;
+            for _ in 0..2 {
+                if let Verdict::Within { .. } = charge(word, now, take, &class.cost) {
+                    credit.bytes = credit.bytes + take - bytes;
+                    return Verdict::Within { occupancy: 0 };
+                }
+                if take == fallback {
+                    break;
+                }
+                take = fallback;
+            }
+            Verdict::Exceed
+        }
+    }
+}
+
+/// Applies [`conform`] to the bucket word with compare-and-swap, so concurrent CPUs
+/// never admit more than the bucket holds.
+#[inline(always)]
+fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> Verdict {
+    for _ in 0..CAS_ATTEMPTS {
+        let tat = unsafe { core::ptr::read_volatile(word) };
+        let Some(next) = conform(tat, now, bytes, cost) else {
+            return Verdict::Exceed;
+        };
+        if swap(word, tat, next) {
+            return Verdict::Within {
+                occupancy: next - ticks(now),
+            };
+        }
+    }
+    Verdict::Exceed
+}
+
+#[inline(always)]
+pub(crate) fn swap(word: *mut u64, old: u64, new: u64) -> bool {
+    let (_, swapped) = unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(word, old, new)
+    };
+    swapped
+}

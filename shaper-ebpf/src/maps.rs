@@ -1,0 +1,43 @@
+//! Every map of an attachment. The kernel/userspace contract for their names and
+//! value types is `shaper_common`; userspace pins them per interface and direction.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use shaper_common::{
+    Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, Globals, RuleKey, RuleValue,
+    Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+};
+
+#[map]
+pub(crate) static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
+#[map]
+pub(crate) static SHAPES: Array<Shape> = Array::with_max_entries(MAX_SHAPES, 0);
+#[map]
+/// Not preallocated: memory follows the classes in use, not the 262 144-entry ceiling.
+pub(crate) static RULES: HashMap<RuleKey, RuleValue> =
+    HashMap::with_max_entries(MAX_RULES, BPF_F_NO_PREALLOC as u32);
+#[map]
+pub(crate) static CLASSES: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Class-scoped buckets: the GCRA word per class id.
+#[map]
+pub(crate) static CLASS_BUCKETS: Array<Bucket> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Flow/src/dst-scoped buckets, created on a key's first packet; userspace resizes it.
+#[map]
+pub(crate) static KEYED_BUCKETS: LruHashMap<BucketKey, Bucket> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+#[map]
+pub(crate) static STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+/// Per-CPU prepaid credit on class-scoped buckets (see `shaper_common::bucket`).
+#[map]
+pub(crate) static CREDIT: PerCpuArray<Credit> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+/// Userspace bookkeeping only (names, rules); declared here so it is created and pinned
+/// with the rest of the attachment's state.
+#[map]
+pub(crate) static CLASS_META: Array<ClassMeta> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Userspace only: class name → class id, so commands find a class without a scan.
+#[map]
+pub(crate) static CLASS_INDEX: HashMap<[u8; CLASS_NAME_LEN], u32> =
+    HashMap::with_max_entries(MAX_CLASSES, BPF_F_NO_PREALLOC as u32);

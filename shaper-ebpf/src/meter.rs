@@ -1,0 +1,121 @@
+//! Meters (RFC 2697 srTCM, RFC 2698 trTCM, colour-blind): colour, count, act per colour.
+
+use crate::{
+    act::{apply, count_drop, count_pass},
+    bucket::{bucket_of, swap, CAS_ATTEMPTS},
+    maps::STATS,
+    parse::Packet,
+    rewrite::set_ecn_ce,
+};
+use aya_ebpf::{bindings::TC_ACT_UNSPEC, programs::TcContext};
+use shaper_common::{
+    meter::{charged, srtcm, trtcm, Colour, METER_TRTCM},
+    Action, Bucket, ClassConfig,
+};
+
+#[inline(always)]
+pub(crate) fn meter(
+    ctx: &TcContext,
+    class_id: u32,
+    class: &ClassConfig,
+    packet: &Packet,
+    now: u64,
+) -> i32 {
+    let Some(stats) = STATS.get_ptr_mut(class_id) else {
+        return TC_ACT_UNSPEC;
+    };
+    let stats = unsafe { &mut *stats };
+    let bytes = packet.wire_len;
+    let colour = match bucket_of(class_id, class, packet) {
+        Some(bucket) => colour_of(bucket, class, bytes, now),
+        None => Colour::Green, // no room for a bucket: fail open, as for policing
+    };
+    let (action, arg, mask) = match colour {
+        Colour::Green => {
+            stats.green_packets += 1;
+            stats.green_bytes += bytes;
+            return count_pass(stats, bytes, false);
+        }
+        Colour::Yellow => {
+            stats.yellow_packets += 1;
+            stats.yellow_bytes += bytes;
+            (class.exceed_action, class.exceed_arg, class.exceed_mask)
+        }
+        Colour::Red => {
+            stats.red_packets += 1;
+            stats.red_bytes += bytes;
+            (class.action, class.action_arg, class.action_mask)
+        }
+    };
+    // ECN on a meter colour: CE-mark ECN-capable packets, drop the rest.
+    let outcome = if action == Action::Ecn as u8 {
+        if set_ecn_ce(ctx, packet) {
+            Some(true)
+        } else {
+            None
+        }
+    } else {
+        apply(ctx, packet, action, arg, mask)
+    };
+    match outcome {
+        Some(marked) => count_pass(stats, bytes, marked),
+        None => count_drop(stats, bytes),
+    }
+}
+
+/// The colour of one packet; each of the meter's two words changes by compare-and-swap.
+/// Under contention a packet whose first word was charged but whose second changed
+/// meanwhile keeps the lesser colour: no bucket ever admits more than it holds.
+#[inline(always)]
+fn colour_of(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> Colour {
+    let first = unsafe { &raw mut (*bucket).tat };
+    let second = unsafe { &raw mut (*bucket).tat2 };
+    let trtcm_meter = class.meter == METER_TRTCM;
+    for _ in 0..CAS_ATTEMPTS {
+        let (a, b) = unsafe {
+            (
+                core::ptr::read_volatile(first),
+                core::ptr::read_volatile(second),
+            )
+        };
+        if trtcm_meter {
+            // Words: (C, P). P decides red; C decides green.
+            let (colour, new_p, new_c) = trtcm(b, a, now, bytes, &class.peak_cost, &class.cost);
+            if colour == Colour::Red {
+                return Colour::Red;
+            }
+            if !swap(second, b, new_p) {
+                continue;
+            }
+            if colour == Colour::Green && swap(first, a, new_c) {
+                return Colour::Green;
+            }
+            return Colour::Yellow;
+        }
+        // srTCM. Words: (C, total).
+        let (colour, new_c, new_total) = srtcm(a, b, now, bytes, &class.cost, &class.peak_cost);
+        match colour {
+            Colour::Red => return Colour::Red,
+            Colour::Yellow => {
+                if swap(second, b, new_total) {
+                    return Colour::Yellow;
+                }
+            }
+            Colour::Green => {
+                if swap(first, a, new_c) {
+                    // Green always deepens the total too; retry only that word.
+                    let cost = class.cost.ticks_for(bytes);
+                    let mut total = b;
+                    for _ in 0..CAS_ATTEMPTS {
+                        if swap(second, total, charged(total, now, cost)) {
+                            break;
+                        }
+                        total = unsafe { core::ptr::read_volatile(second) };
+                    }
+                    return Colour::Green;
+                }
+            }
+        }
+    }
+    Colour::Red
+}

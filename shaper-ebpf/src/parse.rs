@@ -1,0 +1,184 @@
+//! Parse: Ethernet (up to two VLAN tags), IPv4 (options) or IPv6 (a bounded walk over
+//! extension headers), TCP/UDP ports, and the bytes the packet takes on the wire.
+
+use aya_ebpf::programs::TcContext;
+use shaper_common::{
+    FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN, MAX_IPV6_EXT_HEADERS, PROTO_TCP,
+    PROTO_UDP,
+};
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88A8;
+/// IPv6 extension headers the parser walks (IANA protocol numbers).
+const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_ROUTING: u8 = 43;
+const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_AH: u8 = 51;
+const IPPROTO_DSTOPTS: u8 = 60;
+const VLAN_HLEN: usize = 4;
+const MAX_VLAN_TAGS: usize = 2;
+/// What classification needs from a packet. Addresses are raw network-order words.
+pub(crate) struct Packet {
+    pub(crate) family: u8,
+    pub(crate) proto: u8,
+    pub(crate) flags: u8,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) src: [u32; 4],
+    pub(crate) dst: [u32; 4],
+    /// Bytes on the wire: skb->len plus the headers of every extra GSO segment.
+    pub(crate) wire_len: u64,
+    /// Offset of the IP header, and whether its first bytes could be read (for rewrites).
+    pub(crate) l3: usize,
+    pub(crate) ip_readable: bool,
+}
+
+/// Reads a header field: straight from the linear packet data when it is there (the
+/// common case, and several times cheaper than a helper call), else through
+/// bpf_skb_load_bytes, which also sees non-linear data. None when the packet is shorter.
+#[inline(always)]
+pub(crate) fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+    // Bounded for the verifier; no header shaper reads lies beyond 16 KiB.
+    let offset = offset & 0x3fff;
+    // black_box keeps LLVM from re-associating `data + offset + size`: the verifier must
+    // see the bounds check made on the very pointer that is then read.
+    let field = core::hint::black_box(ctx.data() + offset);
+    if field + core::mem::size_of::<T>() <= ctx.data_end() {
+        Some(unsafe { core::ptr::read_unaligned(field as *const T) })
+    } else {
+        ctx.load::<T>(offset).ok()
+    }
+}
+
+#[inline(always)]
+pub(crate) fn parse(ctx: &TcContext) -> Option<Packet> {
+    let mut ethertype = u16::from_be(load::<u16>(ctx, 12)?);
+    let mut l3 = ETH_HLEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
+            break;
+        }
+        ethertype = u16::from_be(load::<u16>(ctx, l3 + 2)?);
+        l3 += VLAN_HLEN;
+    }
+    let skb_len = ctx.len() as u64;
+    let mut packet = Packet {
+        family: 0,
+        proto: 0,
+        flags: KEY_PORTS_UNKNOWN | KEY_PROTO_UNKNOWN,
+        sport: 0,
+        dport: 0,
+        src: [0; 4],
+        dst: [0; 4],
+        wire_len: skb_len,
+        l3,
+        ip_readable: false,
+    };
+    let l4 = match ethertype {
+        ETH_P_IP => parse_ipv4(ctx, l3, &mut packet),
+        ETH_P_IPV6 => parse_ipv6(ctx, l3, &mut packet),
+        _ => return None,
+    };
+    if let Some(l4) = l4 {
+        parse_l4(ctx, l4, &mut packet);
+    }
+    Some(packet)
+}
+
+/// Fills addresses and protocol; returns the L4 offset when the ports are worth reading.
+#[inline(always)]
+fn parse_ipv4(ctx: &TcContext, l3: usize, packet: &mut Packet) -> Option<usize> {
+    packet.family = FAMILY_V4;
+    // A header too short to hold both addresses keeps them zero, protocol unknown.
+    let header = load::<[u32; 5]>(ctx, l3)?;
+    packet.ip_readable = true;
+    let bytes0 = header[0].to_ne_bytes();
+    let bytes2 = header[2].to_ne_bytes();
+    let bytes1 = header[1].to_ne_bytes();
+    packet.src[0] = header[3];
+    packet.dst[0] = header[4];
+    let ihl = (bytes0[0] & 0x0f) as usize;
+    if bytes0[0] >> 4 != 4 || ihl < 5 {
+        return None;
+    }
+    packet.proto = bytes2[1];
+    packet.flags = KEY_PORTS_UNKNOWN;
+    let fragment_offset = u16::from_be_bytes([bytes1[2], bytes1[3]]) & 0x1fff;
+    if fragment_offset != 0 {
+        // Non-first fragments carry no L4 header: classified by addresses and protocol.
+        return None;
+    }
+    Some(l3 + ihl * 4)
+}
+
+#[inline(always)]
+fn parse_ipv6(ctx: &TcContext, l3: usize, packet: &mut Packet) -> Option<usize> {
+    packet.family = FAMILY_V6;
+    let header = load::<[u32; 10]>(ctx, l3)?;
+    packet.ip_readable = true;
+    packet.src = [header[2], header[3], header[4], header[5]];
+    packet.dst = [header[6], header[7], header[8], header[9]];
+    let mut next_header = header[1].to_ne_bytes()[2];
+    let mut offset = l3 + 40;
+    let mut first_fragment = true;
+    for _ in 0..MAX_IPV6_EXT_HEADERS {
+        match next_header {
+            // Length in 8-byte units after the first 8.
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
+                let ext = load::<[u8; 2]>(ctx, offset)?;
+                next_header = ext[0];
+                offset += (ext[1] as usize + 1) * 8;
+            }
+            // Fixed 8 bytes; a non-zero offset means no L4 header here.
+            IPPROTO_FRAGMENT => {
+                let ext = load::<[u8; 4]>(ctx, offset)?;
+                next_header = ext[0];
+                if (u16::from_be_bytes([ext[2], ext[3]]) >> 3) != 0 {
+                    first_fragment = false;
+                }
+                offset += 8;
+            }
+            // Length in 4-byte units, minus 2.
+            IPPROTO_AH => {
+                let ext = load::<[u8; 2]>(ctx, offset)?;
+                next_header = ext[0];
+                offset += (ext[1] as usize + 2) * 4;
+            }
+            _ => {
+                packet.proto = next_header;
+                packet.flags = KEY_PORTS_UNKNOWN;
+                return if first_fragment { Some(offset) } else { None };
+            }
+        }
+    }
+    // The chain is longer than we walk: the protocol stays unknown.
+    None
+}
+
+#[inline(always)]
+fn parse_l4(ctx: &TcContext, l4: usize, packet: &mut Packet) {
+    if packet.proto != PROTO_TCP && packet.proto != PROTO_UDP {
+        // Other protocols have no ports to match.
+        packet.flags = 0;
+        return;
+    }
+    let Some(ports) = load::<[u16; 2]>(ctx, l4) else {
+        return; // Truncated: ports stay unknown.
+    };
+    packet.sport = u16::from_be(ports[0]);
+    packet.dport = u16::from_be(ports[1]);
+    packet.flags = 0;
+    // A GSO packet leaves as gso_segs frames, each with its own headers: charge them all.
+    let segments = unsafe { (*ctx.skb.skb).gso_segs } as u64;
+    if segments > 1 {
+        let l4_header = if packet.proto == PROTO_TCP {
+            load::<u8>(ctx, l4 + 12).map_or(20, |b| ((b >> 4) as usize) * 4)
+        } else {
+            8
+        };
+        packet.wire_len += (segments - 1) * (l4 + l4_header) as u64;
+    }
+}
