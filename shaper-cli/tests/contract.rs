@@ -1,0 +1,178 @@
+//! The kernel/userspace contract, checked on the host without root: the eBPF object that
+//! is embedded in the binary declares exactly the maps and programs `shaper_common`
+//! names, each with the key and value sizes userspace reads and writes, and the
+//! capacities userspace assumes. Key and value types are compiled for two targets
+//! (bpfel-unknown-none and the host); a layout that differs between them would corrupt
+//! every map access silently, and fails here first.
+
+use shaper_common::{
+    map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit,
+    Globals, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES,
+    MAX_RULES, MAX_SHAPES,
+};
+use std::mem::size_of;
+
+// Map types (include/uapi/linux/bpf.h).
+const HASH: u32 = 1;
+const ARRAY: u32 = 2;
+const PERCPU_ARRAY: u32 = 6;
+const LRU_HASH: u32 = 9;
+
+/// How userspace uses one map: its type, key and value sizes, and capacity.
+struct Expected {
+    name: &'static str,
+    map_type: u32,
+    key: usize,
+    value: usize,
+    entries: u32,
+}
+
+const fn map(
+    name: &'static str,
+    map_type: u32,
+    key: usize,
+    value: usize,
+    entries: u32,
+) -> Expected {
+    Expected {
+        name,
+        map_type,
+        key,
+        value,
+        entries,
+    }
+}
+
+const U32: usize = size_of::<u32>();
+
+const EXPECTED: [Expected; 10] = [
+    map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
+    map(
+        map_names::SHAPES,
+        ARRAY,
+        U32,
+        size_of::<Shape>(),
+        MAX_SHAPES,
+    ),
+    map(
+        map_names::RULES,
+        HASH,
+        size_of::<RuleKey>(),
+        size_of::<RuleValue>(),
+        MAX_RULES,
+    ),
+    map(
+        map_names::CLASSES,
+        ARRAY,
+        U32,
+        size_of::<ClassConfig>(),
+        MAX_CLASSES,
+    ),
+    map(
+        map_names::CLASS_BUCKETS,
+        ARRAY,
+        U32,
+        size_of::<Bucket>(),
+        MAX_CLASSES,
+    ),
+    map(
+        map_names::KEYED_BUCKETS,
+        LRU_HASH,
+        size_of::<BucketKey>(),
+        size_of::<Bucket>(),
+        DEFAULT_FLOW_TABLE_SIZE,
+    ),
+    map(
+        map_names::STATS,
+        PERCPU_ARRAY,
+        U32,
+        size_of::<ClassStats>(),
+        MAX_CLASSES,
+    ),
+    map(
+        map_names::CLASS_META,
+        ARRAY,
+        U32,
+        size_of::<ClassMeta>(),
+        MAX_CLASSES,
+    ),
+    map(
+        map_names::CLASS_INDEX,
+        HASH,
+        CLASS_NAME_LEN,
+        U32,
+        MAX_CLASSES,
+    ),
+    map(
+        map_names::CREDIT,
+        PERCPU_ARRAY,
+        U32,
+        size_of::<Credit>(),
+        MAX_CLASSES,
+    ),
+];
+
+fn object() -> aya_obj::Object {
+    aya_obj::Object::parse(shaper_cli::EBPF_OBJECT).expect("the embedded eBPF object parses")
+}
+
+#[test]
+fn the_ebpf_object_declares_the_maps_userspace_expects() {
+    let object = object();
+    let mut problems = Vec::new();
+    for expected in &EXPECTED {
+        let Some(declared) = object.maps.get(expected.name) else {
+            problems.push(format!("map {} is missing from the object", expected.name));
+            continue;
+        };
+        let found = (
+            declared.map_type(),
+            declared.key_size() as usize,
+            declared.value_size() as usize,
+            declared.max_entries(),
+        );
+        let wanted = (
+            expected.map_type,
+            expected.key,
+            expected.value,
+            expected.entries,
+        );
+        if found != wanted {
+            problems.push(format!(
+                "map {}: the object has (type, key, value, entries) {found:?}, userspace expects {wanted:?}",
+                expected.name
+            ));
+        }
+    }
+    // aya-log's own maps and the object's data sections (.rodata, ...) aside, nothing the
+    // contract does not name.
+    for name in object.maps.keys() {
+        let ours = !name.starts_with("AYA_LOG") && !name.starts_with('.');
+        if ours && !map_names::ALL.contains(&name.as_str()) {
+            problems.push(format!("map {name} is not in shaper_common::map_names"));
+        }
+    }
+    let checked: Vec<&str> = EXPECTED.iter().map(|e| e.name).collect();
+    assert_eq!(
+        checked,
+        map_names::ALL,
+        "every named map is checked, in order"
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_ebpf_object_has_the_programs_userspace_loads() {
+    let object = object();
+    for name in [
+        program_names::SHAPER,
+        program_names::SHAPER_CLOCKED,
+        program_names::FLOOR,
+    ] {
+        assert!(
+            object.programs.contains_key(name),
+            "program {name} missing; the object has {:?}",
+            object.programs.keys().collect::<Vec<_>>()
+        );
+    }
+}
