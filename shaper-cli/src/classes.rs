@@ -21,7 +21,7 @@ use shaper_common::{
     FAMILY_ANY, FAMILY_V4, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     net::{Ipv4Addr, Ipv6Addr},
 };
 
@@ -688,17 +688,4 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
 /// Validates a class name without touching state.
 pub fn check_name(name: &str) -> Result<()> {
     encode_name(name).map(|_| ())
-}
-
-/// Index of classes by name across a set of attachments (for `--direction` inference).
-pub fn names(attachment: &Attachment) -> Result<HashMap<String, u32>> {
-    Ok(attachment
-        .class_list()?
-        .into_iter()
-        .map(|(id, m)| (decode_name(&m.name), id))
-        .collect())
-}
-
-pub fn usage_error(message: impl Into<String>) -> anyhow::Error {
-    usage(message)
 }

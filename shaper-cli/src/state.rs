@@ -503,8 +503,13 @@ impl Attachment {
         })
     }
 
+    /// One pinned map of the attachment, as the typed aya map `M`.
+    fn map<M: TryFrom<Map, Error = aya::maps::MapError>>(&self, name: &str) -> Result<M> {
+        Ok(M::try_from(open_map(&self.dir, name)?)?)
+    }
+
     pub fn globals_map(&self) -> Result<Array<MapData, Globals>> {
-        Ok(Array::try_from(open_map(&self.dir, map_names::GLOBALS)?)?)
+        self.map(map_names::GLOBALS)
     }
 
     pub fn globals(&self) -> Result<Globals> {
@@ -516,39 +521,27 @@ impl Attachment {
     }
 
     pub fn shapes(&self) -> Result<Array<MapData, Shape>> {
-        Ok(Array::try_from(open_map(&self.dir, map_names::SHAPES)?)?)
+        self.map(map_names::SHAPES)
     }
 
     pub fn rules(&self) -> Result<BpfHashMap<MapData, RuleKey, RuleValue>> {
-        Ok(BpfHashMap::try_from(open_map(
-            &self.dir,
-            map_names::RULES,
-        )?)?)
+        self.map(map_names::RULES)
     }
 
     pub fn classes(&self) -> Result<Array<MapData, ClassConfig>> {
-        Ok(Array::try_from(open_map(&self.dir, map_names::CLASSES)?)?)
+        self.map(map_names::CLASSES)
     }
 
     pub fn class_buckets(&self) -> Result<Array<MapData, Bucket>> {
-        Ok(Array::try_from(open_map(
-            &self.dir,
-            map_names::CLASS_BUCKETS,
-        )?)?)
+        self.map(map_names::CLASS_BUCKETS)
     }
 
     pub fn stats(&self) -> Result<PerCpuArray<MapData, ClassStats>> {
-        Ok(PerCpuArray::try_from(open_map(
-            &self.dir,
-            map_names::STATS,
-        )?)?)
+        self.map(map_names::STATS)
     }
 
     pub fn credit(&self) -> Result<PerCpuArray<MapData, Credit>> {
-        Ok(PerCpuArray::try_from(open_map(
-            &self.dir,
-            map_names::CREDIT,
-        )?)?)
+        self.map(map_names::CREDIT)
     }
 
     /// Tokens a class-scoped bucket holds now: the shared bucket plus the CPUs' credit.
@@ -576,17 +569,11 @@ impl Attachment {
     }
 
     pub fn meta(&self) -> Result<Array<MapData, ClassMeta>> {
-        Ok(Array::try_from(open_map(
-            &self.dir,
-            map_names::CLASS_META,
-        )?)?)
+        self.map(map_names::CLASS_META)
     }
 
     pub fn class_index(&self) -> Result<BpfHashMap<MapData, [u8; CLASS_NAME_LEN], u32>> {
-        Ok(BpfHashMap::try_from(open_map(
-            &self.dir,
-            map_names::CLASS_INDEX,
-        )?)?)
+        self.map(map_names::CLASS_INDEX)
     }
 
     /// The class called `name`: one hash lookup, no scan.
@@ -660,11 +647,6 @@ impl Attachment {
     /// The id of the pinned program.
     pub fn program_id(&self) -> Result<u32> {
         Ok(aya::programs::ProgramInfo::from_pin(self.dir.join(PROG_PIN))?.id())
-    }
-
-    /// The pinned program, for test runs.
-    pub fn program_fd_path(&self) -> PathBuf {
-        self.dir.join(PROG_PIN)
     }
 
     pub fn dir(&self) -> &Path {
