@@ -1,0 +1,495 @@
+//! Parsing and checking a file: every problem comes back with its line and field.
+
+use super::schema::{ClassEntry, Field, FileConfig, Scalar};
+use crate::{
+    actions::ActionSpec,
+    classes::{self, parse_scope, ClassSpec},
+    cli::{ClassAddArgs, SingleDirection},
+    commands::spec_from_args,
+    rules::{parse_cidr, PortRange, Proto},
+    state::{AttachMode, Direction},
+    units::{parse_rate, parse_size},
+};
+use shaper_common::DEFAULT_FLOW_TABLE_SIZE;
+use std::{collections::BTreeMap, fmt, ops::Range};
+
+/// One problem found in a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub line: usize,
+    pub field: String,
+    pub message: String,
+}
+
+/// Every problem of a file, each printed as `FILE:LINE: FIELD: message`.
+#[derive(Debug)]
+pub struct Problems {
+    pub file: String,
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, problem) in self.problems.iter().enumerate() {
+            if index > 0 {
+                writeln!(f)?;
+            }
+            write!(
+                f,
+                "{}:{}: {}: {}",
+                self.file, problem.line, problem.field, problem.message
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Problems {}
+
+/// The state a file asks for on one interface.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesiredInterface {
+    pub netns: Option<String>,
+    pub dev: String,
+    pub directions: Vec<Direction>,
+    pub flow_table_size: u32,
+    pub attach_mode: Option<AttachMode>,
+    /// Classes per direction, in file order.
+    pub classes: Vec<(Direction, ClassSpec)>,
+}
+
+impl DesiredInterface {
+    pub fn describe(&self) -> String {
+        match &self.netns {
+            None => self.dev.clone(),
+            Some(ns) => format!("{} (netns {ns})", self.dev),
+        }
+    }
+}
+
+/// A parsed, checked configuration.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Desired {
+    pub interfaces: Vec<DesiredInterface>,
+}
+
+fn line_of(text: &str, span: Range<usize>) -> usize {
+    text[..span.start.min(text.len())].matches('\n').count() + 1
+}
+
+fn direction_of(text: &str) -> Result<Vec<Direction>, String> {
+    match text {
+        "egress" => Ok(vec![Direction::Egress]),
+        "ingress" => Ok(vec![Direction::Ingress]),
+        "both" => Ok(Direction::BOTH.to_vec()),
+        other => Err(format!(
+            "unknown direction '{other}' (expected egress, ingress or both)"
+        )),
+    }
+}
+
+/// Parses and checks a whole file; `file` names it in the problems.
+pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
+    let problems = |problems| Problems {
+        file: file.to_string(),
+        problems,
+    };
+    let config: FileConfig = toml::from_str(text).map_err(|error| {
+        let line = error.span().map(|s| line_of(text, s)).unwrap_or(1);
+        let message = error.message().trim().to_string();
+        problems(vec![Problem {
+            line,
+            field: "toml".into(),
+            message,
+        }])
+    })?;
+    let mut found = Vec::new();
+    let mut desired = Desired::default();
+    let mut seen_interfaces: BTreeMap<(Option<String>, String), usize> = BTreeMap::new();
+    for entry in &config.interface {
+        let line = |span: Range<usize>| line_of(text, span);
+        let mut report = |span: Range<usize>, field: &str, message: String| {
+            found.push(Problem {
+                line: line(span),
+                field: field.to_string(),
+                message,
+            })
+        };
+        let dev = entry.dev.get_ref().clone();
+        if dev.is_empty() || dev.len() > 15 || dev.contains(['/', ' ']) {
+            report(
+                entry.dev.span(),
+                "dev",
+                format!("'{dev}' is not an interface name"),
+            );
+        }
+        let netns = entry.netns.as_ref().map(|n| n.get_ref().clone());
+        if let Some(name) = &entry.netns {
+            if name.get_ref().is_empty() || name.get_ref().contains('/') {
+                report(
+                    name.span(),
+                    "netns",
+                    format!("bad network namespace name '{}'", name.get_ref()),
+                );
+            }
+        }
+        let key = (netns.clone(), dev.clone());
+        if let Some(first) = seen_interfaces.get(&key) {
+            report(
+                entry.dev.span(),
+                "dev",
+                format!("interface '{dev}' is already described at line {first}"),
+            );
+        } else {
+            seen_interfaces.insert(key, line(entry.dev.span()));
+        }
+        let directions = match &entry.direction {
+            None => vec![Direction::Egress],
+            Some(d) => direction_of(d.get_ref()).unwrap_or_else(|message| {
+                report(d.span(), "direction", message);
+                vec![Direction::Egress]
+            }),
+        };
+        let flow_table_size = match &entry.flow_table_size {
+            None => DEFAULT_FLOW_TABLE_SIZE,
+            Some(size) => match u32::try_from(*size.get_ref()) {
+                Ok(value) if (1..=16_777_216).contains(&value) => value,
+                _ => {
+                    report(
+                        size.span(),
+                        "flow_table_size",
+                        format!("{} is not in 1..=16777216", size.get_ref()),
+                    );
+                    DEFAULT_FLOW_TABLE_SIZE
+                }
+            },
+        };
+        let attach_mode = match &entry.attach_mode {
+            None => None,
+            Some(mode) => match mode.get_ref().as_str() {
+                "tcx" => Some(AttachMode::Tcx),
+                "clsact" => Some(AttachMode::Clsact),
+                other => {
+                    report(
+                        mode.span(),
+                        "attach_mode",
+                        format!("unknown attach mode '{other}' (expected tcx or clsact)"),
+                    );
+                    None
+                }
+            },
+        };
+        let mut classes = Vec::new();
+        let mut class_problems = Vec::new();
+        let mut names: BTreeMap<(Direction, String), usize> = BTreeMap::new();
+        for class in &entry.class {
+            match class_spec(class, text) {
+                Ok((direction, spec)) => {
+                    if !directions.contains(&direction) {
+                        let span = class
+                            .direction
+                            .as_ref()
+                            .map(|d| d.span())
+                            .unwrap_or(class.name.span());
+                        report(
+                            span,
+                            "direction",
+                            format!(
+                                "class '{}' is on {} but interface {dev} attaches only {}",
+                                spec.name,
+                                direction.name(),
+                                directions
+                                    .iter()
+                                    .map(|d| d.name())
+                                    .collect::<Vec<_>>()
+                                    .join(" and ")
+                            ),
+                        );
+                    }
+                    let key = (direction, spec.name.clone());
+                    if let Some(first) = names.get(&key) {
+                        report(
+                            class.name.span(),
+                            "name",
+                            format!(
+                                "class '{}' is already defined on {dev} {} at line {first}",
+                                spec.name,
+                                direction.name()
+                            ),
+                        );
+                    } else {
+                        names.insert(key, line(class.name.span()));
+                    }
+                    classes.push((direction, spec));
+                }
+                Err(mut problems) => class_problems.append(&mut problems),
+            }
+        }
+        found.append(&mut class_problems);
+        desired.interfaces.push(DesiredInterface {
+            netns,
+            dev,
+            directions,
+            flow_table_size,
+            attach_mode,
+            classes,
+        });
+    }
+    if found.is_empty() {
+        Ok(desired)
+    } else {
+        found.sort_by_key(|p| p.line);
+        Err(problems(found))
+    }
+}
+
+/// One class: each field checked on its own (so each problem has its line), then the
+/// combination checked by the very code `class add` uses.
+fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), Vec<Problem>> {
+    let mut problems = Vec::new();
+    let mut check = |field: &str, span: Range<usize>, result: Result<(), String>| {
+        if let Err(message) = result {
+            problems.push(Problem {
+                line: line_of(text, span),
+                field: field.to_string(),
+                message,
+            });
+        }
+    };
+    let string = |f: &Field<String>| f.as_ref().map(|s| s.get_ref().clone());
+    let scalar = |f: &Field<Scalar>| f.as_ref().map(|s| s.get_ref().text());
+    let ok = |_| ();
+    check(
+        "name",
+        entry.name.span(),
+        classes::check_name(entry.name.get_ref()).map_err(|e| format!("{e:#}")),
+    );
+    check(
+        "rate",
+        entry.rate.span(),
+        parse_rate(&entry.rate.get_ref().text()).map(ok),
+    );
+    for (field, value) in [
+        ("burst", &entry.burst),
+        ("excess_burst", &entry.excess_burst),
+        ("peak_burst", &entry.peak_burst),
+    ] {
+        if let Some(v) = value {
+            check(field, v.span(), parse_size(&v.get_ref().text()).map(ok));
+        }
+    }
+    if let Some(v) = &entry.peak_rate {
+        check(
+            "peak_rate",
+            v.span(),
+            parse_rate(&v.get_ref().text()).map(ok),
+        );
+    }
+    if let Some(v) = &entry.per {
+        check("per", v.span(), parse_scope(v.get_ref()).map(|_| ()));
+    }
+    if let Some(v) = &entry.proto {
+        check("proto", v.span(), Proto::parse(v.get_ref()).map(|_| ()));
+    }
+    for (field, value) in [("src", &entry.src), ("dst", &entry.dst)] {
+        if let Some(v) = value {
+            check(field, v.span(), parse_cidr(v.get_ref()).map(|_| ()));
+        }
+    }
+    for (field, value) in [("sport", &entry.sport), ("dport", &entry.dport)] {
+        if let Some(v) = value {
+            check(
+                field,
+                v.span(),
+                PortRange::parse(&v.get_ref().text()).map(|_| ()),
+            );
+        }
+    }
+    for (field, value) in [
+        ("action", &entry.action),
+        ("exceed", &entry.exceed),
+        ("violate", &entry.violate),
+    ] {
+        if let Some(v) = value {
+            check(field, v.span(), ActionSpec::parse(v.get_ref()).map(|_| ()));
+        }
+    }
+    let prio = match &entry.prio {
+        None => 100,
+        Some(p) => match u32::try_from(*p.get_ref()) {
+            Ok(value) => value,
+            Err(_) => {
+                check(
+                    "prio",
+                    p.span(),
+                    Err(format!("{} is not in 0..=4294967295", p.get_ref())),
+                );
+                0
+            }
+        },
+    };
+    let direction = match &entry.direction {
+        None => SingleDirection::Egress,
+        Some(d) => match d.get_ref().as_str() {
+            "egress" => SingleDirection::Egress,
+            "ingress" => SingleDirection::Ingress,
+            other => {
+                check(
+                    "direction",
+                    d.span(),
+                    Err(format!(
+                        "unknown direction '{other}' (expected egress or ingress)"
+                    )),
+                );
+                SingleDirection::Egress
+            }
+        },
+    };
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let args = ClassAddArgs {
+        name: entry.name.get_ref().clone(),
+        dev: String::new(),
+        direction,
+        rate: entry.rate.get_ref().text(),
+        burst: scalar(&entry.burst),
+        per: string(&entry.per).unwrap_or_else(|| "class".into()),
+        proto: string(&entry.proto).unwrap_or_else(|| "any".into()),
+        src: string(&entry.src),
+        dst: string(&entry.dst),
+        sport: scalar(&entry.sport),
+        dport: scalar(&entry.dport),
+        prio,
+        action: string(&entry.action),
+        excess_burst: scalar(&entry.excess_burst),
+        peak_rate: scalar(&entry.peak_rate),
+        peak_burst: scalar(&entry.peak_burst),
+        exceed: string(&entry.exceed),
+        violate: string(&entry.violate),
+    };
+    let direction = match direction {
+        SingleDirection::Egress => Direction::Egress,
+        SingleDirection::Ingress => Direction::Ingress,
+    };
+    spec_from_args(&args)
+        .map(|spec| (direction, spec))
+        .map_err(|error| {
+            vec![Problem {
+                line: line_of(text, entry.name.span()),
+                field: "class".into(),
+                message: format!("{error:#}"),
+            }]
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TEST_FILE as GOOD;
+
+    #[test]
+    fn a_good_file_parses_with_cli_defaults() {
+        let desired = parse("good.toml", GOOD).unwrap();
+        let interface = &desired.interfaces[0];
+        assert_eq!(interface.directions, Direction::BOTH.to_vec());
+        assert_eq!(interface.flow_table_size, DEFAULT_FLOW_TABLE_SIZE);
+        let (direction, voip) = &interface.classes[0];
+        assert_eq!(*direction, Direction::Egress);
+        assert_eq!(voip.rate_bits_per_sec, 10_000_000);
+        assert_eq!(voip.burst_bytes, crate::units::default_burst(10_000_000));
+        assert_eq!(voip.rule.dport, PortRange { lo: 5060, hi: 5060 });
+        assert_eq!(voip.action.arg, 46);
+        let (direction, inbound) = &interface.classes[1];
+        assert_eq!(*direction, Direction::Ingress);
+        assert_eq!(inbound.scope, shaper_common::Scope::Src);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_line_and_field() {
+        let bad = r#"
+[[interface]]
+dev = "eth0"
+
+[[interface.class]]
+name = "a"
+rate = "10 parsecs"
+dport = "70000"
+
+[[interface.class]]
+name = "a"
+rate = "1mbit"
+direction = "ingress"
+src = "300.1.1.1/8"
+"#;
+        let problems = parse("bad.toml", bad).unwrap_err();
+        let got: Vec<(usize, &str)> = problems
+            .problems
+            .iter()
+            .map(|p| (p.line, p.field.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(7, "rate"), (8, "dport"), (14, "src")],
+            "{problems}"
+        );
+        assert!(problems.to_string().starts_with("bad.toml:7: rate: "));
+    }
+
+    #[test]
+    fn cross_field_problems_and_duplicates_are_found() {
+        let bad = r#"
+[[interface]]
+dev = "eth0"
+
+[[interface.class]]
+name = "a"
+rate = "1mbit"
+exceed = "pass"
+
+[[interface.class]]
+name = "b"
+rate = "1mbit"
+direction = "ingress"
+
+[[interface.class]]
+name = "b"
+rate = "2mbit"
+
+[[interface.class]]
+name = "b"
+rate = "3mbit"
+
+[[interface]]
+dev = "eth0"
+"#;
+        let problems = parse("bad.toml", bad).unwrap_err();
+        let got: Vec<(usize, &str)> = problems
+            .problems
+            .iter()
+            .map(|p| (p.line, p.field.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(6, "class"), (13, "direction"), (20, "name"), (24, "dev")],
+            "{problems}"
+        );
+    }
+
+    #[test]
+    fn syntax_and_unknown_fields_point_at_their_line() {
+        let problems = parse("x.toml", "[[interface]]\ndev = \"e\"\nrat = 1\n").unwrap_err();
+        assert_eq!(problems.problems[0].line, 3);
+        assert!(problems.problems[0].message.contains("rat"), "{problems}");
+        let problems = parse("x.toml", "[[interface]]\ndev = \n").unwrap_err();
+        assert_eq!(problems.problems[0].line, 2);
+    }
+
+    #[test]
+    fn the_example_in_contrib_parses() {
+        let text = include_str!("../../../contrib/shaper.toml");
+        let desired = parse("contrib/shaper.toml", text).unwrap();
+        assert_eq!(desired.interfaces.len(), 2);
+        assert_eq!(desired.interfaces[0].classes.len(), 4);
+    }
+}

@@ -1,0 +1,322 @@
+//! The plan: what differs between a parsed file and the pinned state, as steps (attach,
+//! add, change in place, replace, delete, detach), touching only what differs.
+
+use super::parse::{Desired, DesiredInterface};
+use crate::{
+    actions::ActionSpec,
+    classes::{self, scope_name, ClassSpec, Meter},
+    netns,
+    state::{self, AttachMode, Attachment, Direction, Location},
+};
+use anyhow::Result;
+use shaper_common::Action;
+use std::fmt;
+
+/// One change the plan makes.
+#[derive(Clone, Debug)]
+pub enum Step {
+    Attach {
+        location: Location,
+        flow_table_size: u32,
+        mode: Option<AttachMode>,
+    },
+    /// The interface was re-created: hook the pinned program again, classes kept.
+    Reattach(Location),
+    Detach(Location),
+    /// Pins of a namespace or interface that is gone.
+    Forget(Location),
+    Add(Location, ClassSpec),
+    /// Rate, burst or action only: bucket state and counters are kept.
+    Change {
+        location: Location,
+        name: String,
+        change: classes::Change,
+        what: String,
+    },
+    /// The rule, scope, priority or meter differs: delete and add again.
+    Replace(Location, ClassSpec),
+    Delete(Location, String),
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Attach {
+                location,
+                flow_table_size,
+                ..
+            } => write!(
+                f,
+                "attach  {} (flow table {flow_table_size})",
+                location.describe()
+            ),
+            Step::Reattach(location) => {
+                write!(f, "reattach {} (interface re-created)", location.describe())
+            }
+            Step::Detach(location) => write!(f, "detach  {}", location.describe()),
+            Step::Forget(location) => write!(f, "forget  {} (gone)", location.describe()),
+            Step::Add(location, spec) => {
+                write!(
+                    f,
+                    "add     class {} on {}: {}",
+                    spec.name,
+                    location.describe(),
+                    summary(spec)
+                )
+            }
+            Step::Change {
+                location,
+                name,
+                what,
+                ..
+            } => write!(f, "change  class {name} on {}: {what}", location.describe()),
+            Step::Replace(location, spec) => write!(
+                f,
+                "replace class {} on {}: {} (rule, scope, prio or meter changed; counters restart)",
+                spec.name,
+                location.describe(),
+                summary(spec)
+            ),
+            Step::Delete(location, name) => {
+                write!(f, "delete  class {name} on {}", location.describe())
+            }
+        }
+    }
+}
+
+fn summary(spec: &ClassSpec) -> String {
+    use crate::units::{format_rate, format_size};
+    format!(
+        "rate {} burst {} per {} action {}",
+        format_rate(spec.rate_bits_per_sec),
+        format_size(spec.burst_bytes),
+        scope_name(spec.scope),
+        spec.action.display()
+    )
+}
+
+/// Two specs are the same class when everything that reaches the kernel is equal
+/// (the yellow action of a class without a meter is never used).
+fn same_class(a: &ClassSpec, b: &ClassSpec) -> bool {
+    let normal = |s: &ClassSpec| {
+        let mut s = s.clone();
+        if s.meter == Meter::None {
+            s.exceed = ActionSpec {
+                action: Action::Pass,
+                arg: 0,
+                mask: 0,
+            };
+        }
+        s
+    };
+    normal(a) == normal(b)
+}
+
+/// What differs, when only rate, burst and action differ.
+fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::Change, String)> {
+    use crate::units::{format_rate, format_size};
+    let mut probe = wanted.clone();
+    probe.rate_bits_per_sec = current.rate_bits_per_sec;
+    probe.burst_bytes = current.burst_bytes;
+    probe.action = current.action;
+    let shaping = |s: &ClassSpec| s.action.action == Action::Shape;
+    if !same_class(&probe, current) || shaping(current) != shaping(wanted) {
+        return None;
+    }
+    let mut what = Vec::new();
+    let mut change = classes::Change::default();
+    if current.rate_bits_per_sec != wanted.rate_bits_per_sec {
+        change.rate_bits_per_sec = Some(wanted.rate_bits_per_sec);
+        what.push(format!(
+            "rate {} -> {}",
+            format_rate(current.rate_bits_per_sec),
+            format_rate(wanted.rate_bits_per_sec)
+        ));
+    }
+    if current.burst_bytes != wanted.burst_bytes {
+        change.burst_bytes = Some(wanted.burst_bytes);
+        what.push(format!(
+            "burst {} -> {}",
+            format_size(current.burst_bytes),
+            format_size(wanted.burst_bytes)
+        ));
+    }
+    if current.action != wanted.action {
+        change.action = Some(wanted.action);
+        what.push(format!(
+            "action {} -> {}",
+            current.action.display(),
+            wanted.action.display()
+        ));
+    }
+    Some((change, what.join(", ")))
+}
+
+/// The plan, plus what could not be planned yet.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    /// Interfaces (or namespaces) of the file that do not exist now.
+    pub missing: Vec<String>,
+    /// Classes that already match.
+    pub unchanged: usize,
+}
+
+/// Which attachments not named in the file to detach.
+pub enum Prune<'a> {
+    Nothing,
+    /// Every attachment not in the file.
+    All,
+    /// Only these interfaces (netns, dev), e.g. the ones a daemon configured before.
+    These(&'a [(Option<String>, String)]),
+}
+
+fn namespace_exists(netns: &Option<String>) -> bool {
+    netns
+        .as_ref()
+        .is_none_or(|name| std::path::Path::new(&format!("/run/netns/{name}")).exists())
+}
+
+/// Compares the file with the pinned state. Interfaces that do not exist are listed in
+/// `missing` (nothing is planned for them).
+pub fn plan(desired: &Desired, prune: Prune) -> Result<Plan> {
+    let mut plan = Plan::default();
+    for interface in &desired.interfaces {
+        if !namespace_exists(&interface.netns) {
+            plan.missing.push(interface.describe());
+            continue;
+        }
+        // One trip into the namespace: look the device up, then plan it.
+        netns::in_namespace(&interface.netns, || {
+            if netns::ifindex(&interface.dev).is_err() {
+                plan.missing.push(interface.describe());
+                return Ok(());
+            }
+            plan_interface(interface, &mut plan)
+        })?;
+    }
+    let named: Vec<(Option<String>, String)> = desired
+        .interfaces
+        .iter()
+        .map(|i| (i.netns.clone(), i.dev.clone()))
+        .collect();
+    for location in state::list_locations(None)? {
+        let key = (location.netns.clone(), location.dev.clone());
+        if named.contains(&key) {
+            continue;
+        }
+        let pruned = match &prune {
+            Prune::Nothing => false,
+            Prune::All => true,
+            Prune::These(list) => list.contains(&key),
+        };
+        if pruned {
+            if namespace_exists(&location.netns) {
+                plan.steps.push(Step::Detach(location));
+            } else {
+                plan.steps.push(Step::Forget(location));
+            }
+        }
+    }
+    Ok(plan)
+}
+
+fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
+    for direction in Direction::BOTH {
+        let location = Location {
+            netns: interface.netns.clone(),
+            dev: interface.dev.clone(),
+            direction,
+        };
+        let wanted: Vec<&ClassSpec> = interface
+            .classes
+            .iter()
+            .filter(|(d, _)| *d == direction)
+            .map(|(_, spec)| spec)
+            .collect();
+        let attached = location.dir().exists();
+        if !interface.directions.contains(&direction) {
+            if attached {
+                plan.steps.push(Step::Detach(location));
+            }
+            continue;
+        }
+        let mut current = Vec::new();
+        if attached {
+            let attachment = Attachment::open(&location)?;
+            let status = attachment.status()?;
+            let mode_differs = interface.attach_mode.is_some_and(|m| m != status.mode);
+            if status.flow_table_size != interface.flow_table_size || mode_differs {
+                // Map sizes and the hook are fixed at attach time: attach afresh.
+                plan.steps.push(Step::Detach(location.clone()));
+                plan.steps.push(Step::Attach {
+                    location: location.clone(),
+                    flow_table_size: interface.flow_table_size,
+                    mode: interface.attach_mode,
+                });
+            } else {
+                if !status.live {
+                    plan.steps.push(Step::Reattach(location.clone()));
+                }
+                current = classes::read_classes(&attachment)?
+                    .into_iter()
+                    .map(|view| view.spec)
+                    .collect();
+            }
+        } else {
+            plan.steps.push(Step::Attach {
+                location: location.clone(),
+                flow_table_size: interface.flow_table_size,
+                mode: interface.attach_mode,
+            });
+        }
+        for spec in &current {
+            if !wanted.iter().any(|w| w.name == spec.name) {
+                plan.steps
+                    .push(Step::Delete(location.clone(), spec.name.clone()));
+            }
+        }
+        for spec in wanted {
+            match current.iter().find(|c| c.name == spec.name) {
+                None => plan.steps.push(Step::Add(location.clone(), spec.clone())),
+                Some(existing) if same_class(existing, spec) => plan.unchanged += 1,
+                Some(existing) => match in_place_change(existing, spec) {
+                    Some((change, what)) => plan.steps.push(Step::Change {
+                        location: location.clone(),
+                        name: spec.name.clone(),
+                        change,
+                        what,
+                    }),
+                    None => plan
+                        .steps
+                        .push(Step::Replace(location.clone(), spec.clone())),
+                },
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::{parse, TEST_FILE as GOOD},
+        rules::PortRange,
+    };
+
+    #[test]
+    fn in_place_changes_are_told_apart_from_replacements() {
+        let desired = parse("good.toml", GOOD).unwrap();
+        let current = desired.interfaces[0].classes[0].1.clone();
+        let mut faster = current.clone();
+        faster.rate_bits_per_sec *= 2;
+        let (change, what) = in_place_change(&current, &faster).unwrap();
+        assert_eq!(change.rate_bits_per_sec, Some(20_000_000));
+        assert_eq!(what, "rate 10Mbit -> 20Mbit");
+        let mut other_port = current.clone();
+        other_port.rule.dport = PortRange { lo: 1, hi: 1 };
+        assert!(in_place_change(&current, &other_port).is_none());
+        assert!(same_class(&current, &current.clone()));
+    }
+}
