@@ -263,3 +263,36 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+impl From<&ClassAddArgs> for crate::class_input::ClassInput {
+    fn from(args: &ClassAddArgs) -> Self {
+        Self {
+            name: args.name.clone(),
+            direction: Some(args.direction.name().into()),
+            rate: args.rate.clone(),
+            burst: args.burst.clone(),
+            per: Some(args.per.clone()),
+            proto: Some(args.proto.clone()),
+            src: args.src.clone(),
+            dst: args.dst.clone(),
+            sport: args.sport.clone(),
+            dport: args.dport.clone(),
+            prio: Some(args.prio.to_string()),
+            action: args.action.clone(),
+            excess_burst: args.excess_burst.clone(),
+            peak_rate: args.peak_rate.clone(),
+            peak_burst: args.peak_burst.clone(),
+            exceed: args.exceed.clone(),
+            violate: args.violate.clone(),
+        }
+    }
+}
+
+impl SingleDirection {
+    pub fn name(self) -> &'static str {
+        match self {
+            SingleDirection::Egress => "egress",
+            SingleDirection::Ingress => "ingress",
+        }
+    }
+}

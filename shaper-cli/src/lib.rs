@@ -2,6 +2,7 @@
 
 pub mod actions;
 pub mod caps;
+pub mod class_input;
 pub mod classes;
 pub mod cli;
 pub mod cni;

@@ -1,16 +1,16 @@
 use super::{prepare, print_rows, single, text};
 use crate::{
     actions::ActionSpec,
-    classes::{self, parse_scope, scope_name, ClassSpec, ClassView, Meter},
+    class_input::ClassInput,
+    classes::{self, scope_name, ClassSpec, ClassView, Meter},
     cli::{ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection},
     error::{runtime, usage},
-    rules::{parse_cidr, PortRange, Proto, Rule},
+    rules::PortRange,
     state::{self, Attachment, Direction, Location},
-    units::{default_burst, default_shape_burst, format_rate, format_size, parse_rate, parse_size},
+    units::{format_rate, format_size, parse_rate, parse_size},
 };
 use anyhow::Result;
 use serde_json::{json, Value};
-use shaper_common::Action;
 
 pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     match command {
@@ -21,104 +21,13 @@ pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     }
 }
 
+/// The command line's class, checked by the one validator; its first problem is the
+/// command's one-line error.
 pub fn spec_from_args(args: &ClassAddArgs) -> Result<ClassSpec> {
-    classes::check_name(&args.name)?;
-    let rate = parse_rate(&args.rate).map_err(usage)?;
-    let meter = meter_from_args(args, rate)?;
-    if meter == Meter::None && (args.exceed.is_some() || args.violate.is_some()) {
-        return Err(usage(
-            "--exceed and --violate need a meter: --excess-burst (srTCM) or --peak-rate (trTCM)",
-        ));
-    }
-    if meter != Meter::None && args.action.is_some() {
-        return Err(usage(
-            "a metered class takes --exceed (yellow) and --violate (red) instead of --action",
-        ));
-    }
-    let action = match (&args.action, &args.violate) {
-        (Some(text), _) | (None, Some(text)) => parse_action(text)?,
-        (None, None) => ActionSpec::default(),
-    };
-    let exceed = match &args.exceed {
-        Some(text) => parse_action(text)?,
-        None => ActionSpec {
-            action: Action::Pass,
-            arg: 0,
-            mask: 0,
-        },
-    };
-    if meter != Meter::None && (action.action == Action::Shape || exceed.action == Action::Shape) {
-        return Err(usage("meters police or mark; shape is not a meter action"));
-    }
-    if action.action == Action::Shape && args.direction == SingleDirection::Ingress {
-        return Err(usage(
-            "--action shape works on egress only: a packet arriving on ingress cannot be held back; police it (drop/ecn) or shape on the sender's egress",
-        ));
-    }
-    let burst = match &args.burst {
-        Some(text) => parse_size(text).map_err(usage)?,
-        None if action.action == Action::Shape => default_shape_burst(rate),
-        None => default_burst(rate),
-    };
-    let port = |text: &Option<String>| match text {
-        Some(text) => PortRange::parse(text).map_err(usage),
-        None => Ok(PortRange::ANY),
-    };
-    let cidr = |text: &Option<String>| text.as_deref().map(parse_cidr).transpose().map_err(usage);
-    let rule = Rule {
-        src: cidr(&args.src)?,
-        dst: cidr(&args.dst)?,
-        proto: Proto::parse(&args.proto).map_err(usage)?,
-        sport: port(&args.sport)?,
-        dport: port(&args.dport)?,
-    };
-    rule.validate().map_err(usage)?;
-    Ok(ClassSpec {
-        name: args.name.clone(),
-        rule,
-        rate_bits_per_sec: rate,
-        burst_bytes: burst,
-        scope: parse_scope(&args.per).map_err(usage)?,
-        prio: args.prio,
-        action,
-        meter,
-        exceed,
-    })
-}
-
-/// `--excess-burst` makes an RFC 2697 srTCM, `--peak-rate [--peak-burst]` an RFC 2698 trTCM.
-fn meter_from_args(args: &ClassAddArgs, rate: u64) -> Result<Meter> {
-    match (&args.excess_burst, &args.peak_rate, &args.peak_burst) {
-        (None, None, None) => Ok(Meter::None),
-        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(usage(
-            "--excess-burst (srTCM) and --peak-rate/--peak-burst (trTCM) exclude each other",
-        )),
-        (Some(excess), None, None) => Ok(Meter::SrTcm {
-            excess_burst_bytes: parse_size(excess).map_err(usage)?,
-        }),
-        (None, None, Some(_)) => Err(usage("--peak-burst needs --peak-rate")),
-        (None, Some(peak), peak_burst) => {
-            let peak_rate_bits_per_sec = parse_rate(peak).map_err(usage)?;
-            if peak_rate_bits_per_sec < rate {
-                return Err(usage(format!(
-                    "--peak-rate {peak} is below --rate {} (RFC 2698 needs PIR >= CIR)",
-                    args.rate
-                )));
-            }
-            let peak_burst_bytes = match peak_burst {
-                Some(text) => parse_size(text).map_err(usage)?,
-                None => default_burst(peak_rate_bits_per_sec),
-            };
-            Ok(Meter::TrTcm {
-                peak_rate_bits_per_sec,
-                peak_burst_bytes,
-            })
-        }
-    }
-}
-
-fn parse_action(text: &str) -> Result<ActionSpec> {
-    ActionSpec::parse(text).map_err(usage)
+    ClassInput::from(args)
+        .check()
+        .map(|(_, spec)| spec)
+        .map_err(|errors| usage(errors[0].message.clone()))
 }
 
 fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
@@ -203,7 +112,12 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
         .map(parse_size)
         .transpose()
         .map_err(usage)?;
-    let action = args.action.as_deref().map(parse_action).transpose()?;
+    let action = args
+        .action
+        .as_deref()
+        .map(ActionSpec::parse)
+        .transpose()
+        .map_err(usage)?;
     if rate.is_none() && burst.is_none() && action.is_none() {
         return Err(usage("class change needs --rate, --burst and/or --action"));
     }

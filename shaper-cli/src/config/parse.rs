@@ -2,13 +2,9 @@
 
 use super::schema::{ClassEntry, Field, FileConfig, Scalar};
 use crate::{
-    actions::ActionSpec,
-    classes::{self, parse_scope, ClassSpec},
-    cli::{ClassAddArgs, SingleDirection},
-    commands::spec_from_args,
-    rules::{parse_cidr, PortRange, Proto},
+    class_input::ClassInput,
+    classes::ClassSpec,
     state::{AttachMode, Direction},
-    units::{parse_rate, parse_size},
 };
 use shaper_common::DEFAULT_FLOW_TABLE_SIZE;
 use std::{collections::BTreeMap, fmt, ops::Range};
@@ -243,124 +239,23 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
     }
 }
 
-/// One class: each field checked on its own (so each problem has its line), then the
-/// combination checked by the very code `class add` uses.
+/// One class, checked by the validator every front end uses; each problem is reported at
+/// the line of its field.
 fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), Vec<Problem>> {
-    let mut problems = Vec::new();
-    let mut check = |field: &str, span: Range<usize>, result: Result<(), String>| {
-        if let Err(message) = result {
-            problems.push(Problem {
-                line: line_of(text, span),
-                field: field.to_string(),
-                message,
-            });
-        }
-    };
     let string = |f: &Field<String>| f.as_ref().map(|s| s.get_ref().clone());
     let scalar = |f: &Field<Scalar>| f.as_ref().map(|s| s.get_ref().text());
-    let ok = |_| ();
-    check(
-        "name",
-        entry.name.span(),
-        classes::check_name(entry.name.get_ref()).map_err(|e| format!("{e:#}")),
-    );
-    check(
-        "rate",
-        entry.rate.span(),
-        parse_rate(&entry.rate.get_ref().text()).map(ok),
-    );
-    for (field, value) in [
-        ("burst", &entry.burst),
-        ("excess_burst", &entry.excess_burst),
-        ("peak_burst", &entry.peak_burst),
-    ] {
-        if let Some(v) = value {
-            check(field, v.span(), parse_size(&v.get_ref().text()).map(ok));
-        }
-    }
-    if let Some(v) = &entry.peak_rate {
-        check(
-            "peak_rate",
-            v.span(),
-            parse_rate(&v.get_ref().text()).map(ok),
-        );
-    }
-    if let Some(v) = &entry.per {
-        check("per", v.span(), parse_scope(v.get_ref()).map(|_| ()));
-    }
-    if let Some(v) = &entry.proto {
-        check("proto", v.span(), Proto::parse(v.get_ref()).map(|_| ()));
-    }
-    for (field, value) in [("src", &entry.src), ("dst", &entry.dst)] {
-        if let Some(v) = value {
-            check(field, v.span(), parse_cidr(v.get_ref()).map(|_| ()));
-        }
-    }
-    for (field, value) in [("sport", &entry.sport), ("dport", &entry.dport)] {
-        if let Some(v) = value {
-            check(
-                field,
-                v.span(),
-                PortRange::parse(&v.get_ref().text()).map(|_| ()),
-            );
-        }
-    }
-    for (field, value) in [
-        ("action", &entry.action),
-        ("exceed", &entry.exceed),
-        ("violate", &entry.violate),
-    ] {
-        if let Some(v) = value {
-            check(field, v.span(), ActionSpec::parse(v.get_ref()).map(|_| ()));
-        }
-    }
-    let prio = match &entry.prio {
-        None => 100,
-        Some(p) => match u32::try_from(*p.get_ref()) {
-            Ok(value) => value,
-            Err(_) => {
-                check(
-                    "prio",
-                    p.span(),
-                    Err(format!("{} is not in 0..=4294967295", p.get_ref())),
-                );
-                0
-            }
-        },
-    };
-    let direction = match &entry.direction {
-        None => SingleDirection::Egress,
-        Some(d) => match d.get_ref().as_str() {
-            "egress" => SingleDirection::Egress,
-            "ingress" => SingleDirection::Ingress,
-            other => {
-                check(
-                    "direction",
-                    d.span(),
-                    Err(format!(
-                        "unknown direction '{other}' (expected egress or ingress)"
-                    )),
-                );
-                SingleDirection::Egress
-            }
-        },
-    };
-    if !problems.is_empty() {
-        return Err(problems);
-    }
-    let args = ClassAddArgs {
+    let input = ClassInput {
         name: entry.name.get_ref().clone(),
-        dev: String::new(),
-        direction,
+        direction: string(&entry.direction),
         rate: entry.rate.get_ref().text(),
         burst: scalar(&entry.burst),
-        per: string(&entry.per).unwrap_or_else(|| "class".into()),
-        proto: string(&entry.proto).unwrap_or_else(|| "any".into()),
+        per: string(&entry.per),
+        proto: string(&entry.proto),
         src: string(&entry.src),
         dst: string(&entry.dst),
         sport: scalar(&entry.sport),
         dport: scalar(&entry.dport),
-        prio,
+        prio: entry.prio.as_ref().map(|p| p.get_ref().to_string()),
         action: string(&entry.action),
         excess_burst: scalar(&entry.excess_burst),
         peak_rate: scalar(&entry.peak_rate),
@@ -368,25 +263,49 @@ fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), 
         exceed: string(&entry.exceed),
         violate: string(&entry.violate),
     };
-    let direction = match direction {
-        SingleDirection::Egress => Direction::Egress,
-        SingleDirection::Ingress => Direction::Ingress,
+    input.check().map_err(|errors| {
+        errors
+            .into_iter()
+            .map(|error| Problem {
+                line: line_of(text, field_span(entry, error.field)),
+                field: error.field.to_string(),
+                message: error.message,
+            })
+            .collect()
+    })
+}
+
+/// Where a class field stands in the file; the class's name when the field is absent
+/// (a problem of a combination names the field that must change).
+fn field_span(entry: &ClassEntry, field: &str) -> Range<usize> {
+    let text = |f: &Field<String>| f.as_ref().map(|s| s.span());
+    let scalar = |f: &Field<Scalar>| f.as_ref().map(|s| s.span());
+    let span = match field {
+        "direction" => text(&entry.direction),
+        "rate" => Some(entry.rate.span()),
+        "burst" => scalar(&entry.burst),
+        "per" => text(&entry.per),
+        "proto" => text(&entry.proto),
+        "src" => text(&entry.src),
+        "dst" => text(&entry.dst),
+        "sport" => scalar(&entry.sport),
+        "dport" => scalar(&entry.dport),
+        "prio" => entry.prio.as_ref().map(|p| p.span()),
+        "action" => text(&entry.action),
+        "excess_burst" => scalar(&entry.excess_burst),
+        "peak_rate" => scalar(&entry.peak_rate),
+        "peak_burst" => scalar(&entry.peak_burst),
+        "exceed" => text(&entry.exceed),
+        "violate" => text(&entry.violate),
+        _ => None,
     };
-    spec_from_args(&args)
-        .map(|spec| (direction, spec))
-        .map_err(|error| {
-            vec![Problem {
-                line: line_of(text, entry.name.span()),
-                field: "class".into(),
-                message: format!("{error:#}"),
-            }]
-        })
+    span.unwrap_or(entry.name.span())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TEST_FILE as GOOD;
+    use crate::{config::TEST_FILE as GOOD, rules::PortRange};
 
     #[test]
     fn a_good_file_parses_with_cli_defaults() {
@@ -471,7 +390,7 @@ dev = "eth0"
             .collect();
         assert_eq!(
             got,
-            vec![(6, "class"), (13, "direction"), (20, "name"), (24, "dev")],
+            vec![(8, "exceed"), (13, "direction"), (20, "name"), (24, "dev")],
             "{problems}"
         );
     }

@@ -1,0 +1,421 @@
+//! The one class validator. Every front end (the command line, a TOML file, a `batch`
+//! line) fills the same [`ClassInput`], every option as the user spelled it, and
+//! [`ClassInput::check`] turns it into a checked [`ClassSpec`] or the list of every
+//! problem, each tied to its field (a TOML file maps the field back to its line).
+//! Adding a class option means one field here and its check below.
+
+use crate::{
+    actions::ActionSpec,
+    classes::{check_name, parse_scope, ClassSpec, Meter},
+    rules::{parse_cidr, PortRange, Proto, Rule},
+    state::Direction,
+    units::{default_burst, default_shape_burst, parse_rate, parse_size},
+};
+use shaper_common::{Action, Scope};
+
+/// A class as written: every option text, `None` where left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassInput {
+    pub name: String,
+    pub direction: Option<String>,
+    pub rate: String,
+    pub burst: Option<String>,
+    pub per: Option<String>,
+    pub proto: Option<String>,
+    pub src: Option<String>,
+    pub dst: Option<String>,
+    pub sport: Option<String>,
+    pub dport: Option<String>,
+    pub prio: Option<String>,
+    pub action: Option<String>,
+    pub excess_burst: Option<String>,
+    pub peak_rate: Option<String>,
+    pub peak_burst: Option<String>,
+    pub exceed: Option<String>,
+    pub violate: Option<String>,
+}
+
+/// One problem with one field (named as in the TOML file: `peak_rate`, `dport`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+/// The default priority: lower wins, as in tc.
+pub const DEFAULT_PRIO: u32 = 100;
+
+/// Collects field problems; a field's value is `None` once it failed.
+#[derive(Default)]
+struct Checker {
+    errors: Vec<FieldError>,
+}
+
+impl Checker {
+    fn field<T>(&mut self, field: &'static str, result: Result<T, String>) -> Option<T> {
+        result
+            .map_err(|message| self.errors.push(FieldError { field, message }))
+            .ok()
+    }
+
+    /// An optional field: `Some(None)` when left out, `None` when it failed.
+    fn optional<T>(
+        &mut self,
+        field: &'static str,
+        text: &Option<String>,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Option<Option<T>> {
+        match text {
+            None => Some(None),
+            Some(text) => self.field(field, parse(text)).map(Some),
+        }
+    }
+
+    fn fail(&mut self, field: &'static str, message: impl Into<String>) {
+        self.errors.push(FieldError {
+            field,
+            message: message.into(),
+        });
+    }
+}
+
+/// Every field of a class, parsed on its own.
+struct Fields {
+    direction: Direction,
+    rate: u64,
+    burst: Option<u64>,
+    scope: Scope,
+    rule: Rule,
+    prio: u32,
+    action: Option<ActionSpec>,
+    excess_burst: Option<u64>,
+    peak_rate: Option<u64>,
+    peak_burst: Option<u64>,
+    exceed: Option<ActionSpec>,
+    violate: Option<ActionSpec>,
+}
+
+impl ClassInput {
+    /// Checks every field, then how they combine; the class and its direction, or every
+    /// problem found.
+    pub fn check(&self) -> Result<(Direction, ClassSpec), Vec<FieldError>> {
+        let mut checker = Checker::default();
+        let fields = self.fields(&mut checker);
+        match fields {
+            Some(fields) if checker.errors.is_empty() => {
+                let spec = self.combine(fields, &mut checker);
+                match spec {
+                    Some(spec) if checker.errors.is_empty() => Ok(spec),
+                    _ => Err(checker.errors),
+                }
+            }
+            _ => Err(checker.errors),
+        }
+    }
+
+    fn fields(&self, c: &mut Checker) -> Option<Fields> {
+        let name = c.field("name", check_name(&self.name).map_err(|e| format!("{e:#}")));
+        let direction = c.optional("direction", &self.direction, parse_direction);
+        let rate = c.field("rate", parse_rate(&self.rate));
+        let burst = c.optional("burst", &self.burst, parse_size);
+        let scope = c.optional("per", &self.per, parse_scope);
+        let proto = c.optional("proto", &self.proto, Proto::parse);
+        let src = c.optional("src", &self.src, parse_cidr);
+        let dst = c.optional("dst", &self.dst, parse_cidr);
+        let sport = c.optional("sport", &self.sport, PortRange::parse);
+        let dport = c.optional("dport", &self.dport, PortRange::parse);
+        let prio = c.optional("prio", &self.prio, parse_prio);
+        let action = c.optional("action", &self.action, ActionSpec::parse);
+        let excess_burst = c.optional("excess_burst", &self.excess_burst, parse_size);
+        let peak_rate = c.optional("peak_rate", &self.peak_rate, parse_rate);
+        let peak_burst = c.optional("peak_burst", &self.peak_burst, parse_size);
+        let exceed = c.optional("exceed", &self.exceed, ActionSpec::parse);
+        let violate = c.optional("violate", &self.violate, ActionSpec::parse);
+        name?;
+        Some(Fields {
+            direction: direction?.unwrap_or(Direction::Egress),
+            rate: rate?,
+            burst: burst?,
+            scope: scope?.unwrap_or(Scope::Class),
+            rule: Rule {
+                src: src?,
+                dst: dst?,
+                proto: proto?.unwrap_or(Proto::Any),
+                sport: sport?.unwrap_or(PortRange::ANY),
+                dport: dport?.unwrap_or(PortRange::ANY),
+            },
+            prio: prio?.unwrap_or(DEFAULT_PRIO),
+            action: action?,
+            excess_burst: excess_burst?,
+            peak_rate: peak_rate?,
+            peak_burst: peak_burst?,
+            exceed: exceed?,
+            violate: violate?,
+        })
+    }
+
+    /// The checks across fields: the meter, the actions it takes, shaping's limits, the
+    /// rule's families and ports.
+    fn combine(&self, f: Fields, c: &mut Checker) -> Option<(Direction, ClassSpec)> {
+        let meter = self.meter(&f, c)?;
+        if meter == Meter::None && (f.exceed.is_some() || f.violate.is_some()) {
+            let field = if f.exceed.is_some() {
+                "exceed"
+            } else {
+                "violate"
+            };
+            c.fail(
+                field,
+                "--exceed and --violate need a meter: --excess-burst (srTCM) or --peak-rate (trTCM)",
+            );
+            return None;
+        }
+        if meter != Meter::None && f.action.is_some() {
+            c.fail(
+                "action",
+                "a metered class takes --exceed (yellow) and --violate (red) instead of --action",
+            );
+            return None;
+        }
+        let action = f.action.or(f.violate).unwrap_or_default();
+        let exceed = f.exceed.unwrap_or(ActionSpec {
+            action: Action::Pass,
+            arg: 0,
+            mask: 0,
+        });
+        if meter != Meter::None
+            && (action.action == Action::Shape || exceed.action == Action::Shape)
+        {
+            c.fail(
+                "violate",
+                "meters police or mark; shape is not a meter action",
+            );
+            return None;
+        }
+        if action.action == Action::Shape && f.direction == Direction::Ingress {
+            c.fail(
+                "action",
+                "--action shape works on egress only: a packet arriving on ingress cannot be held back; police it (drop/ecn) or shape on the sender's egress",
+            );
+            return None;
+        }
+        if let Err(message) = f.rule.validate() {
+            let field = if message.contains("--sport") {
+                "proto"
+            } else {
+                "dst"
+            };
+            c.fail(field, message);
+            return None;
+        }
+        let burst = f.burst.unwrap_or(if action.action == Action::Shape {
+            default_shape_burst(f.rate)
+        } else {
+            default_burst(f.rate)
+        });
+        let spec = ClassSpec {
+            name: self.name.clone(),
+            rule: f.rule,
+            rate_bits_per_sec: f.rate,
+            burst_bytes: burst,
+            scope: f.scope,
+            prio: f.prio,
+            action,
+            meter,
+            exceed,
+        };
+        Some((f.direction, spec))
+    }
+
+    /// `excess_burst` makes an RFC 2697 srTCM, `peak_rate [peak_burst]` an RFC 2698 trTCM.
+    fn meter(&self, f: &Fields, c: &mut Checker) -> Option<Meter> {
+        match (f.excess_burst, f.peak_rate, f.peak_burst) {
+            (None, None, None) => Some(Meter::None),
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                c.fail(
+                    "excess_burst",
+                    "--excess-burst (srTCM) and --peak-rate/--peak-burst (trTCM) exclude each other",
+                );
+                None
+            }
+            (Some(excess_burst_bytes), None, None) => Some(Meter::SrTcm { excess_burst_bytes }),
+            (None, None, Some(_)) => {
+                c.fail("peak_burst", "--peak-burst needs --peak-rate");
+                None
+            }
+            (None, Some(peak_rate_bits_per_sec), peak_burst) => {
+                if peak_rate_bits_per_sec < f.rate {
+                    c.fail(
+                        "peak_rate",
+                        format!(
+                            "--peak-rate {} is below --rate {} (RFC 2698 needs PIR >= CIR)",
+                            self.peak_rate.as_deref().unwrap_or_default(),
+                            self.rate
+                        ),
+                    );
+                    return None;
+                }
+                Some(Meter::TrTcm {
+                    peak_rate_bits_per_sec,
+                    peak_burst_bytes: peak_burst
+                        .unwrap_or_else(|| default_burst(peak_rate_bits_per_sec)),
+                })
+            }
+        }
+    }
+}
+
+fn parse_direction(text: &str) -> Result<Direction, String> {
+    match text {
+        "egress" => Ok(Direction::Egress),
+        "ingress" => Ok(Direction::Ingress),
+        other => Err(format!(
+            "unknown direction '{other}' (expected egress or ingress)"
+        )),
+    }
+}
+
+fn parse_prio(text: &str) -> Result<u32, String> {
+    text.parse()
+        .map_err(|_| format!("{text} is not in 0..=4294967295"))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The validator is pure: its checks run on the host, without root.
+    use super::*;
+
+    fn input(name: &str, rate: &str) -> ClassInput {
+        ClassInput {
+            name: name.into(),
+            rate: rate.into(),
+            ..ClassInput::default()
+        }
+    }
+
+    fn fields_of(result: Result<(Direction, ClassSpec), Vec<FieldError>>) -> Vec<&'static str> {
+        result.unwrap_err().iter().map(|e| e.field).collect()
+    }
+
+    #[test]
+    fn defaults_are_the_command_lines() {
+        let (direction, spec) = input("web", "10mbit").check().unwrap();
+        assert_eq!(direction, Direction::Egress);
+        assert_eq!(spec.burst_bytes, default_burst(10_000_000));
+        assert_eq!((spec.prio, spec.scope), (DEFAULT_PRIO, Scope::Class));
+        assert_eq!(spec.action, ActionSpec::default());
+        assert_eq!(spec.exceed.action, Action::Pass);
+        let shaped = ClassInput {
+            action: Some("shape".into()),
+            ..input("s", "10mbit")
+        };
+        assert_eq!(
+            shaped.check().unwrap().1.burst_bytes,
+            default_shape_burst(10_000_000)
+        );
+    }
+
+    #[test]
+    fn every_bad_field_is_reported_not_just_the_first() {
+        let bad = ClassInput {
+            direction: Some("up".into()),
+            burst: Some("12q".into()),
+            dport: Some("70000".into()),
+            prio: Some("-1".into()),
+            exceed: Some("explode".into()),
+            ..input("bad/name", "fast")
+        };
+        assert_eq!(
+            fields_of(bad.check()),
+            [
+                "name",
+                "direction",
+                "rate",
+                "burst",
+                "dport",
+                "prio",
+                "exceed"
+            ]
+        );
+    }
+
+    #[test]
+    fn combinations_are_checked_once_the_fields_are_good() {
+        let cases: [(ClassInput, &str); 7] = [
+            (
+                ClassInput {
+                    exceed: Some("pass".into()),
+                    ..input("a", "1mbit")
+                },
+                "exceed",
+            ),
+            (
+                ClassInput {
+                    excess_burst: Some("64k".into()),
+                    action: Some("ecn".into()),
+                    ..input("a", "1mbit")
+                },
+                "action",
+            ),
+            (
+                ClassInput {
+                    excess_burst: Some("64k".into()),
+                    peak_rate: Some("2mbit".into()),
+                    ..input("a", "1mbit")
+                },
+                "excess_burst",
+            ),
+            (
+                ClassInput {
+                    peak_rate: Some("1mbit".into()),
+                    ..input("a", "2mbit")
+                },
+                "peak_rate",
+            ),
+            (
+                ClassInput {
+                    peak_burst: Some("64k".into()),
+                    ..input("a", "1mbit")
+                },
+                "peak_burst",
+            ),
+            (
+                ClassInput {
+                    direction: Some("ingress".into()),
+                    action: Some("shape".into()),
+                    ..input("a", "1mbit")
+                },
+                "action",
+            ),
+            (
+                ClassInput {
+                    dport: Some("53".into()),
+                    ..input("a", "1mbit")
+                },
+                "proto",
+            ),
+        ];
+        for (class, field) in cases {
+            assert_eq!(fields_of(class.check()), [field], "{class:?}");
+        }
+    }
+
+    #[test]
+    fn a_trtcm_gets_its_peak_burst_by_default() {
+        let (_, spec) = ClassInput {
+            peak_rate: Some("20mbit".into()),
+            exceed: Some("dscp=af12".into()),
+            ..input("m", "10mbit")
+        }
+        .check()
+        .unwrap();
+        assert_eq!(
+            spec.meter,
+            Meter::TrTcm {
+                peak_rate_bits_per_sec: 20_000_000,
+                peak_burst_bytes: default_burst(20_000_000)
+            }
+        );
+        assert_eq!(spec.action.action, Action::Drop);
+    }
+}
