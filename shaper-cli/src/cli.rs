@@ -264,7 +264,7 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
-impl From<&ClassAddArgs> for crate::class_input::ClassInput {
+impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
     fn from(args: &ClassAddArgs) -> Self {
         Self {
             name: args.name.clone(),

@@ -1,8 +1,14 @@
+//! The `shaper` command: argument definitions (`cli`), one small module per command that
+//! turns arguments into calls of the `shaper` library (`commands`), and output.
+
+mod cli;
+mod commands;
+
 use clap::Parser as _;
-use shaper_cli::error::{report, EXIT_USAGE};
+use shaper::error::{report, EXIT_USAGE};
 
 fn main() {
-    let cli = match shaper_cli::cli::Cli::try_parse() {
+    let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) if !error.use_stderr() => error.exit(), // --help, --version
         Err(error) => {
@@ -20,7 +26,7 @@ fn main() {
         .parse_default_env()
         .format_target(false)
         .init();
-    if let Err(error) = shaper_cli::commands::run(cli) {
+    if let Err(error) = commands::run(cli) {
         let (code, line) = report(&error);
         eprintln!("shaper: {line}");
         std::process::exit(code);

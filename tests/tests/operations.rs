@@ -388,7 +388,7 @@ impl Drop for Daemon {
 
 /// GET `path` from the daemon's metrics address inside the router's namespace.
 fn http_get(router: &Netns, path: &str) -> Result<(u16, String)> {
-    let mut stream = shaper_cli::netns::in_namespace(&Some(router.name.clone()), || {
+    let mut stream = shaper::netns::in_namespace(&Some(router.name.clone()), || {
         Ok(std::net::TcpStream::connect("127.0.0.1:9464")?)
     })?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -735,10 +735,10 @@ fn daemon_forwards_the_programs_log_records() -> Result<()> {
         ],
     )?;
     // EDT pacing is what `shape` does where fq exists; switch the class to it by hand.
-    let attachment = shaper_cli::state::Attachment::open(&shaper_cli::state::Location {
+    let attachment = shaper::state::Attachment::open(&shaper::state::Location {
         netns: Some(router.name.clone()),
         dev: "r1".into(),
-        direction: shaper_cli::state::Direction::Egress,
+        direction: shaper::state::Direction::Egress,
     })?;
     let (id, _) = attachment.find_class("paced")?.context("no class")?;
     let mut classes = attachment.classes()?;

@@ -7,7 +7,7 @@
 //! maps the attached program uses.
 
 use aya::programs::{TestRun as _, TestRunOptions};
-use shaper_cli::state::{self, Attachment, Direction, Location};
+use shaper::state::{self, Attachment, Direction, Location};
 use shaper_common::{
     bucket::{credit_chunk, shared_burst, use_credit, CreditUse},
     conform,
@@ -898,7 +898,7 @@ fn ties_go_to_the_older_class_and_deletion_falls_back_to_the_next_best() {
 /// right one still wins.
 #[test]
 fn two_hundred_classes_of_one_shape_cost_one_lookup() {
-    use shaper_cli::{
+    use shaper::{
         classes::{self, ClassSpec},
         rules::{PortRange, Proto, Rule},
     };

@@ -1,8 +1,8 @@
-//! The `shaper-cni` chained CNI plugin (see `shaper_cli::cni`): reads the network
+//! The `shaper-cni` chained CNI plugin (see `shaper::cni`): reads the network
 //! configuration on stdin and the CNI_* environment, prints a result or a CNI error
 //! object on stdout, and exits non-zero on error, as the CNI spec asks.
 
-use shaper_cli::cni;
+use shaper::cni;
 use std::io::Read as _;
 
 fn main() {

@@ -1,13 +1,13 @@
 //! `shaper apply -f FILE [--dry-run] [--prune]` and `shaper export [--dev DEV]`.
 
 use super::prepare;
-use crate::{
-    cli::{ApplyArgs, ExportArgs},
+use crate::cli::{ApplyArgs, ExportArgs};
+use anyhow::{Context as _, Result};
+use shaper::{
     config::{self, Desired, Plan, Prune},
     error::{runtime, usage},
     state,
 };
-use anyhow::{Context as _, Result};
 
 /// Reads a configuration file (or standard input for `-`) and checks all of it.
 pub fn load(file: &str) -> Result<Desired> {

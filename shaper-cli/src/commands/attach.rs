@@ -1,9 +1,7 @@
 use super::{directions, prepare};
-use crate::{
-    cli::{AttachArgs, AttachModeArg},
-    state::{self, AttachMode, Attachment, Location},
-};
+use crate::cli::{AttachArgs, AttachModeArg};
 use anyhow::Result;
+use shaper::state::{self, AttachMode, Attachment, Location};
 
 pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
     let forced_mode = args.attach_mode.map(|m| match m {
@@ -11,7 +9,7 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
         AttachModeArg::Clsact => AttachMode::Clsact,
     });
     prepare(&netns)?;
-    crate::netns::ifindex(&args.dev)?;
+    shaper::netns::ifindex(&args.dev)?;
     let _lock = state::lock()?;
     let mut attached_now = Vec::new();
     for direction in directions(args.direction) {

@@ -4,21 +4,21 @@
 //! with one read of the state, which makes ten thousand classes take well under a second.
 
 use super::{prepare, run as run_command, single, spec_from_args};
-use crate::{
+use crate::cli::{BatchArgs, ClassCommand, Cli, Command};
+use anyhow::{Context as _, Result};
+use clap::Parser as _;
+use shaper::{
     classes,
-    cli::{BatchArgs, ClassCommand, Cli, Command},
     error::usage,
     state::{self, Attachment, Location},
 };
-use anyhow::{Context as _, Result};
-use clap::Parser as _;
 
 pub fn run(netns: Option<String>, args: BatchArgs) -> Result<()> {
     let text = if args.file == "-" {
         std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
     } else {
         std::fs::read_to_string(&args.file)
-            .map_err(|e| crate::error::runtime(format!("cannot read {}: {e}", args.file)))?
+            .map_err(|e| shaper::error::runtime(format!("cannot read {}: {e}", args.file)))?
     };
     let mut commands = Vec::new();
     for (index, line) in text.lines().enumerate() {

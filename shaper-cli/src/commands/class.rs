@@ -1,16 +1,18 @@
 use super::{prepare, print_rows, single, text};
-use crate::{
+use crate::cli::{
+    ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection,
+};
+use anyhow::Result;
+use serde_json::{json, Value};
+use shaper::{
     actions::ActionSpec,
     class_input::ClassInput,
     classes::{self, scope_name, ClassSpec, ClassView, Meter},
-    cli::{ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection},
     error::{runtime, usage},
     rules::PortRange,
     state::{self, Attachment, Direction, Location},
     units::{format_rate, format_size, parse_rate, parse_size},
 };
-use anyhow::Result;
-use serde_json::{json, Value};
 
 pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     match command {

@@ -15,17 +15,17 @@
 //! Everything runs on one thread (a current-thread runtime): plans and scrapes enter
 //! network namespaces with setns, which is per thread, and never overlap.
 
-use crate::{
-    cli::DaemonArgs,
+use crate::cli::DaemonArgs;
+use anyhow::Result;
+use http_body_util::Full;
+use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response};
+use hyper_util::rt::TokioIo;
+use shaper::{
     config::{self, Desired, Prune},
     error::{runtime, usage},
     metrics::{self, Health},
     state,
 };
-use anyhow::Result;
-use http_body_util::Full;
-use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response};
-use hyper_util::rt::TokioIo;
 use std::{
     cell::RefCell,
     convert::Infallible,

@@ -1,10 +1,10 @@
 use super::{directions, prepare};
-use crate::{
-    cli::DetachArgs,
+use crate::cli::DetachArgs;
+use anyhow::Result;
+use shaper::{
     error::runtime,
     state::{self, Direction, Location},
 };
-use anyhow::Result;
 
 pub fn run(netns: Option<String>, args: DetachArgs) -> Result<()> {
     let wanted = args
@@ -14,7 +14,7 @@ pub fn run(netns: Option<String>, args: DetachArgs) -> Result<()> {
     // A deleted namespace took its interfaces and hooks with it; only pins remain.
     if let Some(name) = &netns {
         if !std::path::Path::new("/run/netns").join(name).exists() {
-            crate::caps::require()?;
+            shaper::caps::require()?;
             let _lock = state::lock()?;
             let mut forgotten = 0;
             for direction in wanted {

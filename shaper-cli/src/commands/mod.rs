@@ -9,11 +9,9 @@ mod detach;
 mod stats;
 mod status;
 
-use crate::{
-    cli::{Cli, Command, DirectionArg, SingleDirection},
-    state::Direction,
-};
+use crate::cli::{Cli, Command, DirectionArg, SingleDirection};
 use anyhow::Result;
+use shaper::state::Direction;
 
 pub fn run(cli: Cli) -> Result<()> {
     let netns = cli.netns;
@@ -38,15 +36,14 @@ pub fn run(cli: Cli) -> Result<()> {
 
 /// Capability check, then the move into the target namespace (if any).
 fn prepare(netns: &Option<String>) -> Result<()> {
-    crate::caps::require()?;
+    shaper::caps::require()?;
     if let Some(name) = netns {
-        crate::netns::enter(name)?;
+        shaper::netns::enter(name)?;
     }
     Ok(())
 }
 
 pub use class::spec_from_args;
-pub use stats::rates;
 
 /// One man page per command and subcommand (shaper.1, shaper-class-add.1, ...).
 fn manpages(dir: &std::path::Path) -> Result<()> {

@@ -1,7 +1,8 @@
 use super::{prepare, print_rows, text};
-use crate::{cli::StatsArgs, error::usage, units::format_rate};
+use crate::cli::StatsArgs;
 use anyhow::Result;
 use serde_json::{json, Value};
+use shaper::{error::usage, units::format_rate};
 use std::{
     collections::HashMap,
     io::Write as _,

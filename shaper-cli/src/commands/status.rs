@@ -1,20 +1,18 @@
 use super::{prepare, print_rows, text};
-use crate::{
-    cli::StatusArgs,
-    state::{list_locations, Attachment},
-};
+use crate::cli::StatusArgs;
 use anyhow::Result;
 use serde_json::json;
+use shaper::state::{list_locations, Attachment};
 
 pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
     prepare(&None)?;
     let mut rows = Vec::new();
     for location in list_locations(netns.as_ref().map(|n| Some(n.clone())).as_ref())? {
         // Interface lookups happen in the attachment's own namespace.
-        let status = crate::netns::in_namespace(&location.netns, || {
+        let status = shaper::netns::in_namespace(&location.netns, || {
             let attachment = Attachment::open(&location)?;
             let status = attachment.status()?;
-            Ok((status, crate::classes::read_classes(&attachment)?.len()))
+            Ok((status, shaper::classes::read_classes(&attachment)?.len()))
         });
         let (status, classes) = status?;
         rows.push(json!({

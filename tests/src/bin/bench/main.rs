@@ -13,7 +13,7 @@ use aya::{
     programs::{SchedClassifier, TestRun as _, TestRunOptions},
 };
 use serde_json::{json, Value};
-use shaper_cli::{
+use shaper::{
     classes::{self, ClassSpec},
     rules::{PortRange, Proto, Rule},
     state::{self, Attachment, Direction, Location},

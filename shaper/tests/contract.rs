@@ -113,7 +113,7 @@ const EXPECTED: [Expected; 10] = [
 ];
 
 fn object() -> aya_obj::Object {
-    aya_obj::Object::parse(shaper_cli::EBPF_OBJECT).expect("the embedded eBPF object parses")
+    aya_obj::Object::parse(shaper::EBPF_OBJECT).expect("the embedded eBPF object parses")
 }
 
 #[test]
