@@ -9,7 +9,7 @@ use crate::{
     error::{runtime, usage},
     qdisc,
     rules::{bytes, words, PortRange, Proto, Rule},
-    state::{decode_name, encode_name, Attachment},
+    state::{decode_name, encode_name, possible_cpus, Attachment},
 };
 use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
@@ -248,11 +248,6 @@ impl ClassSpec {
             ..ClassConfig::default()
         }
     }
-}
-
-/// CPUs a per-CPU map holds values for (the possible CPUs).
-pub fn possible_cpus() -> u64 {
-    aya::util::nr_cpus().map(|n| n as u64).unwrap_or(1).max(1)
 }
 
 /// The class bucket's cost and per-CPU credit chunk. Class-scoped buckets of policing and

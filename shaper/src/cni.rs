@@ -385,7 +385,7 @@ pub fn error_json(version: &str, error: &anyhow::Error) -> Value {
         Some(e) => (e.code, e.message.clone()),
         None => (ERR_SHAPER, format!("{error:#}")),
     };
-    json!({"cniVersion": version, "code": code, "msg": state::one_line(&message)})
+    json!({"cniVersion": version, "code": code, "msg": crate::error::one_line(&message)})
 }
 
 #[cfg(test)]

@@ -44,5 +44,18 @@ pub fn report(error: &anyhow::Error) -> (i32, String) {
         EXIT_RUNTIME
     };
     let text = format!("{error:#}");
-    (code, crate::state::one_line(&text))
+    (code, one_line(&text))
+}
+
+/// Collapses multi-line kernel messages (verifier logs) into one line for the user.
+pub fn one_line(text: &str) -> String {
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    // Verifier logs say what went wrong at their end: keep the head and the tail.
+    if joined.len() > 1000 {
+        let head = joined.char_indices().nth(300).map_or(0, |(i, _)| i);
+        let tail = joined.char_indices().rev().nth(600).map_or(0, |(i, _)| i);
+        format!("{} … {}", &joined[..head], &joined[tail..])
+    } else {
+        joined
+    }
 }

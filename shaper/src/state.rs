@@ -6,7 +6,7 @@
 //! rebuilds its view from these pins. Mutations take an exclusive `flock` on
 //! `/run/lock/shaper.lock`, so two invocations at once never interleave.
 
-use crate::error::{runtime, usage};
+use crate::error::{one_line, runtime, usage};
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray},
@@ -246,19 +246,6 @@ pub fn load_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedC
     Ok(program)
 }
 
-/// Collapses multi-line kernel messages (verifier logs) into one line for the user.
-pub fn one_line(text: &str) -> String {
-    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    // Verifier logs say what went wrong at their end: keep the head and the tail.
-    if joined.len() > 1000 {
-        let head = joined.char_indices().nth(300).map_or(0, |(i, _)| i);
-        let tail = joined.char_indices().rev().nth(600).map_or(0, |(i, _)| i);
-        format!("{} … {}", &joined[..head], &joined[tail..])
-    } else {
-        joined
-    }
-}
-
 /// Attaches a fresh program at `location` (which must not exist yet), all or nothing.
 /// Returns the mode actually used.
 pub fn attach_fresh(
@@ -468,6 +455,11 @@ pub struct AttachmentStatus {
     pub flow_table_size: u32,
 }
 
+/// CPUs a per-CPU map holds values for (the possible CPUs).
+pub fn possible_cpus() -> u64 {
+    aya::util::nr_cpus().map(|n| n as u64).unwrap_or(1).max(1)
+}
+
 /// An attachment's pinned maps, opened for reading and writing.
 pub struct Attachment {
     pub location: Location,
@@ -553,7 +545,7 @@ impl Attachment {
     ) -> Result<u64> {
         let config = self.classes()?.get(&class_id, 0)?;
         let chunk = u64::from(config.credit_chunk);
-        let cpus = crate::classes::possible_cpus();
+        let cpus = possible_cpus();
         let shared = shaper_common::bucket::shared_burst(burst_bytes, cpus, chunk);
         let tat = self.class_buckets()?.get(&class_id, 0)?.tat;
         let now = monotonic_ns();
