@@ -31,9 +31,9 @@ pub(crate) fn bucket_of(
     class: &ClassConfig,
     packet: &Packet,
 ) -> Option<*mut Bucket> {
-    match Scope::from_u8(class.scope) {
-        Some(Scope::Class) | None => CLASS_BUCKETS.get_ptr_mut(class_id),
-        Some(scope) => keyed_bucket(class_id, class.generation, scope, packet),
+    match Scope::try_from(class.scope) {
+        Ok(Scope::Class) | Err(_) => CLASS_BUCKETS.get_ptr_mut(class_id),
+        Ok(scope) => keyed_bucket(class_id, class.generation, scope, packet),
     }
 }
 

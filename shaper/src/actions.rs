@@ -1,6 +1,7 @@
 //! What a class does to packets over its rate: `--action`.
 
 use shaper_common::Action;
+use std::{fmt, str::FromStr};
 
 /// An action with its parameter, as stored in the class config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,13 +13,25 @@ pub struct ActionSpec {
     pub mask: u32,
 }
 
-impl Default for ActionSpec {
-    fn default() -> Self {
+impl ActionSpec {
+    /// The default over-rate action: police.
+    pub const DROP: Self = Self::plain(Action::Drop);
+    /// A meter's default for yellow packets: let them through.
+    pub const PASS: Self = Self::plain(Action::Pass);
+
+    /// An action without a parameter.
+    pub const fn plain(action: Action) -> Self {
         Self {
-            action: Action::Drop,
+            action,
             arg: 0,
             mask: 0,
         }
+    }
+}
+
+impl Default for ActionSpec {
+    fn default() -> Self {
+        Self::DROP
     }
 }
 
@@ -68,75 +81,77 @@ fn parse_number(text: &str) -> Option<u32> {
     }
 }
 
-impl ActionSpec {
+impl FromStr for ActionSpec {
+    type Err = String;
+
     /// Parses `drop`, `ecn`, `pass`, `shape`, `dscp=VALUE` or `fwmark=N[/MASK]`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    fn from_str(text: &str) -> Result<Self, String> {
         let (name, value) = match text.split_once('=') {
             Some((name, value)) => (name, Some(value)),
             None => (text, None),
         };
-        let plain = |action| match value {
-            None => Ok(Self {
+        let action = Action::from_name(&name.to_ascii_lowercase()).ok_or_else(|| {
+            format!(
+                "unknown action '{text}' (expected drop, ecn, dscp=VALUE, fwmark=N[/MASK], pass or shape)"
+            )
+        })?;
+        match (action, value) {
+            (Action::Dscp, Some(value)) => Ok(Self {
                 action,
-                arg: 0,
+                arg: parse_dscp(value)?,
                 mask: 0,
             }),
-            Some(_) => Err(format!("action '{name}' takes no value")),
-        };
-        match name.to_ascii_lowercase().as_str() {
-            "drop" => plain(Action::Drop),
-            "ecn" => plain(Action::Ecn),
-            "pass" => plain(Action::Pass),
-            "shape" => plain(Action::Shape),
-            "dscp" => {
-                let value = value.ok_or("dscp needs a value: dscp=VALUE")?;
-                Ok(Self { action: Action::Dscp, arg: parse_dscp(value)?, mask: 0 })
-            }
-            "fwmark" => {
-                let value = value.ok_or("fwmark needs a value: fwmark=N[/MASK]")?;
-                let (mark, mask) = match value.split_once('/') {
-                    Some((mark, mask)) => (mark, Some(mask)),
-                    None => (value, None),
-                };
-                let bad = || format!("bad fwmark '{value}' (expected N or N/MASK, decimal or 0x hex)");
-                let mark = parse_number(mark).ok_or_else(bad)?;
-                let mask = match mask {
-                    Some(mask) => parse_number(mask).ok_or_else(bad)?,
-                    None => u32::MAX,
-                };
-                if mark & !mask != 0 {
-                    return Err(format!("fwmark {mark:#x} has bits outside its mask {mask:#x}"));
-                }
-                Ok(Self { action: Action::Fwmark, arg: mark, mask })
-            }
-            _ => Err(format!(
-                "unknown action '{text}' (expected drop, ecn, dscp=VALUE, fwmark=N[/MASK], pass or shape)"
-            )),
+            (Action::Dscp, None) => Err("dscp needs a value: dscp=VALUE".into()),
+            (Action::Fwmark, Some(value)) => parse_fwmark(value),
+            (Action::Fwmark, None) => Err("fwmark needs a value: fwmark=N[/MASK]".into()),
+            (_, None) => Ok(Self::plain(action)),
+            (_, Some(_)) => Err(format!("action '{name}' takes no value")),
         }
     }
+}
 
-    pub fn from_config(action: u8, arg: u32, mask: u32) -> Self {
-        let action = match action {
-            1 => Action::Pass,
-            2 => Action::Ecn,
-            3 => Action::Dscp,
-            4 => Action::Fwmark,
-            5 => Action::Shape,
-            _ => Action::Drop,
-        };
-        Self { action, arg, mask }
+/// `N[/MASK]`, decimal or 0x hex; the mark may not set bits outside the mask.
+fn parse_fwmark(value: &str) -> Result<ActionSpec, String> {
+    let (mark, mask) = match value.split_once('/') {
+        Some((mark, mask)) => (mark, Some(mask)),
+        None => (value, None),
+    };
+    let bad = || format!("bad fwmark '{value}' (expected N or N/MASK, decimal or 0x hex)");
+    let mark = parse_number(mark).ok_or_else(bad)?;
+    let mask = match mask {
+        Some(mask) => parse_number(mask).ok_or_else(bad)?,
+        None => u32::MAX,
+    };
+    if mark & !mask != 0 {
+        return Err(format!(
+            "fwmark {mark:#x} has bits outside its mask {mask:#x}"
+        ));
     }
+    Ok(ActionSpec {
+        action: Action::Fwmark,
+        arg: mark,
+        mask,
+    })
+}
 
-    /// The spelling `parse` accepts.
-    pub fn display(&self) -> String {
+impl ActionSpec {
+    pub fn from_config(action: u8, arg: u32, mask: u32) -> Self {
+        Self {
+            action: Action::try_from(action).unwrap_or(Action::Drop),
+            arg,
+            mask,
+        }
+    }
+}
+
+/// The spelling `from_str` accepts.
+impl fmt::Display for ActionSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.action {
-            Action::Drop => "drop".into(),
-            Action::Ecn => "ecn".into(),
-            Action::Pass => "pass".into(),
-            Action::Shape => "shape".into(),
-            Action::Dscp => format!("dscp={}", self.arg),
-            Action::Fwmark if self.mask == u32::MAX => format!("fwmark={:#x}", self.arg),
-            Action::Fwmark => format!("fwmark={:#x}/{:#x}", self.arg, self.mask),
+            Action::Dscp => write!(f, "dscp={}", self.arg),
+            Action::Fwmark if self.mask == u32::MAX => write!(f, "fwmark={:#x}", self.arg),
+            Action::Fwmark => write!(f, "fwmark={:#x}/{:#x}", self.arg, self.mask),
+            plain => f.write_str(plain.name()),
         }
     }
 }
@@ -156,18 +171,18 @@ mod tests {
             "fwmark=0x10",
             "fwmark=0x10/0xff",
         ] {
-            assert_eq!(ActionSpec::parse(text).unwrap().display(), text);
+            assert_eq!(text.parse::<ActionSpec>().unwrap().to_string(), text);
         }
-        assert_eq!(ActionSpec::parse("dscp=af11").unwrap().arg, 10);
-        assert_eq!(ActionSpec::parse("dscp=EF").unwrap().arg, 46);
-        assert_eq!(ActionSpec::parse("dscp=cs7").unwrap().arg, 56);
-        assert_eq!(ActionSpec::parse("fwmark=16").unwrap().arg, 16);
-        assert!(ActionSpec::parse("dscp=64").is_err());
-        assert!(ActionSpec::parse("dscp=af44").is_err());
-        assert!(ActionSpec::parse("dscp").is_err());
-        assert!(ActionSpec::parse("fwmark=0x100/0xff").is_err());
-        assert!(ActionSpec::parse("fwmark=x").is_err());
-        assert!(ActionSpec::parse("drop=1").is_err());
-        assert!(ActionSpec::parse("reject").is_err());
+        assert_eq!(ActionSpec::from_str("dscp=af11").unwrap().arg, 10);
+        assert_eq!(ActionSpec::from_str("dscp=EF").unwrap().arg, 46);
+        assert_eq!(ActionSpec::from_str("dscp=cs7").unwrap().arg, 56);
+        assert_eq!(ActionSpec::from_str("fwmark=16").unwrap().arg, 16);
+        assert!(ActionSpec::from_str("dscp=64").is_err());
+        assert!(ActionSpec::from_str("dscp=af44").is_err());
+        assert!(ActionSpec::from_str("dscp").is_err());
+        assert!(ActionSpec::from_str("fwmark=0x100/0xff").is_err());
+        assert!(ActionSpec::from_str("fwmark=x").is_err());
+        assert!(ActionSpec::from_str("drop=1").is_err());
+        assert!(ActionSpec::from_str("reject").is_err());
     }
 }

@@ -12,6 +12,7 @@ use crate::{
     units::{default_burst, default_shape_burst, parse_rate, parse_size},
 };
 use shaper_common::{Action, Scope};
+use std::str::FromStr as _;
 
 /// A class as written: every option text, `None` where left out.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -125,12 +126,12 @@ impl ClassInput {
         let sport = c.optional("sport", &self.sport, PortRange::parse);
         let dport = c.optional("dport", &self.dport, PortRange::parse);
         let prio = c.optional("prio", &self.prio, parse_prio);
-        let action = c.optional("action", &self.action, ActionSpec::parse);
+        let action = c.optional("action", &self.action, ActionSpec::from_str);
         let excess_burst = c.optional("excess_burst", &self.excess_burst, parse_size);
         let peak_rate = c.optional("peak_rate", &self.peak_rate, parse_rate);
         let peak_burst = c.optional("peak_burst", &self.peak_burst, parse_size);
-        let exceed = c.optional("exceed", &self.exceed, ActionSpec::parse);
-        let violate = c.optional("violate", &self.violate, ActionSpec::parse);
+        let exceed = c.optional("exceed", &self.exceed, ActionSpec::from_str);
+        let violate = c.optional("violate", &self.violate, ActionSpec::from_str);
         name?;
         Some(Fields {
             direction: direction?.unwrap_or(Direction::Egress),
@@ -178,11 +179,7 @@ impl ClassInput {
             return None;
         }
         let action = f.action.or(f.violate).unwrap_or_default();
-        let exceed = f.exceed.unwrap_or(ActionSpec {
-            action: Action::Pass,
-            arg: 0,
-            mask: 0,
-        });
+        let exceed = f.exceed.unwrap_or(ActionSpec::PASS);
         if meter != Meter::None
             && (action.action == Action::Shape || exceed.action == Action::Shape)
         {
@@ -266,13 +263,8 @@ impl ClassInput {
 }
 
 fn parse_direction(text: &str) -> Result<Direction, String> {
-    match text {
-        "egress" => Ok(Direction::Egress),
-        "ingress" => Ok(Direction::Ingress),
-        other => Err(format!(
-            "unknown direction '{other}' (expected egress or ingress)"
-        )),
-    }
+    Direction::from_name(text)
+        .ok_or_else(|| format!("unknown direction '{text}' (expected egress or ingress)"))
 }
 
 fn parse_prio(text: &str) -> Result<u32, String> {

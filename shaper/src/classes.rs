@@ -96,24 +96,22 @@ impl Meter {
     }
 }
 
-pub fn scope_name(scope: Scope) -> &'static str {
-    match scope {
-        Scope::Class => "class",
-        Scope::Flow => "flow",
-        Scope::Src => "src",
-        Scope::Dst => "dst",
-    }
+pub fn parse_scope(text: &str) -> Result<Scope, String> {
+    Scope::from_name(text).ok_or_else(|| {
+        format!(
+            "unknown bucket scope '{text}' (expected {})",
+            expected(Scope::ALL.iter().map(|scope| scope.name()))
+        )
+    })
 }
 
-pub fn parse_scope(text: &str) -> Result<Scope, String> {
-    match text {
-        "class" => Ok(Scope::Class),
-        "flow" => Ok(Scope::Flow),
-        "src" => Ok(Scope::Src),
-        "dst" => Ok(Scope::Dst),
-        _ => Err(format!(
-            "unknown bucket scope '{text}' (expected class, flow, src or dst)"
-        )),
+/// "a, b or c": the names a message lists as expected.
+pub fn expected<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -176,7 +174,7 @@ impl ClassSpec {
             },
             rate_bits_per_sec: meta.rate_bits_per_sec,
             burst_bytes: meta.burst_bytes,
-            scope: Scope::from_u8(config.scope).unwrap_or(Scope::Class),
+            scope: Scope::try_from(config.scope).unwrap_or(Scope::Class),
             prio: meta.prio,
             action: ActionSpec::from_config(config.action, config.action_arg, config.action_mask),
             meter: Meter::from_meta(meta, config.meter),

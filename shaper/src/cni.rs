@@ -197,11 +197,7 @@ fn class(name: &str, rate: u64, burst: u64, action: Action) -> ClassSpec {
             mask: 0,
         },
         meter: Meter::None,
-        exceed: crate::actions::ActionSpec {
-            action: Action::Pass,
-            arg: 0,
-            mask: 0,
-        },
+        exceed: crate::actions::ActionSpec::PASS,
     }
 }
 

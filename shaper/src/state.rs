@@ -53,7 +53,7 @@ impl Direction {
         }
     }
 
-    fn from_name(name: &str) -> Option<Self> {
+    pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "egress" => Some(Self::Egress),
             "ingress" => Some(Self::Ingress),

@@ -7,12 +7,13 @@ use serde_json::{json, Value};
 use shaper::{
     actions::ActionSpec,
     class_input::ClassInput,
-    classes::{self, scope_name, ClassSpec, ClassView, Meter},
+    classes::{self, ClassSpec, ClassView, Meter},
     error::{runtime, usage},
     rules::PortRange,
     state::{self, Attachment, Direction, Location},
     units::{format_rate, format_size, parse_rate, parse_size},
 };
+use std::str::FromStr as _;
 
 pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     match command {
@@ -49,8 +50,8 @@ fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
         location.describe(),
         format_rate(spec.rate_bits_per_sec),
         format_size(spec.burst_bytes),
-        scope_name(spec.scope),
-        spec.action.display()
+        spec.scope.name(),
+        spec.action
     );
     Ok(())
 }
@@ -117,7 +118,7 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
     let action = args
         .action
         .as_deref()
-        .map(ActionSpec::parse)
+        .map(ActionSpec::from_str)
         .transpose()
         .map_err(usage)?;
     if rate.is_none() && burst.is_none() && action.is_none() {
@@ -197,14 +198,14 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
         "id": view.id,
         "rate_bps": spec.rate_bits_per_sec,
         "burst_bytes": spec.burst_bytes,
-        "per": scope_name(spec.scope),
+        "per": spec.scope.name(),
         "prio": spec.prio,
         "proto": rule.proto.name(),
         "src": rule.src.map(|n| n.to_string()),
         "dst": rule.dst.map(|n| n.to_string()),
         "sport": ports(rule.sport),
         "dport": ports(rule.dport),
-        "action": spec.action.display(),
+        "action": spec.action.to_string(),
         "passed_packets": view.stats.passed_packets,
         "passed_bytes": view.stats.passed_bytes,
         "dropped_packets": view.stats.dropped_packets,
@@ -215,8 +216,8 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
     if spec.meter != Meter::None {
         let extra = json!({
             "meter": spec.meter.name(),
-            "exceed": spec.exceed.display(),
-            "violate": spec.action.display(),
+            "exceed": spec.exceed.to_string(),
+            "violate": spec.action.to_string(),
             "peak_rate_bps": match spec.meter { Meter::TrTcm { peak_rate_bits_per_sec, .. } => json!(peak_rate_bits_per_sec), _ => Value::Null },
             "peak_burst_bytes": match spec.meter { Meter::TrTcm { peak_burst_bytes, .. } => json!(peak_burst_bytes), _ => Value::Null },
             "excess_burst_bytes": match spec.meter { Meter::SrTcm { excess_burst_bytes } => json!(excess_burst_bytes), _ => Value::Null },

@@ -3,7 +3,7 @@
 
 use super::schema::{ExportClass, ExportFile, ExportInterface};
 use crate::{
-    classes::{self, scope_name, ClassSpec, Meter},
+    classes::{self, ClassSpec, Meter},
     rules::{PortRange, Proto},
     state::{self, AttachMode, Attachment, Direction},
 };
@@ -32,14 +32,14 @@ fn export_class(direction: Direction, spec: &ClassSpec) -> ExportClass {
         direction: direction.name().into(),
         rate: exact_rate(spec.rate_bits_per_sec),
         burst: spec.burst_bytes,
-        per: scope_name(spec.scope).into(),
+        per: spec.scope.name().into(),
         prio: spec.prio,
         proto: (rule.proto != Proto::Any).then(|| rule.proto.name().into()),
         src: rule.src.map(|n| n.to_string()),
         dst: rule.dst.map(|n| n.to_string()),
         sport: ports(rule.sport),
         dport: ports(rule.dport),
-        action: (!metered).then(|| spec.action.display()),
+        action: (!metered).then(|| spec.action.to_string()),
         excess_burst: match spec.meter {
             Meter::SrTcm { excess_burst_bytes } => Some(excess_burst_bytes),
             _ => None,
@@ -57,8 +57,8 @@ fn export_class(direction: Direction, spec: &ClassSpec) -> ExportClass {
             } => Some(peak_burst_bytes),
             _ => None,
         },
-        exceed: metered.then(|| spec.exceed.display()),
-        violate: metered.then(|| spec.action.display()),
+        exceed: metered.then(|| spec.exceed.to_string()),
+        violate: metered.then(|| spec.action.to_string()),
     }
 }
 

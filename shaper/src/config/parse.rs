@@ -74,11 +74,10 @@ fn line_of(text: &str, span: Range<usize>) -> usize {
 }
 
 fn direction_of(text: &str) -> Result<Vec<Direction>, String> {
-    match text {
-        "egress" => Ok(vec![Direction::Egress]),
-        "ingress" => Ok(vec![Direction::Ingress]),
-        "both" => Ok(Direction::BOTH.to_vec()),
-        other => Err(format!(
+    match (text, Direction::from_name(text)) {
+        ("both", _) => Ok(Direction::BOTH.to_vec()),
+        (_, Some(direction)) => Ok(vec![direction]),
+        (other, None) => Err(format!(
             "unknown direction '{other}' (expected egress, ingress or both)"
         )),
     }

@@ -4,7 +4,7 @@
 use super::parse::{Desired, DesiredInterface};
 use crate::{
     actions::ActionSpec,
-    classes::{self, scope_name, ClassSpec, Meter},
+    classes::{self, ClassSpec, Meter},
     netns,
     state::{self, AttachMode, Attachment, Direction, Location},
 };
@@ -90,8 +90,8 @@ fn summary(spec: &ClassSpec) -> String {
         "rate {} burst {} per {} action {}",
         format_rate(spec.rate_bits_per_sec),
         format_size(spec.burst_bytes),
-        scope_name(spec.scope),
-        spec.action.display()
+        spec.scope.name(),
+        spec.action
     )
 }
 
@@ -101,11 +101,7 @@ fn same_class(a: &ClassSpec, b: &ClassSpec) -> bool {
     let normal = |s: &ClassSpec| {
         let mut s = s.clone();
         if s.meter == Meter::None {
-            s.exceed = ActionSpec {
-                action: Action::Pass,
-                arg: 0,
-                mask: 0,
-            };
+            s.exceed = ActionSpec::PASS;
         }
         s
     };
@@ -145,8 +141,8 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
         change.action = Some(wanted.action);
         what.push(format!(
             "action {} -> {}",
-            current.action.display(),
-            wanted.action.display()
+            current.action,
+            wanted.action
         ));
     }
     Some((change, what.join(", ")))
