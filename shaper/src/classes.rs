@@ -446,34 +446,8 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
             _pad: 0,
             rank: rank(spec.prio, seq),
         };
-        let mut written: Vec<(RuleKey, Option<RuleValue>)> = Vec::new();
-        let mut outcome = Ok(());
-        for key in keys {
-            let previous = match rules.get(&key, 0) {
-                Ok(v) => Some(v),
-                Err(MapError::KeyNotFound) => None,
-                Err(e) => {
-                    outcome = Err(e.into());
-                    break;
-                }
-            };
-            if previous.is_some_and(|p| p.rank <= value.rank) {
-                continue; // An older or higher-priority class already owns this key.
-            }
-            if let Err(e) = rules.insert(key, value, 0) {
-                outcome = Err(runtime(rule_insert_error(&e)));
-                break;
-            }
-            written.push((key, previous));
-        }
-        if let Err(error) = outcome {
+        if let Err(error) = write_entries(&mut rules, keys, value) {
             // Roll this class back to exactly the previous state.
-            for (key, previous) in written.into_iter().rev() {
-                let _ = match previous {
-                    Some(v) => rules.insert(key, v, 0),
-                    None => rules.remove(&key),
-                };
-            }
             let _ = metas.set(id, ClassMeta::default(), 0);
             let _ = index.remove(&meta.name);
             let _ = configs.set(id, ClassConfig::default(), 0);
@@ -519,6 +493,43 @@ fn root_cause(error: &dyn std::error::Error) -> String {
         cause = next;
     }
     cause.to_string()
+}
+
+/// The classifier map of an attachment.
+type RulesMap = aya::maps::HashMap<aya::maps::MapData, RuleKey, RuleValue>;
+
+/// Writes a class's classifier entries, skipping keys an older or higher-priority class
+/// owns; on failure every entry already written gets its previous value back.
+fn write_entries(rules: &mut RulesMap, keys: Vec<RuleKey>, value: RuleValue) -> Result<()> {
+    let mut written: Vec<(RuleKey, Option<RuleValue>)> = Vec::new();
+    let mut outcome = Ok(());
+    for key in keys {
+        let previous = match rules.get(&key, 0) {
+            Ok(v) => Some(v),
+            Err(MapError::KeyNotFound) => None,
+            Err(e) => {
+                outcome = Err(e.into());
+                break;
+            }
+        };
+        if previous.is_some_and(|p| p.rank <= value.rank) {
+            continue;
+        }
+        if let Err(e) = rules.insert(key, value, 0) {
+            outcome = Err(runtime(rule_insert_error(&e)));
+            break;
+        }
+        written.push((key, previous));
+    }
+    if outcome.is_err() {
+        for (key, previous) in written.into_iter().rev() {
+            let _ = match previous {
+                Some(v) => rules.insert(key, v, 0),
+                None => rules.remove(&key),
+            };
+        }
+    }
+    outcome
 }
 
 /// Finds a class by name.

@@ -151,6 +151,33 @@ pub fn render(health: Option<&Health>) -> Result<String> {
             errors += 1;
         }
     }
+    register_attachment_families(&mut registry, families);
+    registry.register(
+        "shaper_scrape_errors",
+        "Attachments that could not be read during this scrape",
+        gauge(errors),
+    );
+    if let Some(health) = health {
+        register_daemon_health(&mut registry, health);
+    }
+    let mut text = String::new();
+    encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+fn gauge(value: i64) -> Gauge {
+    let gauge: Gauge = Gauge::default();
+    gauge.set(value);
+    gauge
+}
+
+fn float_gauge(value: f64) -> FloatGauge {
+    let gauge: FloatGauge = Gauge::default();
+    gauge.set(value);
+    gauge
+}
+
+fn register_attachment_families(registry: &mut Registry, families: Families) {
     registry.register(
         "shaper_class_packets",
         "Packets seen by a class, by verdict (marked packets are also passed)",
@@ -201,70 +228,51 @@ pub fn render(health: Option<&Health>) -> Result<String> {
         "1 when the attachment's program is hooked to its interface, 0 when stale",
         families.up,
     );
-    let scrape_errors: Gauge = Gauge::default();
-    scrape_errors.set(errors);
+}
+
+fn register_daemon_health(registry: &mut Registry, health: &Health) {
+    let reloads: Family<Labels, Counter> = Family::default();
+    reloads
+        .get_or_create(&vec![("result".into(), "success".into())])
+        .inc_by(health.reloads_ok);
+    reloads
+        .get_or_create(&vec![("result".into(), "failure".into())])
+        .inc_by(health.reloads_failed);
     registry.register(
-        "shaper_scrape_errors",
-        "Attachments that could not be read during this scrape",
-        scrape_errors,
+        "shaper_daemon_config_reloads",
+        "Configuration loads by result",
+        reloads,
     );
-    if let Some(health) = health {
-        let reloads: Family<Labels, Counter> = Family::default();
-        reloads
-            .get_or_create(&vec![("result".into(), "success".into())])
-            .inc_by(health.reloads_ok);
-        reloads
-            .get_or_create(&vec![("result".into(), "failure".into())])
-            .inc_by(health.reloads_failed);
-        registry.register(
-            "shaper_daemon_config_reloads",
-            "Configuration loads by result",
-            reloads,
-        );
-        let gauge = |value: i64| {
-            let gauge: Gauge = Gauge::default();
-            gauge.set(value);
-            gauge
-        };
-        let float = |value: f64| {
-            let gauge: FloatGauge = Gauge::default();
-            gauge.set(value);
-            gauge
-        };
-        registry.register(
-            "shaper_daemon_config_valid",
-            "1 when the file on disk is valid and applied, 0 when the last good one is kept",
-            gauge(i64::from(health.config_valid)),
-        );
-        registry.register(
-            "shaper_daemon_last_reload_success_timestamp_seconds",
-            "When a configuration was last applied successfully",
-            float(health.last_success_unix),
-        );
-        registry.register(
-            "shaper_daemon_start_time_seconds",
-            "When the daemon started",
-            float(health.started_unix),
-        );
-        registry.register(
-            "shaper_daemon_interfaces_configured",
-            "Interfaces named by the configuration",
-            gauge(health.interfaces_configured as i64),
-        );
-        registry.register(
-            "shaper_daemon_interfaces_missing",
-            "Configured interfaces (or namespaces) that do not exist now",
-            gauge(health.interfaces_missing as i64),
-        );
-        let apply_errors: Counter = Counter::default();
-        apply_errors.inc_by(health.apply_errors);
-        registry.register(
-            "shaper_daemon_apply_errors",
-            "Plans that failed to apply",
-            apply_errors,
-        );
-    }
-    let mut text = String::new();
-    encode(&mut text, &registry)?;
-    Ok(text)
+    registry.register(
+        "shaper_daemon_config_valid",
+        "1 when the file on disk is valid and applied, 0 when the last good one is kept",
+        gauge(i64::from(health.config_valid)),
+    );
+    registry.register(
+        "shaper_daemon_last_reload_success_timestamp_seconds",
+        "When a configuration was last applied successfully",
+        float_gauge(health.last_success_unix),
+    );
+    registry.register(
+        "shaper_daemon_start_time_seconds",
+        "When the daemon started",
+        float_gauge(health.started_unix),
+    );
+    registry.register(
+        "shaper_daemon_interfaces_configured",
+        "Interfaces named by the configuration",
+        gauge(health.interfaces_configured as i64),
+    );
+    registry.register(
+        "shaper_daemon_interfaces_missing",
+        "Configured interfaces (or namespaces) that do not exist now",
+        gauge(health.interfaces_missing as i64),
+    );
+    let apply_errors: Counter = Counter::default();
+    apply_errors.inc_by(health.apply_errors);
+    registry.register(
+        "shaper_daemon_apply_errors",
+        "Plans that failed to apply",
+        apply_errors,
+    );
 }

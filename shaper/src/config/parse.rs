@@ -1,6 +1,6 @@
 //! Parsing and checking a file: every problem comes back with its line and field.
 
-use super::schema::{ClassEntry, Field, FileConfig, Scalar};
+use super::schema::{ClassEntry, Field, FileConfig, InterfaceEntry, Scalar};
 use crate::{
     class_input::ClassInput,
     classes::ClassSpec,
@@ -98,143 +98,169 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
             message,
         }])
     })?;
-    let mut found = Vec::new();
-    let mut desired = Desired::default();
-    let mut seen_interfaces: BTreeMap<(Option<String>, String), usize> = BTreeMap::new();
-    for entry in &config.interface {
-        let line = |span: Range<usize>| line_of(text, span);
-        let mut report = |span: Range<usize>, field: &str, message: String| {
-            found.push(Problem {
-                line: line(span),
-                field: field.to_string(),
-                message,
-            })
-        };
+    let mut checker = FileChecker {
+        text,
+        found: Vec::new(),
+        interfaces: BTreeMap::new(),
+    };
+    let desired = Desired {
+        interfaces: config
+            .interface
+            .iter()
+            .map(|entry| checker.interface(entry))
+            .collect(),
+    };
+    let mut found = checker.found;
+    if found.is_empty() {
+        Ok(desired)
+    } else {
+        found.sort_by_key(|p| p.line);
+        Err(problems(found))
+    }
+}
+
+/// Checks a file's entries, collecting every problem with its line.
+struct FileChecker<'a> {
+    text: &'a str,
+    found: Vec<Problem>,
+    /// Interfaces described so far, with the line that described them.
+    interfaces: BTreeMap<(Option<String>, String), usize>,
+}
+
+impl FileChecker<'_> {
+    fn line(&self, span: Range<usize>) -> usize {
+        line_of(self.text, span)
+    }
+
+    fn report(&mut self, span: Range<usize>, field: &str, message: String) {
+        self.found.push(Problem {
+            line: self.line(span),
+            field: field.to_string(),
+            message,
+        });
+    }
+
+    /// One `[[interface]]`: its own fields, then its classes.
+    fn interface(&mut self, entry: &InterfaceEntry) -> DesiredInterface {
         let dev = entry.dev.get_ref().clone();
         if dev.is_empty() || dev.len() > 15 || dev.contains(['/', ' ']) {
-            report(
-                entry.dev.span(),
-                "dev",
-                format!("'{dev}' is not an interface name"),
-            );
+            let message = format!("'{dev}' is not an interface name");
+            self.report(entry.dev.span(), "dev", message);
         }
         let netns = entry.netns.as_ref().map(|n| n.get_ref().clone());
         if let Some(name) = &entry.netns {
             if name.get_ref().is_empty() || name.get_ref().contains('/') {
-                report(
-                    name.span(),
-                    "netns",
-                    format!("bad network namespace name '{}'", name.get_ref()),
-                );
+                let message = format!("bad network namespace name '{}'", name.get_ref());
+                self.report(name.span(), "netns", message);
             }
         }
         let key = (netns.clone(), dev.clone());
-        if let Some(first) = seen_interfaces.get(&key) {
-            report(
-                entry.dev.span(),
-                "dev",
-                format!("interface '{dev}' is already described at line {first}"),
-            );
-        } else {
-            seen_interfaces.insert(key, line(entry.dev.span()));
+        match self.interfaces.get(&key) {
+            Some(first) => {
+                let message = format!("interface '{dev}' is already described at line {first}");
+                self.report(entry.dev.span(), "dev", message);
+            }
+            None => {
+                let line = self.line(entry.dev.span());
+                self.interfaces.insert(key, line);
+            }
         }
         let directions = match &entry.direction {
             None => vec![Direction::Egress],
             Some(d) => direction_of(d.get_ref()).unwrap_or_else(|message| {
-                report(d.span(), "direction", message);
+                self.report(d.span(), "direction", message);
                 vec![Direction::Egress]
             }),
         };
-        let flow_table_size = match &entry.flow_table_size {
-            None => DEFAULT_FLOW_TABLE_SIZE,
-            Some(size) => match u32::try_from(*size.get_ref()) {
-                Ok(value) if (1..=16_777_216).contains(&value) => value,
-                _ => {
-                    report(
-                        size.span(),
-                        "flow_table_size",
-                        format!("{} is not in 1..=16777216", size.get_ref()),
-                    );
-                    DEFAULT_FLOW_TABLE_SIZE
-                }
-            },
-        };
-        let attach_mode = match &entry.attach_mode {
-            None => None,
-            Some(mode) => match mode.get_ref().as_str() {
-                "tcx" => Some(AttachMode::Tcx),
-                "clsact" => Some(AttachMode::Clsact),
-                other => {
-                    report(
-                        mode.span(),
-                        "attach_mode",
-                        format!("unknown attach mode '{other}' (expected tcx or clsact)"),
-                    );
-                    None
-                }
-            },
-        };
-        let mut classes = Vec::new();
-        let mut class_problems = Vec::new();
-        let mut names: BTreeMap<(Direction, String), usize> = BTreeMap::new();
-        for class in &entry.class {
-            match class_spec(class, text) {
-                Ok((direction, spec)) => {
-                    if !directions.contains(&direction) {
-                        let span = class
-                            .direction
-                            .as_ref()
-                            .map(|d| d.span())
-                            .unwrap_or(class.name.span());
-                        report(
-                            span,
-                            "direction",
-                            format!(
-                                "class '{}' is on {} but interface {dev} attaches only {}",
-                                spec.name,
-                                direction.name(),
-                                directions
-                                    .iter()
-                                    .map(|d| d.name())
-                                    .collect::<Vec<_>>()
-                                    .join(" and ")
-                            ),
-                        );
-                    }
-                    let key = (direction, spec.name.clone());
-                    if let Some(first) = names.get(&key) {
-                        report(
-                            class.name.span(),
-                            "name",
-                            format!(
-                                "class '{}' is already defined on {dev} {} at line {first}",
-                                spec.name,
-                                direction.name()
-                            ),
-                        );
-                    } else {
-                        names.insert(key, line(class.name.span()));
-                    }
-                    classes.push((direction, spec));
-                }
-                Err(mut problems) => class_problems.append(&mut problems),
-            }
-        }
-        found.append(&mut class_problems);
-        desired.interfaces.push(DesiredInterface {
+        let flow_table_size = self.flow_table_size(entry);
+        let attach_mode = self.attach_mode(entry);
+        let classes = self.classes(entry, &dev, &directions);
+        DesiredInterface {
             netns,
             dev,
             directions,
             flow_table_size,
             attach_mode,
             classes,
-        });
+        }
     }
-    if found.is_empty() {
-        Ok(desired)
-    } else {
-        found.sort_by_key(|p| p.line);
-        Err(problems(found))
+
+    fn flow_table_size(&mut self, entry: &InterfaceEntry) -> u32 {
+        let Some(size) = &entry.flow_table_size else {
+            return DEFAULT_FLOW_TABLE_SIZE;
+        };
+        match u32::try_from(*size.get_ref()) {
+            Ok(value) if (1..=16_777_216).contains(&value) => value,
+            _ => {
+                let message = format!("{} is not in 1..=16777216", size.get_ref());
+                self.report(size.span(), "flow_table_size", message);
+                DEFAULT_FLOW_TABLE_SIZE
+            }
+        }
+    }
+
+    fn attach_mode(&mut self, entry: &InterfaceEntry) -> Option<AttachMode> {
+        let mode = entry.attach_mode.as_ref()?;
+        match mode.get_ref().as_str() {
+            "tcx" => Some(AttachMode::Tcx),
+            "clsact" => Some(AttachMode::Clsact),
+            other => {
+                let message = format!("unknown attach mode '{other}' (expected tcx or clsact)");
+                self.report(mode.span(), "attach_mode", message);
+                None
+            }
+        }
+    }
+
+    /// The interface's classes: each checked by the validator, then against the
+    /// interface (its directions) and each other (names are unique per direction).
+    fn classes(
+        &mut self,
+        entry: &InterfaceEntry,
+        dev: &str,
+        directions: &[Direction],
+    ) -> Vec<(Direction, ClassSpec)> {
+        let mut classes = Vec::new();
+        let mut names: BTreeMap<(Direction, String), usize> = BTreeMap::new();
+        for class in &entry.class {
+            let (direction, spec) = match class_spec(class, self.text) {
+                Ok(checked) => checked,
+                Err(mut problems) => {
+                    self.found.append(&mut problems);
+                    continue;
+                }
+            };
+            if !directions.contains(&direction) {
+                let span = class
+                    .direction
+                    .as_ref()
+                    .map_or(class.name.span(), |d| d.span());
+                let attached: Vec<&str> = directions.iter().map(|d| d.name()).collect();
+                let message = format!(
+                    "class '{}' is on {} but interface {dev} attaches only {}",
+                    spec.name,
+                    direction.name(),
+                    attached.join(" and ")
+                );
+                self.report(span, "direction", message);
+            }
+            let key = (direction, spec.name.clone());
+            match names.get(&key) {
+                Some(first) => {
+                    let message = format!(
+                        "class '{}' is already defined on {dev} {} at line {first}",
+                        spec.name,
+                        direction.name()
+                    );
+                    self.report(class.name.span(), "name", message);
+                }
+                None => {
+                    names.insert(key, self.line(class.name.span()));
+                }
+            }
+            classes.push((direction, spec));
+        }
+        classes
     }
 }
 

@@ -139,11 +139,7 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
     }
     if current.action != wanted.action {
         change.action = Some(wanted.action);
-        what.push(format!(
-            "action {} -> {}",
-            current.action,
-            wanted.action
-        ));
+        what.push(format!("action {} -> {}", current.action, wanted.action));
     }
     Some((change, what.join(", ")))
 }
