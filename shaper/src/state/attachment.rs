@@ -1,0 +1,211 @@
+//! An attachment's pinned maps and program: typed access to each map, and what
+//! `status` reports.
+
+use super::*;
+
+use crate::error::runtime;
+use anyhow::Result;
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray},
+    programs::SchedClassifier,
+};
+use shaper_common::{
+    map_names, Bucket, ClassConfig, ClassMeta, ClassStats, Credit, Globals, RuleKey, RuleValue,
+    Shape, CLASS_NAME_LEN,
+};
+use std::path::{Path, PathBuf};
+
+/// What `status` reports about one attachment.
+pub struct AttachmentStatus {
+    pub mode: AttachMode,
+    pub program_id: u32,
+    /// The program is still hooked to an interface with the index it was attached to.
+    pub live: bool,
+    pub flow_table_size: u32,
+}
+
+/// An attachment's pinned maps, opened for reading and writing.
+pub struct Attachment {
+    pub location: Location,
+    dir: PathBuf,
+}
+
+fn open_map(dir: &Path, name: &str) -> Result<Map> {
+    let data = MapData::from_pin(dir.join(name))
+        .with_context(|| format!("cannot open pinned map {}", dir.join(name).display()))?;
+    Ok(Map::from_map_data(data)?)
+}
+
+impl Attachment {
+    /// Opens the attachment at `location`, or fails with a hint to attach first.
+    pub fn open(location: &Location) -> Result<Self> {
+        let dir = location.dir();
+        if !dir.join(map_names::GLOBALS).exists() {
+            return Err(runtime(format!(
+                "shaper is not attached to {}; run: shaper{} attach {} --direction {}",
+                location.describe(),
+                location
+                    .netns
+                    .as_ref()
+                    .map(|n| format!(" --netns {n}"))
+                    .unwrap_or_default(),
+                location.dev,
+                location.direction.name()
+            )));
+        }
+        Ok(Self {
+            location: location.clone(),
+            dir,
+        })
+    }
+
+    /// One pinned map of the attachment, as the typed aya map `M`.
+    fn map<M: TryFrom<Map, Error = aya::maps::MapError>>(&self, name: &str) -> Result<M> {
+        Ok(M::try_from(open_map(&self.dir, name)?)?)
+    }
+
+    pub fn globals_map(&self) -> Result<Array<MapData, Globals>> {
+        self.map(map_names::GLOBALS)
+    }
+
+    pub fn globals(&self) -> Result<Globals> {
+        Ok(self.globals_map()?.get(&0, 0)?)
+    }
+
+    pub fn set_globals(&self, globals: Globals) -> Result<()> {
+        Ok(self.globals_map()?.set(0, globals, 0)?)
+    }
+
+    pub fn shapes(&self) -> Result<Array<MapData, Shape>> {
+        self.map(map_names::SHAPES)
+    }
+
+    pub fn rules(&self) -> Result<BpfHashMap<MapData, RuleKey, RuleValue>> {
+        self.map(map_names::RULES)
+    }
+
+    pub fn classes(&self) -> Result<Array<MapData, ClassConfig>> {
+        self.map(map_names::CLASSES)
+    }
+
+    pub fn class_buckets(&self) -> Result<Array<MapData, Bucket>> {
+        self.map(map_names::CLASS_BUCKETS)
+    }
+
+    pub fn stats(&self) -> Result<PerCpuArray<MapData, ClassStats>> {
+        self.map(map_names::STATS)
+    }
+
+    pub fn credit(&self) -> Result<PerCpuArray<MapData, Credit>> {
+        self.map(map_names::CREDIT)
+    }
+
+    /// Tokens a class-scoped bucket holds now: the shared bucket plus the CPUs' credit.
+    pub fn bucket_level(
+        &self,
+        class_id: u32,
+        rate_bits_per_sec: u64,
+        burst_bytes: u64,
+    ) -> Result<u64> {
+        let config = self.classes()?.get(&class_id, 0)?;
+        let chunk = u64::from(config.credit_chunk);
+        let cpus = possible_cpus();
+        let shared = shaper_common::bucket::shared_burst(burst_bytes, cpus, chunk);
+        let tat = self.class_buckets()?.get(&class_id, 0)?.tat;
+        let now = monotonic_ns();
+        let mut level = shaper_common::bucket::level_bytes(tat, now, rate_bits_per_sec, shared);
+        if chunk != 0 {
+            for credit in self.credit()?.get(&class_id, 0)?.iter() {
+                if credit.generation == config.generation && credit.epoch == config.credit_epoch {
+                    level += credit.bytes;
+                }
+            }
+        }
+        Ok(level.min(burst_bytes))
+    }
+
+    pub fn meta(&self) -> Result<Array<MapData, ClassMeta>> {
+        self.map(map_names::CLASS_META)
+    }
+
+    pub fn class_index(&self) -> Result<BpfHashMap<MapData, [u8; CLASS_NAME_LEN], u32>> {
+        self.map(map_names::CLASS_INDEX)
+    }
+
+    /// The class called `name`: one hash lookup, no scan.
+    pub fn find_class(&self, name: &str) -> Result<Option<(u32, ClassMeta)>> {
+        let Ok(key) = encode_name(name) else {
+            return Ok(None);
+        };
+        let id = match self.class_index()?.get(&key, 0) {
+            Ok(id) => id,
+            Err(aya::maps::MapError::KeyNotFound) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let meta = self.meta()?.get(&id, 0)?;
+        Ok((meta.in_use != 0 && meta.name == key).then_some((id, meta)))
+    }
+
+    /// Every class in use: (class id, description), in creation order.
+    pub fn class_list(&self) -> Result<Vec<(u32, ClassMeta)>> {
+        let meta = self.meta()?;
+        let mut list = Vec::new();
+        for (id, entry) in meta.iter().enumerate() {
+            let entry = entry?;
+            if entry.in_use != 0 {
+                list.push((id as u32, entry));
+            }
+        }
+        list.sort_by_key(|(_, m)| m.seq);
+        Ok(list)
+    }
+
+    /// Per-class counters summed over CPUs.
+    pub fn class_stats(&self, class_id: u32) -> Result<ClassStats> {
+        let per_cpu = self.stats()?.get(&class_id, 0)?;
+        let mut sum = ClassStats::default();
+        for cpu in per_cpu.iter() {
+            sum.accumulate(cpu);
+        }
+        Ok(sum)
+    }
+
+    pub fn status(&self) -> Result<AttachmentStatus> {
+        let globals = self.globals()?;
+        let mode = AttachMode::from_globals(globals.attach_mode);
+        let program = aya::programs::ProgramInfo::from_pin(self.dir.join(PROG_PIN))?;
+        let program_id = program.id();
+        let flow_table_size = self.flow_table_size()?;
+        let live = crate::netns::ifindex(&self.location.dev).ok() == Some(globals.ifindex)
+            && match mode {
+                AttachMode::Tcx => {
+                    SchedClassifier::query_tcx(&self.location.dev, self.location.direction.tc())
+                        .map(|(_, programs)| programs.iter().any(|p| p.id() == program_id))
+                        .unwrap_or(false)
+                }
+                AttachMode::Clsact => true,
+            };
+        Ok(AttachmentStatus {
+            mode,
+            program_id,
+            live,
+            flow_table_size,
+        })
+    }
+
+    /// Capacity of the per-key bucket table, fixed at attach time.
+    pub fn flow_table_size(&self) -> Result<u32> {
+        Ok(MapData::from_pin(self.dir.join(map_names::KEYED_BUCKETS))?
+            .info()?
+            .max_entries())
+    }
+
+    /// The id of the pinned program.
+    pub fn program_id(&self) -> Result<u32> {
+        Ok(aya::programs::ProgramInfo::from_pin(self.dir.join(PROG_PIN))?.id())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

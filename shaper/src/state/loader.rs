@@ -1,0 +1,253 @@
+//! Loading the object with its maps pinned, attaching (TCX or clsact, all or nothing),
+//! re-attaching, detaching.
+
+use super::*;
+
+use crate::error::{one_line, runtime};
+use anyhow::Result;
+use aya::{
+    maps::Array,
+    programs::{
+        links::FdLink,
+        tc::{NlOptions, TcAttachOptions},
+        LinkOrder, SchedClassifier,
+    },
+    Ebpf, EbpfLoader,
+};
+use shaper_common::{map_names, program_names, Globals, ATTACH_MODE_CLSACT, ATTACH_MODE_TCX};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+/// Loads the eBPF object with its maps pinned in `dir`: maps already pinned there are
+/// reused, missing ones are created and pinned.
+pub fn load_object(dir: &Path, flow_table_size: u32) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries(map_names::KEYED_BUCKETS, flow_table_size);
+    let paths: Vec<(&str, PathBuf)> = map_names::ALL.iter().map(|n| (*n, dir.join(n))).collect();
+    for (name, path) in &paths {
+        loader.map_pin_path(name, path.as_path());
+    }
+    loader.load(crate::EBPF_OBJECT).map_err(|e| {
+        runtime(format!(
+            "cannot load the eBPF object: {}",
+            one_line(&e.to_string())
+        ))
+    })
+}
+
+/// Loads (verifies) one program of a loaded object.
+pub fn load_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    let program: &mut SchedClassifier = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing from the eBPF object"))?
+        .try_into()?;
+    program.load().map_err(|e| {
+        runtime(format!(
+            "the kernel refused program {name}: {}",
+            one_line(&format!("{e:#}"))
+        ))
+    })?;
+    Ok(program)
+}
+
+/// Attaches a fresh program at `location` (which must not exist yet), all or nothing.
+/// Returns the mode actually used.
+pub fn attach_fresh(
+    location: &Location,
+    forced_mode: Option<AttachMode>,
+    flow_table_size: u32,
+) -> Result<AttachMode> {
+    let final_dir = location.dir();
+    let staging = final_dir.with_file_name(format!("{}-staging", location.direction.name()));
+    // A crash may have left a staging directory: it never holds a live attachment.
+    let _ = fs::remove_dir_all(&staging);
+    fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
+    let mut detach_on_failure = None;
+    let result = (|| -> Result<AttachMode> {
+        let mut ebpf = load_object(&staging, flow_table_size)?;
+        let program = load_program(&mut ebpf, program_names::SHAPER)?;
+        program.pin(staging.join(PROG_PIN))?;
+        let (mode, created_clsact) = attach_program(
+            program,
+            location,
+            forced_mode,
+            &staging,
+            &mut detach_on_failure,
+        )?;
+        let ifindex = crate::netns::ifindex(&location.dev)?;
+        let mut globals: Array<_, Globals> = Array::try_from(
+            ebpf.map_mut(map_names::GLOBALS)
+                .context("GLOBALS map missing")?,
+        )?;
+        globals.set(
+            0,
+            Globals {
+                ifindex,
+                attach_mode: match mode {
+                    AttachMode::Tcx => ATTACH_MODE_TCX,
+                    AttachMode::Clsact => ATTACH_MODE_CLSACT,
+                },
+                created_clsact: u32::from(created_clsact),
+                next_seq: 1,
+                ..Globals::default()
+            },
+            0,
+        )?;
+        fs::rename(&staging, &final_dir)
+            .with_context(|| format!("cannot move pins into {}", final_dir.display()))?;
+        Ok(mode)
+    })();
+    if result.is_err() {
+        if let Some((dev, direction, created)) = detach_on_failure {
+            detach_clsact_filter(&dev, direction, created);
+        }
+        let _ = fs::remove_dir_all(&staging);
+        remove_empty_parents(&final_dir);
+    }
+    result
+}
+
+fn attach_program(
+    program: &mut SchedClassifier,
+    location: &Location,
+    forced_mode: Option<AttachMode>,
+    pin_dir: &Path,
+    detach_on_failure: &mut Option<(String, Direction, bool)>,
+) -> Result<(AttachMode, bool)> {
+    let attach_type = location.direction.tc();
+    if forced_mode != Some(AttachMode::Clsact) {
+        match program.attach_with_options(
+            &location.dev,
+            attach_type,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        ) {
+            Ok(link_id) => {
+                let link: FdLink = program.take_link(link_id)?.try_into()?;
+                link.pin(pin_dir.join(LINK_PIN))
+                    .map_err(|e| runtime(format!("cannot pin the TCX link: {e}")))?;
+                return Ok((AttachMode::Tcx, false));
+            }
+            Err(error) if forced_mode == Some(AttachMode::Tcx) => {
+                return Err(runtime(format!(
+                    "TCX attach failed on {} (kernel older than 6.6?): {}",
+                    location.dev,
+                    one_line(&format!("{error:#}"))
+                )));
+            }
+            Err(_) => {} // Fall back to clsact below.
+        }
+    }
+    let created_clsact = aya::programs::tc::qdisc_add_clsact(&location.dev).is_ok();
+    *detach_on_failure = Some((location.dev.clone(), location.direction, created_clsact));
+    let link_id = program
+        .attach_with_options(
+            &location.dev,
+            attach_type,
+            TcAttachOptions::Netlink(NlOptions::default()),
+        )
+        .map_err(|e| {
+            runtime(format!(
+                "clsact attach failed on {}: {}",
+                location.dev,
+                one_line(&format!("{e:#}"))
+            ))
+        })?;
+    // The netlink filter lives on in the kernel; dropping our handle must not remove it.
+    std::mem::forget(program.take_link(link_id)?);
+    Ok((AttachMode::Clsact, created_clsact))
+}
+
+/// Removes shaper's clsact filter (found by program name) and, when shaper created the
+/// clsact qdisc, the qdisc too.
+fn detach_clsact_filter(dev: &str, direction: Direction, remove_qdisc: bool) {
+    let _ = aya::programs::tc::qdisc_detach_program(dev, direction.tc(), program_names::SHAPER);
+    if remove_qdisc {
+        // aya has no qdisc deletion; iproute2's tc is on every machine that has TC.
+        let _ = std::process::Command::new("tc")
+            .args(["qdisc", "del", "dev", dev, "clsact"])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+fn remove_empty_parents(dir: &Path) {
+    let mut current = dir.parent();
+    while let Some(parent) = current {
+        if parent == Path::new(BPFFS) || fs::remove_dir(parent).is_err() {
+            break;
+        }
+        current = parent.parent();
+    }
+}
+
+/// Hooks the pinned program of an existing attachment to its interface again (the
+/// interface was re-created: a VM's tap, a container's veth), keeping every class, bucket
+/// and counter.
+pub fn reattach(location: &Location) -> Result<AttachMode> {
+    let dir = location.dir();
+    let attachment = Attachment::open(location)?;
+    let mut globals = attachment.globals()?;
+    let mode = AttachMode::from_globals(globals.attach_mode);
+    let mut program = SchedClassifier::from_pin(dir.join(PROG_PIN))
+        .map_err(|e| runtime(format!("cannot open the pinned program: {e}")))?;
+    // The old link (if any) points at a vanished interface: drop it first.
+    let _ = fs::remove_file(dir.join(LINK_PIN));
+    let mut created = None;
+    let (mode, created_clsact) =
+        attach_program(&mut program, location, Some(mode), &dir, &mut created)?;
+    globals.ifindex = crate::netns::ifindex(&location.dev)?;
+    globals.created_clsact = u32::from(created_clsact);
+    attachment.set_globals(globals)?;
+    Ok(mode)
+}
+
+/// Removes the pins of an attachment whose network namespace no longer exists: its
+/// interfaces, TCX links, filters and qdiscs went with the namespace.
+pub fn forget(location: &Location) -> Result<()> {
+    let dir = location.dir();
+    fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+    remove_empty_parents(&dir);
+    Ok(())
+}
+
+/// Detaches the program at `location` and removes every pin it owns.
+pub fn detach(location: &Location) -> Result<()> {
+    let dir = location.dir();
+    let globals = Attachment::open(location)?.globals()?;
+    match AttachMode::from_globals(globals.attach_mode) {
+        // Unpinning the link drops its last reference: the kernel detaches the program.
+        AttachMode::Tcx => {
+            let _ = fs::remove_file(dir.join(LINK_PIN));
+        }
+        AttachMode::Clsact => {
+            let mut remove_qdisc = globals.created_clsact != 0;
+            // Both directions share one clsact qdisc: keep it while the other uses it.
+            let other = Location {
+                direction: match location.direction {
+                    Direction::Egress => Direction::Ingress,
+                    Direction::Ingress => Direction::Egress,
+                },
+                ..location.clone()
+            };
+            if remove_qdisc && other.dir().exists() {
+                if let Ok(other_attachment) = Attachment::open(&other) {
+                    let mut other_globals = other_attachment.globals()?;
+                    if other_globals.attach_mode == ATTACH_MODE_CLSACT {
+                        other_globals.created_clsact = 1;
+                        other_attachment.set_globals(other_globals)?;
+                        remove_qdisc = false;
+                    }
+                }
+            }
+            detach_clsact_filter(&location.dev, location.direction, remove_qdisc);
+        }
+    }
+    if location.direction == Direction::Egress {
+        crate::qdisc::remove_htb_root(&location.dev);
+    }
+    fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+    remove_empty_parents(&dir);
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The one loader/pinning layer every command goes through.
+//!
+//! State lives only in the kernel, pinned under `/sys/fs/bpf/shaper/<netns>/<dev>/<dir>/`:
+//! one pin per map (named as in the object), `prog` (the attached program) and, in TCX
+//! mode, `link` (the TCX link; unpinning it detaches the program). Every invocation
+//! rebuilds its view from these pins. Mutations take an exclusive `flock` on
+//! `/run/lock/shaper.lock`, so two invocations at once never interleave.
+
+use anyhow::{Context as _, Result};
+use aya::programs::TcAttachType;
+use shaper_common::ATTACH_MODE_CLSACT;
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+mod attachment;
+mod loader;
+mod names;
+mod pins;
+
+pub use attachment::{Attachment, AttachmentStatus};
+pub use loader::{attach_fresh, detach, forget, load_object, load_program, reattach};
+pub use names::{decode_name, encode_name};
+pub use pins::{ensure_bpffs, lock, StateLock};
+
+pub const BPFFS: &str = "/sys/fs/bpf";
+pub const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const LOCK_DIR: &str = "/run/lock";
+const LOCK_FILE: &str = "/run/lock/shaper.lock";
+const HOST_NAMESPACE_DIR: &str = "host";
+const NETNS_DIR_PREFIX: &str = "netns-";
+const PROG_PIN: &str = "prog";
+const LINK_PIN: &str = "link";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    Egress,
+    Ingress,
+}
+
+impl Direction {
+    pub const BOTH: [Direction; 2] = [Direction::Egress, Direction::Ingress];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Egress => "egress",
+            Self::Ingress => "ingress",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "egress" => Some(Self::Egress),
+            "ingress" => Some(Self::Ingress),
+            _ => None,
+        }
+    }
+
+    fn tc(self) -> TcAttachType {
+        match self {
+            Self::Egress => TcAttachType::Egress,
+            Self::Ingress => TcAttachType::Ingress,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    Tcx,
+    Clsact,
+}
+
+impl AttachMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tcx => "tcx",
+            Self::Clsact => "clsact",
+        }
+    }
+
+    pub fn from_globals(value: u32) -> Self {
+        if value == ATTACH_MODE_CLSACT {
+            Self::Clsact
+        } else {
+            Self::Tcx
+        }
+    }
+}
+
+/// Where an attachment lives: an interface in the host or a named network namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub netns: Option<String>,
+    pub dev: String,
+    pub direction: Direction,
+}
+
+impl Location {
+    pub fn dir(&self) -> PathBuf {
+        let ns = match &self.netns {
+            None => HOST_NAMESPACE_DIR.to_string(),
+            Some(name) => format!("{NETNS_DIR_PREFIX}{}", escape(name)),
+        };
+        Path::new(PIN_ROOT)
+            .join(ns)
+            .join(escape(&self.dev))
+            .join(self.direction.name())
+    }
+
+    pub fn describe(&self) -> String {
+        match &self.netns {
+            None => format!("{} {}", self.dev, self.direction.name()),
+            Some(ns) => format!("{} {} (netns {ns})", self.dev, self.direction.name()),
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns().
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// bpffs reserves dots in names (EPERM), yet interface names like `eth0.100` have them.
+fn escape(name: &str) -> String {
+    name.replace('%', "%25").replace('.', "%2E")
+}
+
+fn unescape(name: &str) -> String {
+    name.replace("%2E", ".").replace("%25", "%")
+}
+
+/// Every attachment pinned under the root, optionally only those of one namespace.
+pub fn list_locations(netns_filter: Option<&Option<String>>) -> Result<Vec<Location>> {
+    let mut found = Vec::new();
+    let Ok(namespaces) = fs::read_dir(PIN_ROOT) else {
+        return Ok(found);
+    };
+    for ns_entry in namespaces.flatten() {
+        let ns_name = ns_entry.file_name().to_string_lossy().to_string();
+        let netns = if ns_name == HOST_NAMESPACE_DIR {
+            None
+        } else if let Some(name) = ns_name.strip_prefix(NETNS_DIR_PREFIX) {
+            Some(unescape(name))
+        } else {
+            continue;
+        };
+        if netns_filter.is_some_and(|wanted| *wanted != netns) {
+            continue;
+        }
+        for dev_entry in fs::read_dir(ns_entry.path())?.flatten() {
+            for dir_entry in fs::read_dir(dev_entry.path())?.flatten() {
+                let Some(direction) =
+                    Direction::from_name(&dir_entry.file_name().to_string_lossy())
+                else {
+                    continue;
+                };
+                found.push(Location {
+                    netns: netns.clone(),
+                    dev: unescape(&dev_entry.file_name().to_string_lossy()),
+                    direction,
+                });
+            }
+        }
+    }
+    found.sort_by(|a, b| (&a.netns, &a.dev, a.direction).cmp(&(&b.netns, &b.dev, b.direction)));
+    Ok(found)
+}
+
+/// CPUs a per-CPU map holds values for (the possible CPUs).
+pub fn possible_cpus() -> u64 {
+    aya::util::nr_cpus().map(|n| n as u64).unwrap_or(1).max(1)
+}
