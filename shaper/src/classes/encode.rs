@@ -1,0 +1,184 @@
+//! A class ⇄ its map entries: the packet path's config, the bookkeeping meta, the
+//! bucket's cost; and the classes read back from an attachment.
+
+use super::*;
+use crate::{
+    actions::ActionSpec,
+    rules::{bytes, words, PortRange, Proto, Rule},
+    state::{decode_name, encode_name, possible_cpus, Attachment},
+};
+use anyhow::Result;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use shaper_common::{
+    bucket::{credit_chunk, shared_burst},
+    meter::METER_NONE,
+    Action, ByteCost, ClassConfig, ClassMeta, Scope, FAMILY_ANY, FAMILY_V4,
+};
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+pub(super) fn cidr_from_meta(family: u8, addr: [u32; 4], prefix: u8) -> Option<IpNet> {
+    let raw = bytes(addr);
+    match family {
+        FAMILY_ANY => None,
+        FAMILY_V4 => Ipv4Net::new(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3]), prefix)
+            .ok()
+            .map(IpNet::V4),
+        _ => Ipv6Net::new(Ipv6Addr::from(raw), prefix)
+            .ok()
+            .map(IpNet::V6),
+    }
+}
+
+pub(super) fn cidr_to_meta(net: Option<IpNet>) -> (u8, [u32; 4], u8) {
+    match net {
+        None => (FAMILY_ANY, [0; 4], 0),
+        Some(IpNet::V4(v4)) => {
+            let mut raw = [0u8; 16];
+            raw[..4].copy_from_slice(&v4.network().octets());
+            (FAMILY_V4, words(raw), v4.prefix_len())
+        }
+        Some(IpNet::V6(v6)) => (
+            shaper_common::FAMILY_V6,
+            words(v6.network().octets()),
+            v6.prefix_len(),
+        ),
+    }
+}
+
+impl ClassSpec {
+    pub(super) fn from_meta(meta: &ClassMeta, config: &ClassConfig) -> Self {
+        let exceed =
+            ActionSpec::from_config(config.exceed_action, config.exceed_arg, config.exceed_mask);
+        Self {
+            name: decode_name(&meta.name),
+            rule: Rule {
+                src: cidr_from_meta(meta.src_family, meta.src_addr, meta.src_prefix),
+                dst: cidr_from_meta(meta.dst_family, meta.dst_addr, meta.dst_prefix),
+                proto: Proto::from_u8(meta.proto),
+                sport: PortRange {
+                    lo: meta.sport_lo,
+                    hi: meta.sport_hi,
+                },
+                dport: PortRange {
+                    lo: meta.dport_lo,
+                    hi: meta.dport_hi,
+                },
+            },
+            rate_bits_per_sec: meta.rate_bits_per_sec,
+            burst_bytes: meta.burst_bytes,
+            scope: Scope::try_from(config.scope).unwrap_or(Scope::Class),
+            prio: meta.prio,
+            action: ActionSpec::from_config(config.action, config.action_arg, config.action_mask),
+            meter: Meter::from_meta(meta, config.meter),
+            exceed,
+        }
+    }
+
+    pub(super) fn to_meta(&self, seq: u64) -> Result<ClassMeta> {
+        let (src_family, src_addr, src_prefix) = cidr_to_meta(self.rule.src);
+        let (dst_family, dst_addr, dst_prefix) = cidr_to_meta(self.rule.dst);
+        let (peak_rate_bits_per_sec, peak_burst_bytes, excess_burst_bytes) = match self.meter {
+            Meter::None => (0, 0, 0),
+            Meter::SrTcm { excess_burst_bytes } => (0, 0, excess_burst_bytes),
+            Meter::TrTcm {
+                peak_rate_bits_per_sec,
+                peak_burst_bytes,
+            } => (peak_rate_bits_per_sec, peak_burst_bytes, 0),
+        };
+        Ok(ClassMeta {
+            peak_rate_bits_per_sec,
+            peak_burst_bytes,
+            excess_burst_bytes,
+            name: encode_name(&self.name)?,
+            seq,
+            rate_bits_per_sec: self.rate_bits_per_sec,
+            burst_bytes: self.burst_bytes,
+            src_addr,
+            dst_addr,
+            prio: self.prio,
+            sport_lo: self.rule.sport.lo,
+            sport_hi: self.rule.sport.hi,
+            dport_lo: self.rule.dport.lo,
+            dport_hi: self.rule.dport.hi,
+            src_family,
+            src_prefix,
+            dst_family,
+            dst_prefix,
+            proto: self.rule.proto.to_u8(),
+            in_use: 1,
+            ..ClassMeta::default()
+        })
+    }
+
+    pub(super) fn config(&self, generation: u32) -> ClassConfig {
+        let (meter, peak_cost) = self
+            .meter
+            .second_cost(self.rate_bits_per_sec, self.burst_bytes);
+        let (cost, credit_chunk) = bucket_cost(
+            self.rate_bits_per_sec,
+            self.burst_bytes,
+            self.scope as u8,
+            meter,
+            self.action.action as u8,
+        );
+        ClassConfig {
+            cost,
+            credit_chunk,
+            peak_cost,
+            meter,
+            exceed_action: self.exceed.action as u8,
+            exceed_arg: self.exceed.arg,
+            exceed_mask: self.exceed.mask,
+            generation,
+            scope: self.scope as u8,
+            action: self.action.action as u8,
+            action_arg: self.action.arg,
+            action_mask: self.action.mask,
+            in_use: 1,
+            ..ClassConfig::default()
+        }
+    }
+}
+
+/// The class bucket's cost and per-CPU credit chunk. Class-scoped buckets of policing and
+/// marking classes get per-CPU credit (see `shaper_common::bucket`), with the shared
+/// bucket's burst lowered by what the CPUs may hold; `ecn` (which marks by the bucket's
+/// occupancy), `shape`, meters and per-key buckets are charged per packet.
+pub fn bucket_cost(
+    rate_bits_per_sec: u64,
+    burst_bytes: u64,
+    scope: u8,
+    meter: u8,
+    action: u8,
+) -> (ByteCost, u32) {
+    let eligible = scope == Scope::Class as u8
+        && meter == METER_NONE
+        && action != Action::Ecn as u8
+        && action != Action::Shape as u8;
+    let cpus = possible_cpus();
+    let chunk = if eligible {
+        credit_chunk(rate_bits_per_sec, burst_bytes, cpus)
+    } else {
+        0
+    };
+    (
+        ByteCost::new(rate_bits_per_sec, shared_burst(burst_bytes, cpus, chunk)),
+        chunk as u32,
+    )
+}
+
+/// Reads every class of an attachment with its counters.
+pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
+    let configs = attachment.classes()?;
+    let mut views = Vec::new();
+    for (id, meta) in attachment.class_list()? {
+        let config = configs.get(&id, 0)?;
+        views.push(ClassView {
+            id,
+            spec: ClassSpec::from_meta(&meta, &config),
+            seq: meta.seq,
+            stats: attachment.class_stats(id)?,
+        });
+    }
+    Ok(views)
+}

@@ -1,0 +1,121 @@
+//! The class model: what defines a class ([`ClassSpec`], [`Meter`]), how it is stored
+//! ([`encode`](mod@encode)), the rule shapes its entries use ([`shapes`](mod@shapes)), and
+//! adding, changing and deleting classes ([`table`](mod@table)).
+
+use crate::{actions::ActionSpec, rules::Rule, state::encode_name};
+use anyhow::Result;
+use shaper_common::{
+    meter::{METER_NONE, METER_SRTCM, METER_TRTCM},
+    ByteCost, ClassMeta, ClassStats, Scope,
+};
+
+mod encode;
+mod shapes;
+mod table;
+
+pub use encode::{bucket_cost, read_classes};
+pub use table::{add, add_many, change, delete, find, Change};
+
+/// Everything that defines a class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassSpec {
+    pub name: String,
+    pub rule: Rule,
+    pub rate_bits_per_sec: u64,
+    pub burst_bytes: u64,
+    pub scope: Scope,
+    pub prio: u32,
+    /// Over the rate; with a meter, on red packets.
+    pub action: ActionSpec,
+    pub meter: Meter,
+    /// Meters: on yellow packets.
+    pub exceed: ActionSpec,
+}
+
+/// A three-colour meter on top of the class's rate (CIR) and burst (CBS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Meter {
+    #[default]
+    None,
+    /// RFC 2697: excess burst size (bytes).
+    SrTcm { excess_burst_bytes: u64 },
+    /// RFC 2698: peak rate (bit/s) and peak burst size (bytes).
+    TrTcm {
+        peak_rate_bits_per_sec: u64,
+        peak_burst_bytes: u64,
+    },
+}
+
+impl Meter {
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Meter::None => None,
+            Meter::SrTcm { .. } => Some("srtcm"),
+            Meter::TrTcm { .. } => Some("trtcm"),
+        }
+    }
+
+    fn from_meta(meta: &ClassMeta, kind: u8) -> Self {
+        match kind {
+            METER_SRTCM => Meter::SrTcm {
+                excess_burst_bytes: meta.excess_burst_bytes,
+            },
+            METER_TRTCM => Meter::TrTcm {
+                peak_rate_bits_per_sec: meta.peak_rate_bits_per_sec,
+                peak_burst_bytes: meta.peak_burst_bytes,
+            },
+            _ => Meter::None,
+        }
+    }
+
+    /// The meter's second word: (PIR, PBS) or (CIR, CBS + EBS).
+    fn second_cost(self, rate_bits_per_sec: u64, burst_bytes: u64) -> (u8, ByteCost) {
+        match self {
+            Meter::None => (METER_NONE, ByteCost::default()),
+            Meter::SrTcm { excess_burst_bytes } => (
+                METER_SRTCM,
+                ByteCost::new(rate_bits_per_sec, burst_bytes + excess_burst_bytes),
+            ),
+            Meter::TrTcm {
+                peak_rate_bits_per_sec,
+                peak_burst_bytes,
+            } => (
+                METER_TRTCM,
+                ByteCost::new(peak_rate_bits_per_sec, peak_burst_bytes),
+            ),
+        }
+    }
+}
+
+pub fn parse_scope(text: &str) -> Result<Scope, String> {
+    Scope::from_name(text).ok_or_else(|| {
+        format!(
+            "unknown bucket scope '{text}' (expected {})",
+            expected(Scope::ALL.iter().map(|scope| scope.name()))
+        )
+    })
+}
+
+/// "a, b or c": the names a message lists as expected.
+pub fn expected<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// A class as read back from the kernel.
+#[derive(Clone, Debug)]
+pub struct ClassView {
+    pub id: u32,
+    pub spec: ClassSpec,
+    pub seq: u64,
+    pub stats: ClassStats,
+}
+
+/// Validates a class name without touching state.
+pub fn check_name(name: &str) -> Result<()> {
+    encode_name(name).map(|_| ())
+}

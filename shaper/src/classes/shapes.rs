@@ -1,0 +1,87 @@
+//! Rule shapes: the slots of the `SHAPES` table a class's classifier entries use, and
+//! the rank that orders classes.
+
+use crate::{error::runtime, rules::Rule, state::Attachment};
+use anyhow::Result;
+use shaper_common::{RuleKey, Shape, MAX_SHAPES};
+
+pub(super) fn rank(prio: u32, seq: u64) -> u64 {
+    (u64::from(prio) << 32) | (seq & 0xffff_ffff)
+}
+
+/// Shape slots: the kernel's current table, extended as new masks appear.
+pub(super) struct ShapeTable {
+    pub(super) slots: Vec<Shape>,
+}
+
+impl ShapeTable {
+    pub(super) fn read(attachment: &Attachment) -> Result<Self> {
+        let map = attachment.shapes()?;
+        let slots = (0..MAX_SHAPES)
+            .map(|i| map.get(&i, 0))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { slots })
+    }
+
+    /// The slot of `shape`, allocating a free one; fails when all are taken.
+    pub(super) fn slot(&mut self, shape: &Shape) -> Result<u16> {
+        if let Some(index) = self.slots.iter().position(|s| s.in_use != 0 && s == shape) {
+            return Ok(index as u16);
+        }
+        let free = self
+            .slots
+            .iter()
+            .position(|s| s.in_use == 0)
+            .ok_or_else(|| {
+                runtime(format!(
+                    "too many distinct rule shapes (the limit is {MAX_SHAPES} per interface and \
+                 direction): use fewer distinct prefix lengths or simpler port ranges"
+                ))
+            })?;
+        self.slots[free] = *shape;
+        Ok(free as u16)
+    }
+
+    pub(super) fn count(&self) -> u32 {
+        self.slots
+            .iter()
+            .rposition(|s| s.in_use != 0)
+            .map_or(0, |i| i as u32 + 1)
+    }
+}
+
+/// The classifier entries of one class, keyed with shape slots.
+pub(super) fn class_entries(rule: &Rule, shapes: &mut ShapeTable) -> Result<Vec<RuleKey>> {
+    rule.entries()
+        .into_iter()
+        .map(|(shape, key)| {
+            Ok(RuleKey {
+                shape: shapes.slot(&shape)?,
+                ..key
+            })
+        })
+        .collect()
+}
+
+pub(super) fn write_shapes(
+    attachment: &Attachment,
+    shapes: &ShapeTable,
+    before: &ShapeTable,
+) -> Result<()> {
+    let mut map = attachment.shapes()?;
+    for (index, (new, old)) in shapes.slots.iter().zip(&before.slots).enumerate() {
+        if new != old {
+            map.set(index as u32, *new, 0)?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn set_shape_count(attachment: &Attachment, count: u32) -> Result<()> {
+    let mut globals = attachment.globals()?;
+    if globals.shape_count != count {
+        globals.shape_count = count;
+        attachment.set_globals(globals)?;
+    }
+    Ok(())
+}
