@@ -85,3 +85,45 @@ pub(super) fn set_shape_count(attachment: &Attachment, count: u32) -> Result<()>
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(prefix: u8) -> Shape {
+        Shape {
+            in_use: 1,
+            src_mask: [u32::MAX << (32 - u32::from(prefix)), 0, 0, 0],
+            ..Shape::default()
+        }
+    }
+
+    #[test]
+    fn a_shape_gets_one_slot_and_the_33rd_is_refused() {
+        let mut table = ShapeTable {
+            slots: vec![Shape::default(); MAX_SHAPES as usize],
+        };
+        for prefix in 1..=32u8 {
+            assert_eq!(table.slot(&shape(prefix)).unwrap(), u16::from(prefix - 1));
+        }
+        assert_eq!(
+            table.slot(&shape(7)).unwrap(),
+            6,
+            "a known shape reuses its slot"
+        );
+        assert_eq!(table.count(), 32);
+        let error = table
+            .slot(&Shape {
+                dport_mask: 0xff00,
+                ..shape(8)
+            })
+            .unwrap_err();
+        assert!(error.to_string().contains("the limit is 32"), "{error}");
+    }
+
+    #[test]
+    fn older_classes_and_lower_prios_rank_first() {
+        assert!(rank(10, 1) < rank(10, 2));
+        assert!(rank(5, 99) < rank(10, 1));
+    }
+}

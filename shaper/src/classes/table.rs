@@ -270,6 +270,49 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
 }
 
 /// Deletes a class; keys it owned go to the next-best class that matches them.
+/// The classifier once a class is gone: for every key of the remaining classes the
+/// best-ranked one (the lowest prio, then the oldest), the deleted class's keys, and the
+/// shape slots still in use.
+pub(super) struct Remaining {
+    pub(super) wanted: BTreeMap<RuleKey, RuleValue>,
+    pub(super) deleted_keys: Vec<RuleKey>,
+    pub(super) shapes_in_use: Vec<bool>,
+}
+
+/// Computes [`Remaining`] for `classes` (id, spec, rank) without class `deleted`. Pure:
+/// it touches only the in-memory shape table.
+pub(super) fn remaining_without(
+    classes: &[(u32, ClassSpec, u64)],
+    deleted: u32,
+    shapes: &mut ShapeTable,
+) -> Result<Remaining> {
+    let mut remaining = Remaining {
+        wanted: BTreeMap::new(),
+        deleted_keys: Vec::new(),
+        shapes_in_use: vec![false; MAX_SHAPES as usize],
+    };
+    for (class_id, spec, rank) in classes {
+        let keys = class_entries(&spec.rule, shapes)?;
+        if *class_id == deleted {
+            remaining.deleted_keys = keys;
+            continue;
+        }
+        let value = RuleValue {
+            class_id: *class_id,
+            _pad: 0,
+            rank: *rank,
+        };
+        for key in keys {
+            remaining.shapes_in_use[key.shape as usize] = true;
+            let slot = remaining.wanted.entry(key).or_insert(value);
+            if value.rank < slot.rank {
+                *slot = value;
+            }
+        }
+    }
+    Ok(remaining)
+}
+
 pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     let all = attachment.class_list()?;
     let (id, _) = all
@@ -282,30 +325,18 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     let before = ShapeTable {
         slots: shapes.slots.clone(),
     };
-    // What every remaining class wants, and the keys of the deleted one.
-    let mut wanted: BTreeMap<RuleKey, RuleValue> = BTreeMap::new();
-    let mut shapes_in_use = vec![false; MAX_SHAPES as usize];
-    let mut deleted_keys = Vec::new();
-    for (class_id, meta) in &all {
-        let spec = ClassSpec::from_meta(meta, &configs.get(class_id, 0)?);
-        let keys = class_entries(&spec.rule, &mut shapes)?;
-        if *class_id == id {
-            deleted_keys = keys;
-            continue;
-        }
-        let value = RuleValue {
-            class_id: *class_id,
-            _pad: 0,
-            rank: rank(meta.prio, meta.seq),
-        };
-        for key in keys {
-            shapes_in_use[key.shape as usize] = true;
-            let slot = wanted.entry(key).or_insert(value);
-            if value.rank < slot.rank {
-                *slot = value;
-            }
-        }
-    }
+    let classes = all
+        .iter()
+        .map(|(class_id, meta)| {
+            let spec = ClassSpec::from_meta(meta, &configs.get(class_id, 0)?);
+            Ok((*class_id, spec, rank(meta.prio, meta.seq)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let Remaining {
+        wanted,
+        deleted_keys,
+        shapes_in_use,
+    } = remaining_without(&classes, id, &mut shapes)?;
     let mut rules = attachment.rules()?;
     for key in &deleted_keys {
         match wanted.get(key) {
@@ -338,4 +369,72 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     set_shape_count(attachment, shapes.count())?;
     write_shapes(attachment, &shapes, &before)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pure part of deletion, on the host.
+    use super::*;
+    use crate::class_input::ClassInput;
+
+    fn class(name: &str, dport: &str, prio: &str) -> ClassSpec {
+        let input = ClassInput {
+            name: name.into(),
+            rate: "1mbit".into(),
+            proto: Some("udp".into()),
+            dport: Some(dport.into()),
+            prio: Some(prio.into()),
+            ..ClassInput::default()
+        };
+        input.check().unwrap().1
+    }
+
+    fn empty_shapes() -> ShapeTable {
+        ShapeTable {
+            slots: vec![Shape::default(); MAX_SHAPES as usize],
+        }
+    }
+
+    #[test]
+    fn deleting_a_class_hands_its_keys_to_the_next_best() {
+        // Creation order is the rank's low word: older classes rank lower (win ties).
+        let classes = vec![
+            (0, class("older", "53", "10"), rank(10, 1)),
+            (1, class("younger", "53", "10"), rank(10, 2)),
+            (2, class("urgent", "53", "5"), rank(5, 3)),
+        ];
+        let mut shapes = empty_shapes();
+        let without_urgent = remaining_without(&classes, 2, &mut shapes).unwrap();
+        assert!(!without_urgent.deleted_keys.is_empty());
+        for key in &without_urgent.deleted_keys {
+            assert_eq!(
+                without_urgent.wanted[key].class_id, 0,
+                "the older of two ties"
+            );
+        }
+        let without_older = remaining_without(&classes, 0, &mut shapes).unwrap();
+        for key in &without_older.deleted_keys {
+            assert_eq!(without_older.wanted[key].class_id, 2, "the lowest prio");
+        }
+    }
+
+    #[test]
+    fn shapes_only_the_deleted_class_used_are_freed() {
+        let classes = vec![
+            (0, class("one-port", "53", "10"), rank(10, 1)),
+            (1, class("a-range", "1000-1001", "10"), rank(10, 2)),
+        ];
+        let mut shapes = empty_shapes();
+        let all = remaining_without(&classes, u32::MAX, &mut shapes).unwrap();
+        let without_range = remaining_without(&classes, 1, &mut shapes).unwrap();
+        let used = |r: &Remaining| r.shapes_in_use.iter().filter(|u| **u).count();
+        assert!(
+            used(&without_range) < used(&all),
+            "the range's port mask is freed"
+        );
+        assert!(without_range
+            .deleted_keys
+            .iter()
+            .all(|key| !without_range.wanted.contains_key(key)));
+    }
 }
