@@ -61,7 +61,7 @@ const DSCP_NAMES: &[(&str, u32)] = &[
 ];
 
 /// Parses a DSCP as a number 0-63 or a name (af11…af43, cs0…cs7, ef, be).
-pub fn parse_dscp(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_dscp(text: &str) -> Result<u32, String> {
     let lower = text.to_ascii_lowercase();
     if let Some((_, value)) = DSCP_NAMES.iter().find(|(name, _)| *name == lower) {
         return Ok(*value);
@@ -135,7 +135,7 @@ fn parse_fwmark(value: &str) -> Result<ActionSpec, String> {
 }
 
 impl ActionSpec {
-    pub fn from_config(action: u8, arg: u32, mask: u32) -> Self {
+    pub(crate) fn from_config(action: u8, arg: u32, mask: u32) -> Self {
         Self {
             action: Action::try_from(action).unwrap_or(Action::Drop),
             arg,

@@ -44,7 +44,7 @@ pub struct FieldError {
 }
 
 /// The default priority: lower wins, as in tc.
-pub const DEFAULT_PRIO: u32 = 100;
+pub(crate) const DEFAULT_PRIO: u32 = 100;
 
 /// Collects field problems; a field's value is `None` once it failed.
 #[derive(Default)]

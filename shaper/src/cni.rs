@@ -23,23 +23,23 @@ use serde_json::{json, Value};
 use shaper_common::{Action, Scope, DEFAULT_FLOW_TABLE_SIZE};
 use std::path::PathBuf;
 
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
 /// Where ADD records the host-side interface of each container attachment.
 const RECORD_DIR: &str = "/run/shaper/cni";
 /// Class names shaper-cni owns on the host veth.
-pub const INGRESS_CLASS: &str = "cni-ingress";
-pub const EGRESS_CLASS: &str = "cni-egress";
+pub(crate) const INGRESS_CLASS: &str = "cni-ingress";
+pub(crate) const EGRESS_CLASS: &str = "cni-egress";
 
 /// CNI error codes (spec section "Error"): well-known ones and shaper's own (>= 100).
-pub const ERR_INCOMPATIBLE_VERSION: u32 = 1;
-pub const ERR_INVALID_ENV: u32 = 4;
-pub const ERR_DECODE: u32 = 6;
-pub const ERR_INVALID_CONFIG: u32 = 7;
-pub const ERR_SHAPER: u32 = 100;
+pub(crate) const ERR_INCOMPATIBLE_VERSION: u32 = 1;
+pub(crate) const ERR_INVALID_ENV: u32 = 4;
+pub(crate) const ERR_DECODE: u32 = 6;
+pub(crate) const ERR_INVALID_CONFIG: u32 = 7;
+pub(crate) const ERR_SHAPER: u32 = 100;
 
 /// A failure with its CNI error code.
 #[derive(Debug)]
-pub struct CniError {
+pub(crate) struct CniError {
     pub code: u32,
     pub message: String,
 }

@@ -4,7 +4,7 @@
 use std::fmt;
 
 #[derive(Debug)]
-pub struct UsageError(pub String);
+pub(crate) struct UsageError(pub String);
 
 impl fmt::Display for UsageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -15,7 +15,7 @@ impl fmt::Display for UsageError {
 impl std::error::Error for UsageError {}
 
 #[derive(Debug)]
-pub struct RuntimeError(pub String);
+pub(crate) struct RuntimeError(pub String);
 
 impl fmt::Display for RuntimeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -33,7 +33,7 @@ pub fn runtime(message: impl Into<String>) -> anyhow::Error {
     RuntimeError(message.into()).into()
 }
 
-pub const EXIT_RUNTIME: i32 = 1;
+pub(crate) const EXIT_RUNTIME: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 
 /// The exit code and the one line to print for an error.
@@ -48,7 +48,7 @@ pub fn report(error: &anyhow::Error) -> (i32, String) {
 }
 
 /// Collapses multi-line kernel messages (verifier logs) into one line for the user.
-pub fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
     // Verifier logs say what went wrong at their end: keep the head and the tail.
     if joined.len() > 1000 {

@@ -31,7 +31,7 @@ pub fn ifindex(dev: &str) -> Result<u32> {
 
 /// Runs `work` inside the network namespace at `path` (a CNI runtime's CNI_NETNS, e.g.
 /// /proc/PID/ns/net or /var/run/netns/NAME) and comes back.
-pub fn in_path<T>(path: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn in_path<T>(path: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
     round_trip(
         || {
             let target = File::open(path)

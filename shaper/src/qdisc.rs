@@ -16,7 +16,7 @@ use serde_json::Value;
 use std::process::Command;
 
 /// "SH": the major handle of shaper's HTB root.
-pub const HTB_MAJOR: u32 = 0x5348;
+pub(crate) const HTB_MAJOR: u32 = 0x5348;
 /// Root qdiscs the kernel installs by itself: replacing them loses nothing.
 const DEFAULT_ROOTS: &[&str] = &["noqueue", "pfifo_fast", "mq", "fq_codel", "pfifo", "noop"];
 
@@ -36,7 +36,7 @@ fn tc(args: &[&str]) -> Result<String> {
 }
 
 /// The handle of an HTB class for shaper class `class_id`.
-pub fn class_handle(class_id: u32) -> u32 {
+pub(crate) fn class_handle(class_id: u32) -> u32 {
     (HTB_MAJOR << 16) | (class_id + 1)
 }
 
@@ -61,7 +61,7 @@ fn ours(root: &Option<(String, String)>) -> bool {
 }
 
 /// Makes shaper's HTB the root qdisc of `dev`, refusing to replace one the user made.
-pub fn ensure_htb_root(dev: &str) -> Result<()> {
+pub(crate) fn ensure_htb_root(dev: &str) -> Result<()> {
     let current = root(dev)?;
     if ours(&current) {
         return Ok(());
@@ -82,7 +82,7 @@ pub fn ensure_htb_root(dev: &str) -> Result<()> {
 }
 
 /// Creates or changes the HTB class of shaper class `class_id`.
-pub fn set_class(
+pub(crate) fn set_class(
     dev: &str,
     class_id: u32,
     rate_bits_per_sec: u64,
@@ -101,13 +101,13 @@ pub fn set_class(
     Ok(())
 }
 
-pub fn delete_class(dev: &str, class_id: u32) -> Result<()> {
+pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
     let classid = handle_text(class_handle(class_id));
     tc(&["class", "del", "dev", dev, "classid", &classid]).map(|_| ())
 }
 
 /// Removes shaper's HTB root (the kernel's default root comes back); no-op otherwise.
-pub fn remove_htb_root(dev: &str) {
+pub(crate) fn remove_htb_root(dev: &str) {
     if root(dev).map(|r| ours(&r)).unwrap_or(false) {
         let _ = tc(&["qdisc", "del", "dev", dev, "root"]);
     }

@@ -45,7 +45,7 @@ impl Proto {
     }
 
     /// Stored form (the v4 protocol number; ICMP covers ICMPv6 too).
-    pub fn to_u8(self) -> u8 {
+    pub(crate) fn to_u8(self) -> u8 {
         match self {
             Self::Any => PROTO_ANY,
             Self::Tcp => PROTO_TCP,
@@ -54,7 +54,7 @@ impl Proto {
         }
     }
 
-    pub fn from_u8(value: u8) -> Self {
+    pub(crate) fn from_u8(value: u8) -> Self {
         match value {
             PROTO_TCP => Self::Tcp,
             PROTO_UDP => Self::Udp,
@@ -105,7 +105,7 @@ impl PortRange {
     }
 
     /// Splits the range into (value, mask) blocks aligned on powers of two.
-    pub fn prefix_blocks(self) -> Vec<(u16, u16)> {
+    pub(crate) fn prefix_blocks(self) -> Vec<(u16, u16)> {
         let mut blocks = Vec::new();
         let mut start = self.lo as u32;
         let end = self.hi as u32;
@@ -136,7 +136,7 @@ impl PortRange {
 }
 
 /// Parses a CIDR or a bare address (a host route), keeping only the network bits.
-pub fn parse_cidr(text: &str) -> Result<IpNet, String> {
+pub(crate) fn parse_cidr(text: &str) -> Result<IpNet, String> {
     if let Ok(net) = text.parse::<IpNet>() {
         return Ok(net.trunc());
     }
@@ -157,7 +157,7 @@ pub struct Rule {
 
 impl Rule {
     /// Checks the combination; the message is one line for the user.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if let (Some(src), Some(dst)) = (self.src, self.dst) {
             if src.addr().is_ipv4() != dst.addr().is_ipv4() {
                 return Err(format!(

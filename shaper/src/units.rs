@@ -39,9 +39,9 @@ const SIZE_UNITS: &[(&str, f64)] = &[
 ];
 
 /// The smallest burst: one full-size Ethernet frame, or nothing full-size ever passes.
-pub const MIN_BURST_BYTES: u64 = 1514;
+pub(crate) const MIN_BURST_BYTES: u64 = 1514;
 /// The largest burst accepted (4 GiB).
-pub const MAX_BURST_BYTES: u64 = 1 << 32;
+pub(crate) const MAX_BURST_BYTES: u64 = 1 << 32;
 
 fn split_number(text: &str) -> Result<(f64, String), String> {
     let text = text.trim();
@@ -101,7 +101,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// bucket. 250 ms at the rate covers Linux's 200 ms minimum retransmission timeout: a TCP
 /// flow that lost packets to the policer resumes into a bucket that refilled meanwhile,
 /// which is what lets one TCP flow use ~95 % of the rate on short-RTT paths.
-pub fn default_burst(rate_bits_per_sec: u64) -> u64 {
+pub(crate) fn default_burst(rate_bits_per_sec: u64) -> u64 {
     (128 * 1024).max(rate_bits_per_sec / 8 / 4)
 }
 
@@ -133,7 +133,7 @@ fn trim_float(value: f64) -> String {
 /// Default burst of a shaping class: the larger of 64 KiB and 10 ms at the rate. A
 /// shaper queues instead of dropping, so it needs no RTO-sized burst; 64 KiB lets one
 /// GSO packet leave without waiting.
-pub fn default_shape_burst(rate_bits_per_sec: u64) -> u64 {
+pub(crate) fn default_shape_burst(rate_bits_per_sec: u64) -> u64 {
     (64 * 1024).max(rate_bits_per_sec / 8 / 100)
 }
 

@@ -144,7 +144,7 @@ impl ClassSpec {
 /// marking classes get per-CPU credit (see `shaper_common::bucket`), with the shared
 /// bucket's burst lowered by what the CPUs may hold; `ecn` (which marks by the bucket's
 /// occupancy), `shape`, meters and per-key buckets are charged per packet.
-pub fn bucket_cost(
+pub(crate) fn bucket_cost(
     rate_bits_per_sec: u64,
     burst_bytes: u64,
     scope: u8,

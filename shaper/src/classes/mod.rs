@@ -13,7 +13,8 @@ mod encode;
 mod shapes;
 mod table;
 
-pub use encode::{bucket_cost, read_classes};
+pub(crate) use encode::bucket_cost;
+pub use encode::read_classes;
 pub use table::{add, add_many, change, delete, find, Change};
 
 /// Everything that defines a class.
@@ -87,7 +88,7 @@ impl Meter {
     }
 }
 
-pub fn parse_scope(text: &str) -> Result<Scope, String> {
+pub(crate) fn parse_scope(text: &str) -> Result<Scope, String> {
     Scope::from_name(text).ok_or_else(|| {
         format!(
             "unknown bucket scope '{text}' (expected {})",
@@ -116,6 +117,6 @@ pub struct ClassView {
 }
 
 /// Validates a class name without touching state.
-pub fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     encode_name(name).map(|_| ())
 }

@@ -10,7 +10,7 @@ use crate::{
 use anyhow::Result;
 
 /// A rate in the shortest tc spelling that is exact.
-pub fn exact_rate(bits: u64) -> String {
+pub(crate) fn exact_rate(bits: u64) -> String {
     for (unit, factor) in [
         ("gbit", 1_000_000_000),
         ("mbit", 1_000_000),

@@ -33,10 +33,9 @@ mod plan;
 mod schema;
 
 pub use execute::execute;
-pub use export::{exact_rate, export};
+pub use export::export;
 pub use parse::{parse, Desired, DesiredInterface, Problem, Problems};
 pub use plan::{plan, Plan, Prune, Step};
-pub use schema::Scalar;
 
 /// A small file with CLI defaults left out, for the unit tests.
 #[cfg(test)]

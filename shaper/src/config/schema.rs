@@ -9,7 +9,7 @@ use toml::Spanned;
 /// A TOML scalar given either as a string ("10mbit") or a number (53).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
-pub enum Scalar {
+pub(crate) enum Scalar {
     Number(i64),
     Text(String),
 }

@@ -64,7 +64,7 @@ impl Attachment {
         Ok(M::try_from(open_map(&self.dir, name)?)?)
     }
 
-    pub fn globals_map(&self) -> Result<Array<MapData, Globals>> {
+    pub(crate) fn globals_map(&self) -> Result<Array<MapData, Globals>> {
         self.map(map_names::GLOBALS)
     }
 
@@ -72,7 +72,7 @@ impl Attachment {
         Ok(self.globals_map()?.get(&0, 0)?)
     }
 
-    pub fn set_globals(&self, globals: Globals) -> Result<()> {
+    pub(crate) fn set_globals(&self, globals: Globals) -> Result<()> {
         Ok(self.globals_map()?.set(0, globals, 0)?)
     }
 
@@ -101,7 +101,7 @@ impl Attachment {
     }
 
     /// Tokens a class-scoped bucket holds now: the shared bucket plus the CPUs' credit.
-    pub fn bucket_level(
+    pub(crate) fn bucket_level(
         &self,
         class_id: u32,
         rate_bits_per_sec: u64,
@@ -128,7 +128,7 @@ impl Attachment {
         self.map(map_names::CLASS_META)
     }
 
-    pub fn class_index(&self) -> Result<BpfHashMap<MapData, [u8; CLASS_NAME_LEN], u32>> {
+    pub(crate) fn class_index(&self) -> Result<BpfHashMap<MapData, [u8; CLASS_NAME_LEN], u32>> {
         self.map(map_names::CLASS_INDEX)
     }
 

@@ -21,10 +21,11 @@ mod pins;
 
 pub use attachment::{Attachment, AttachmentStatus};
 pub use loader::{attach_fresh, detach, forget, load_object, load_program, reattach};
-pub use names::{decode_name, encode_name};
-pub use pins::{ensure_bpffs, lock, StateLock};
+pub use names::decode_name;
+pub(crate) use names::encode_name;
+pub use pins::{lock, StateLock};
 
-pub const BPFFS: &str = "/sys/fs/bpf";
+pub(crate) const BPFFS: &str = "/sys/fs/bpf";
 pub const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const LOCK_DIR: &str = "/run/lock";
@@ -50,7 +51,7 @@ impl Direction {
         }
     }
 
-    pub fn from_name(name: &str) -> Option<Self> {
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
         match name {
             "egress" => Some(Self::Egress),
             "ingress" => Some(Self::Ingress),
@@ -80,7 +81,7 @@ impl AttachMode {
         }
     }
 
-    pub fn from_globals(value: u32) -> Self {
+    pub(crate) fn from_globals(value: u32) -> Self {
         if value == ATTACH_MODE_CLSACT {
             Self::Clsact
         } else {
@@ -118,7 +119,7 @@ impl Location {
 }
 
 /// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns().
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
         .unwrap_or(0)

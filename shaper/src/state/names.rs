@@ -5,7 +5,7 @@ use anyhow::Result;
 use shaper_common::CLASS_NAME_LEN;
 
 /// A class name as stored (NUL-padded); fails when too long.
-pub fn encode_name(name: &str) -> Result<[u8; CLASS_NAME_LEN]> {
+pub(crate) fn encode_name(name: &str) -> Result<[u8; CLASS_NAME_LEN]> {
     let valid = !name.is_empty()
         && name.len() < CLASS_NAME_LEN
         && name

@@ -7,7 +7,7 @@ use nix::fcntl::{Flock, FlockArg};
 use std::fs;
 
 /// Mounts bpffs at /sys/fs/bpf when it is not there yet and creates the pin root.
-pub fn ensure_bpffs() -> Result<()> {
+pub(crate) fn ensure_bpffs() -> Result<()> {
     let mounted = nix::sys::statfs::statfs(BPFFS)
         .map(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
         .unwrap_or(false);
