@@ -48,6 +48,35 @@ pub enum Meter {
 }
 
 impl Meter {
+    /// srTCM's excess burst size (bytes).
+    pub fn excess_burst(self) -> Option<u64> {
+        match self {
+            Meter::SrTcm { excess_burst_bytes } => Some(excess_burst_bytes),
+            _ => None,
+        }
+    }
+
+    /// trTCM's peak rate (bit/s).
+    pub fn peak_rate(self) -> Option<u64> {
+        match self {
+            Meter::TrTcm {
+                peak_rate_bits_per_sec,
+                ..
+            } => Some(peak_rate_bits_per_sec),
+            _ => None,
+        }
+    }
+
+    /// trTCM's peak burst size (bytes).
+    pub fn peak_burst(self) -> Option<u64> {
+        match self {
+            Meter::TrTcm {
+                peak_burst_bytes, ..
+            } => Some(peak_burst_bytes),
+            _ => None,
+        }
+    }
+
     pub fn name(self) -> Option<&'static str> {
         match self {
             Meter::None => None,

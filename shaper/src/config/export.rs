@@ -40,23 +40,9 @@ fn export_class(direction: Direction, spec: &ClassSpec) -> ExportClass {
         sport: ports(rule.sport),
         dport: ports(rule.dport),
         action: (!metered).then(|| spec.action.to_string()),
-        excess_burst: match spec.meter {
-            Meter::SrTcm { excess_burst_bytes } => Some(excess_burst_bytes),
-            _ => None,
-        },
-        peak_rate: match spec.meter {
-            Meter::TrTcm {
-                peak_rate_bits_per_sec,
-                ..
-            } => Some(exact_rate(peak_rate_bits_per_sec)),
-            _ => None,
-        },
-        peak_burst: match spec.meter {
-            Meter::TrTcm {
-                peak_burst_bytes, ..
-            } => Some(peak_burst_bytes),
-            _ => None,
-        },
+        excess_burst: spec.meter.excess_burst(),
+        peak_rate: spec.meter.peak_rate().map(exact_rate),
+        peak_burst: spec.meter.peak_burst(),
         exceed: metered.then(|| spec.exceed.to_string()),
         violate: metered.then(|| spec.action.to_string()),
     }
