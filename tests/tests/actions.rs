@@ -1,49 +1,23 @@
 //! Actions on packets over the rate, checked on the wire: DSCP and ECN bits on packets
 //! captured in the server namespace, fwmark with a counting nftables rule in the router,
-//! pass (monitor), and TCP goodput through `drop` and `ecn` classes (Cubic and BBR).
+//! pass (monitor), shape (HTB), and TCP goodput through `drop` and `ecn` classes (Cubic
+//! and BBR) and through a drop class on the sender's own egress. The meters are in
+//! meters.rs.
 
 use serde_json::Value;
 use shaper_tests::{
-    assert_goodput_fraction, assert_within, Capture, Lab, Udp, ROUTER_TO_CLIENT, ROUTER_TO_SERVER,
-    SERVER_DEV,
+    assert_goodput_fraction, assert_within, counter, stderr, Capture, Lab, Udp, CLIENT_DEV,
+    ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,
 };
-
-fn lab_with_class(dev_ns: &str, dev: &str, class: &[&str]) -> Lab {
-    let lab = Lab::new().unwrap();
-    let ns = if dev_ns == "router" {
-        lab.router.clone()
-    } else {
-        lab.server.clone()
-    };
-    let direction = class
-        .iter()
-        .position(|a| *a == "--direction")
-        .map(|i| class[i + 1])
-        .unwrap_or("egress");
-    lab.shaper_in(&ns, &["attach", dev, "--direction", direction])
-        .unwrap();
-    let mut args = vec!["class", "add", "c", "--dev", dev];
-    args.extend_from_slice(class);
-    lab.shaper_in(&ns, &args).unwrap();
-    lab
-}
-
-fn class_stats(lab: &Lab) -> Value {
-    lab.stats(&lab.router).unwrap()[0].clone()
-}
-
-fn counter(stats: &Value, field: &str) -> u64 {
-    stats[field].as_u64().unwrap()
-}
 
 #[test]
 fn dscp_remarks_over_rate_packets_ipv4_and_ipv6() {
     for ipv6 in [false, true] {
-        let mut lab = lab_with_class(
-            "router",
+        let mut lab = Lab::with_router_class(
             ROUTER_TO_SERVER,
             &["--rate", "5mbit", "--proto", "udp", "--action", "dscp=af11"],
-        );
+        )
+        .unwrap();
         let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
         // ECT(0) datagrams: the rewrite must keep the ECN bits.
         let result = lab
@@ -84,7 +58,7 @@ fn dscp_remarks_over_rate_packets_ipv4_and_ipv6() {
             .iter()
             .filter(|l| l.contains("bad cksum"))
             .count();
-        let stats = class_stats(&lab);
+        let stats = lab.router.stats_row("c").unwrap();
         println!(
             "tcpdump: {}; server s0 received {} packets",
             capture.report.trim().replace('\n', "; "),
@@ -121,18 +95,16 @@ fn dscp_remarks_over_rate_packets_ipv4_and_ipv6() {
 #[test]
 fn ecn_marks_capable_packets_and_drops_the_rest() {
     // ECT(0) UDP: CE-marked once the bucket is half drained; over the rate it is dropped.
-    let mut lab = lab_with_class(
-        "router",
+    let mut lab = Lab::with_router_class(
         ROUTER_TO_SERVER,
         &["--rate", "5mbit", "--proto", "udp", "--action", "ecn"],
-    );
+    )
+    .unwrap();
     let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
     let ect = lab
         .udp(&Udp {
-            rate: "10M",
-            seconds: 3,
             tos: Some(2),
-            ..Udp::default()
+            ..Udp::at("10M", 3)
         })
         .unwrap();
     let ce = capture.count("udp and ip[1] & 3 = 3").unwrap();
@@ -142,7 +114,7 @@ fn ecn_marks_capable_packets_and_drops_the_rest() {
         .iter()
         .filter(|l| l.contains("bad cksum"))
         .count();
-    let stats = class_stats(&lab);
+    let stats = lab.router.stats_row("c").unwrap();
     println!(
         "ecn, ECT(0) UDP at 10M through 5mbit: {:.3} Mbit/s, {ce} CE packets captured, stats marked {} dropped {}",
         ect.total_l2_bps() / 1e6,
@@ -160,13 +132,7 @@ fn ecn_marks_capable_packets_and_drops_the_rest() {
     // Not ECN-capable: never marked, policed to the rate (UDP at 10× the rate: ±3 %).
     drop(capture);
     let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
-    let plain = lab
-        .udp(&Udp {
-            rate: "50M",
-            seconds: 5,
-            ..Udp::default()
-        })
-        .unwrap();
+    let plain = lab.udp(&Udp::at("50M", 5)).unwrap();
     assert_eq!(capture.count("udp and ip[1] & 3 != 0").unwrap(), 0);
     assert_within(
         "non-ECT UDP at 10× the rate through an ecn class",
@@ -179,8 +145,7 @@ fn ecn_marks_capable_packets_and_drops_the_rest() {
 #[test]
 fn fwmark_is_set_on_over_rate_packets() {
     // On the router's ingress, so the router's own nftables sees the mark when forwarding.
-    let mut lab = lab_with_class(
-        "router",
+    let mut lab = Lab::with_router_class(
         ROUTER_TO_CLIENT,
         &[
             "--direction",
@@ -192,7 +157,8 @@ fn fwmark_is_set_on_over_rate_packets() {
             "--action",
             "fwmark=0x10/0xff",
         ],
-    );
+    )
+    .unwrap();
     for command in [
         "add table inet shaper_test",
         "add chain inet shaper_test forward { type filter hook forward priority 0 ; }",
@@ -201,13 +167,7 @@ fn fwmark_is_set_on_over_rate_packets() {
     ] {
         lab.router.run("nft", &[command]).unwrap();
     }
-    let result = lab
-        .udp(&Udp {
-            rate: "20M",
-            seconds: 3,
-            ..Udp::default()
-        })
-        .unwrap();
+    let result = lab.udp(&Udp::at("20M", 3)).unwrap();
     let listing = String::from_utf8_lossy(
         &lab.router
             .run("nft", &["-j", "list", "table", "inet", "shaper_test"])
@@ -227,7 +187,7 @@ fn fwmark_is_set_on_over_rate_packets() {
                 .unwrap()
         })
         .collect();
-    let stats = lab.stats(&lab.router).unwrap()[0].clone();
+    let stats = lab.router.stats_row("c").unwrap();
     println!(
         "fwmark: nftables counted {} marked and {} unmarked forwarded packets; stats marked {} passed {}; {:.2} Mbit/s received",
         counters[0], counters[1], counter(&stats, "marked_packets"), counter(&stats, "passed_packets"), result.total_l2_bps() / 1e6
@@ -243,19 +203,13 @@ fn fwmark_is_set_on_over_rate_packets() {
 
 #[test]
 fn pass_counts_without_enforcing() {
-    let mut lab = lab_with_class(
-        "router",
+    let mut lab = Lab::with_router_class(
         ROUTER_TO_SERVER,
         &["--rate", "5mbit", "--proto", "udp", "--action", "pass"],
-    );
-    let result = lab
-        .udp(&Udp {
-            rate: "20M",
-            seconds: 3,
-            ..Udp::default()
-        })
-        .unwrap();
-    let stats = class_stats(&lab);
+    )
+    .unwrap();
+    let result = lab.udp(&Udp::at("20M", 3)).unwrap();
+    let stats = lab.router.stats_row("c").unwrap();
     let over = counter(&stats, "marked_bytes") as f64 / counter(&stats, "passed_bytes") as f64;
     println!(
         "pass: {:.2} Mbit/s received, {:.1} % of bytes over the rate (counted, not dropped)",
@@ -268,11 +222,8 @@ fn pass_counts_without_enforcing() {
 }
 
 fn tcp_goodput(rate: &str, rate_bps: f64, action: &str, congestion: &str) -> (f64, Value) {
-    let mut lab = lab_with_class(
-        "router",
-        ROUTER_TO_SERVER,
-        &["--rate", rate, "--action", action],
-    );
+    let mut lab =
+        Lab::with_router_class(ROUTER_TO_SERVER, &["--rate", rate, "--action", action]).unwrap();
     if action == "ecn" {
         lab.client
             .run("sysctl", &["-qw", "net.ipv4.tcp_ecn=1"])
@@ -280,7 +231,7 @@ fn tcp_goodput(rate: &str, rate_bps: f64, action: &str, congestion: &str) -> (f6
     }
     let run = lab.tcp_series(10, congestion, 1.0).unwrap();
     let goodput = run.steady_bps();
-    let stats = class_stats(&lab);
+    let stats = lab.router.stats_row("c").unwrap();
     println!(
         "TCP {congestion} through a {rate} {action} class (default burst): {:.3} Mbit/s over the run, {:.3} Mbit/s = {:.1} % of the rate after the first second; {} of {} packets dropped, {} CE-marked",
         run.goodput_bps / 1e6,
@@ -333,11 +284,9 @@ fn root_qdisc(lab: &Lab) -> String {
 
 #[test]
 fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
-    let mut lab = lab_with_class(
-        "router",
-        ROUTER_TO_SERVER,
-        &["--rate", "10mbit", "--action", "shape"],
-    );
+    let mut lab =
+        Lab::with_router_class(ROUTER_TO_SERVER, &["--rate", "10mbit", "--action", "shape"])
+            .unwrap();
     assert!(
         root_qdisc(&lab).contains("htb 5348:"),
         "shaper installs its HTB root: {}",
@@ -364,9 +313,8 @@ fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
         0.03,
     );
     // A rate change reaches the HTB class.
-    lab.shaper_in(
-        &lab.router,
-        &[
+    lab.router
+        .shaper(&[
             "class",
             "change",
             "c",
@@ -374,9 +322,8 @@ fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
             ROUTER_TO_SERVER,
             "--rate",
             "20mbit",
-        ],
-    )
-    .unwrap();
+        ])
+        .unwrap();
     let udp = lab
         .udp(&Udp {
             seconds: 4,
@@ -389,8 +336,7 @@ fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
         20e6,
         0.03,
     );
-    lab.shaper_in(&lab.router, &["detach", ROUTER_TO_SERVER])
-        .unwrap();
+    lab.router.shaper(&["detach", ROUTER_TO_SERVER]).unwrap();
     assert!(
         !root_qdisc(&lab).contains("htb"),
         "detach removes shaper's HTB: {}",
@@ -420,11 +366,8 @@ fn shape_refuses_to_replace_a_root_qdisc_it_did_not_create() {
             ],
         )
         .unwrap();
-    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER])
-        .unwrap();
-    let output = lab.shaper(&[
-        "--netns",
-        &lab.router.name,
+    lab.router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    let output = lab.router.shaper_output(&[
         "class",
         "add",
         "s",
@@ -435,19 +378,18 @@ fn shape_refuses_to_replace_a_root_qdisc_it_did_not_create() {
         "--action",
         "shape",
     ]);
-    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-    println!("{}", stderr.trim());
+    let message = stderr(&output);
+    println!("{}", message.trim());
     assert_eq!(output.status.code(), Some(1));
-    assert!(stderr.contains("tbf") && stderr.lines().count() == 1);
+    assert!(message.contains("tbf") && message.lines().count() == 1);
     assert!(
         root_qdisc(&lab).contains("tbf"),
         "the user's qdisc is untouched"
     );
-    let list = lab
-        .shaper_in(&lab.router, &["class", "list", "--json"])
-        .unwrap();
     assert_eq!(
-        serde_json::from_str::<Value>(&list).unwrap(),
+        lab.router
+            .shaper_json(&["class", "list", "--json"])
+            .unwrap(),
         serde_json::json!([])
     );
 }
@@ -458,21 +400,10 @@ fn shape_refuses_to_replace_a_root_qdisc_it_did_not_create() {
 fn tcp_policed_on_the_senders_own_egress() {
     let mut lab = Lab::new().unwrap();
     let client = lab.client.clone();
-    lab.shaper_in(&client, &["attach", shaper_tests::CLIENT_DEV])
+    client.attach(CLIENT_DEV, &[]).unwrap();
+    client
+        .class_add("c", CLIENT_DEV, &["--rate", "10mbit"])
         .unwrap();
-    lab.shaper_in(
-        &client,
-        &[
-            "class",
-            "add",
-            "c",
-            "--dev",
-            shaper_tests::CLIENT_DEV,
-            "--rate",
-            "10mbit",
-        ],
-    )
-    .unwrap();
     let goodput = lab.tcp_series(10, "cubic", 1.0).unwrap().steady_bps();
     println!(
         "TCP cubic, 10mbit drop class on the sender's own egress, after the first second: {:.3} Mbit/s = {:.1} %",
@@ -484,133 +415,6 @@ fn tcp_policed_on_the_senders_own_egress() {
         goodput / 10e6,
         0.70,
     );
-    let dropped = lab.stats(&client).unwrap()[0]["dropped_packets"]
-        .as_u64()
-        .unwrap();
+    let dropped = counter(&client.stats_row("c").unwrap(), "dropped_packets");
     assert!(dropped > 0, "the sender's own policer dropped nothing");
-}
-
-#[test]
-fn trtcm_colours_match_the_offered_load() {
-    // CIR 5, PIR 10 Mbit/s; 20 Mbit/s offered: a quarter green, a quarter yellow, half red.
-    let mut lab = lab_with_class(
-        "router",
-        ROUTER_TO_SERVER,
-        &[
-            "--rate",
-            "5mbit",
-            "--burst",
-            "64k",
-            "--peak-rate",
-            "10mbit",
-            "--peak-burst",
-            "64k",
-            "--proto",
-            "udp",
-            "--exceed",
-            "dscp=af12",
-        ],
-    );
-    let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
-    let result = lab
-        .udp(&Udp {
-            rate: "20M",
-            seconds: 4,
-            ..Udp::default()
-        })
-        .unwrap();
-    let af12 = capture
-        .count("udp and dst host 198.18.2.2 and ip[1] & 0xfc = 48")
-        .unwrap() as u64;
-    let plain = capture
-        .count("udp and dst host 198.18.2.2 and ip[1] & 0xfc = 0")
-        .unwrap() as u64;
-    let stats = class_stats(&lab);
-    let (green, yellow, red) = (
-        counter(&stats, "green_bytes"),
-        counter(&stats, "yellow_bytes"),
-        counter(&stats, "red_bytes"),
-    );
-    let total = (green + yellow + red) as f64;
-    println!(
-        "trTCM 5/10 Mbit/s at 20M: green {:.1} %, yellow {:.1} %, red {:.1} % of bytes; {af12} af12 and {plain} unmarked packets captured",
-        green as f64 / total * 100.0,
-        yellow as f64 / total * 100.0,
-        red as f64 / total * 100.0
-    );
-    assert_eq!(stats["meter"], "trtcm");
-    assert_eq!(
-        af12,
-        counter(&stats, "yellow_packets"),
-        "every yellow packet arrives remarked"
-    );
-    assert_eq!(
-        plain,
-        counter(&stats, "green_packets"),
-        "green packets arrive untouched"
-    );
-    assert_eq!(
-        counter(&stats, "red_packets"),
-        counter(&stats, "dropped_packets"),
-        "red is dropped"
-    );
-    assert_within(
-        "green + yellow received (PIR)",
-        result.total_l2_bps(),
-        10e6,
-        0.03,
-    );
-    assert_within(
-        "yellow share of what arrived",
-        yellow as f64 / (green + yellow) as f64,
-        0.5,
-        0.05,
-    );
-}
-
-#[test]
-fn srtcm_spends_the_excess_burst_once_under_overload() {
-    let mut lab = lab_with_class(
-        "router",
-        ROUTER_TO_SERVER,
-        &[
-            "--rate",
-            "5mbit",
-            "--burst",
-            "64k",
-            "--excess-burst",
-            "256k",
-            "--proto",
-            "udp",
-        ],
-    );
-    let result = lab
-        .udp(&Udp {
-            rate: "20M",
-            seconds: 3,
-            ..Udp::default()
-        })
-        .unwrap();
-    let stats = class_stats(&lab);
-    let yellow = counter(&stats, "yellow_bytes");
-    println!(
-        "srTCM CIR 5 Mbit/s, CBS 64k, EBS 256k at 20M: yellow {yellow} bytes, green {} bytes, red {} bytes; {:.3} Mbit/s received",
-        counter(&stats, "green_bytes"),
-        counter(&stats, "red_bytes"),
-        result.total_l2_bps() / 1e6
-    );
-    assert_eq!(stats["meter"], "srtcm");
-    // C never fills under overload, so E is never refilled: yellow is the initial EBS,
-    // short of it by less than one packet.
-    assert!(
-        yellow <= 262_144 && yellow > 262_144 - 1442,
-        "yellow bytes {yellow}"
-    );
-    // Yellow passes by default; steady state is green only, at CIR.
-    assert_within(
-        "steady-state rate (green)",
-        result.l2_bps_between(1.0, 3.0),
-        5e6,
-        0.03,
-    );
 }

@@ -4,8 +4,8 @@
 //! classifier entries leaves none of them behind.
 
 use serde_json::Value;
-use shaper_tests::{shaper_bin, BoundedCommand, Lab, ROUTER_TO_SERVER};
-use std::process::{Command, Output};
+use shaper_tests::{stderr, Lab, ROUTER_TO_SERVER};
+use std::process::Output;
 
 /// A batch file that removes itself.
 struct BatchFile(std::path::PathBuf);
@@ -29,22 +29,10 @@ impl Drop for BatchFile {
     }
 }
 
-fn shaper(lab: &Lab, args: &[&str]) -> Output {
-    Command::new(shaper_bin())
-        .args(["--netns", &lab.router.name])
-        .args(args)
-        .output_within_limit()
-        .unwrap()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).trim().to_string()
-}
-
 fn class_list(lab: &Lab) -> Value {
-    let output = shaper(lab, &["class", "list", "--dev", ROUTER_TO_SERVER, "--json"]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    serde_json::from_slice(&output.stdout).unwrap()
+    lab.router
+        .shaper_json(&["class", "list", "--dev", ROUTER_TO_SERVER, "--json"])
+        .unwrap()
 }
 
 fn class_count(lab: &Lab) -> usize {
@@ -53,7 +41,7 @@ fn class_count(lab: &Lab) -> usize {
 
 /// Asserts a failed command: the exit code, one `shaper:` line containing `needle`.
 fn assert_refused(output: &Output, code: i32, needle: &str) {
-    let message = stderr(output);
+    let message = stderr(output).trim().to_string();
     println!("exit {:?}: {message}", output.status.code());
     assert_eq!(output.status.code(), Some(code), "{message}");
     assert_eq!(message.lines().count(), 1, "one line: {message}");
@@ -66,8 +54,7 @@ fn assert_refused(output: &Output, code: i32, needle: &str) {
 #[test]
 fn batch_checks_every_line_first_and_a_33rd_rule_shape_is_refused() {
     let lab = Lab::new().unwrap();
-    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER])
-        .unwrap();
+    lab.router.attach(ROUTER_TO_SERVER, &[]).unwrap();
     // 32 distinct rule shapes: source prefixes /15../32 and destination prefixes /15../28.
     let mut lines: Vec<String> = (15..=32)
         .map(|bits| format!("class add src{bits} --dev r1 --rate 1mbit --src 198.18.0.0/{bits}"))
@@ -80,7 +67,7 @@ fn batch_checks_every_line_first_and_a_33rd_rule_shape_is_refused() {
     // A bad last line: nothing runs, and the line is named.
     lines.push("class add broken --dev r1 --rate fast".into());
     let bad = BatchFile::new("bad", &lines);
-    let output = shaper(&lab, &["batch", "-f", bad.path()]);
+    let output = lab.router.shaper_output(&["batch", "-f", bad.path()]);
     assert_refused(&output, 2, &format!("{}:33:", bad.path()));
     assert_eq!(
         class_count(&lab),
@@ -90,26 +77,22 @@ fn batch_checks_every_line_first_and_a_33rd_rule_shape_is_refused() {
 
     lines.pop();
     let good = BatchFile::new("good", &lines);
-    let output = shaper(&lab, &["batch", "-f", good.path()]);
-    assert!(output.status.success(), "{}", stderr(&output));
+    lab.router.shaper(&["batch", "-f", good.path()]).unwrap();
     assert_eq!(class_count(&lab), 32);
 
     // A 33rd shape is refused and changes nothing.
     let before = class_list(&lab);
-    let output = shaper(
-        &lab,
-        &[
-            "class",
-            "add",
-            "dst29",
-            "--dev",
-            ROUTER_TO_SERVER,
-            "--rate",
-            "1mbit",
-            "--dst",
-            "198.18.0.0/29",
-        ],
-    );
+    let output = lab.router.shaper_output(&[
+        "class",
+        "add",
+        "dst29",
+        "--dev",
+        ROUTER_TO_SERVER,
+        "--rate",
+        "1mbit",
+        "--dst",
+        "198.18.0.0/29",
+    ]);
     assert_refused(&output, 1, "too many distinct rule shapes (the limit is 32");
     assert_eq!(
         class_list(&lab),
@@ -117,21 +100,13 @@ fn batch_checks_every_line_first_and_a_33rd_rule_shape_is_refused() {
         "the refused class changed the table"
     );
     // What counts is shapes, not classes: another /24 destination shares a shape.
-    lab.shaper_in(
-        &lab.router,
-        &[
-            "class",
-            "add",
+    lab.router
+        .class_add(
             "another24",
-            "--dev",
             ROUTER_TO_SERVER,
-            "--rate",
-            "1mbit",
-            "--dst",
-            "198.18.5.0/24",
-        ],
-    )
-    .unwrap();
+            &["--rate", "1mbit", "--dst", "198.18.5.0/24"],
+        )
+        .unwrap();
     assert_eq!(class_count(&lab), 33);
 }
 
@@ -143,8 +118,7 @@ fn batch_checks_every_line_first_and_a_33rd_rule_shape_is_refused() {
 fn class_add_rolls_back_a_half_written_class() {
     const FULL_CLASSES: u32 = 7709; // × 34 entries = 262 106 of 262 144
     let lab = Lab::new().unwrap();
-    lab.shaper_in(&lab.router, &["attach", ROUTER_TO_SERVER])
-        .unwrap();
+    lab.router.attach(ROUTER_TO_SERVER, &[]).unwrap();
     // Each class: one source address, UDP, source ports 1-3 (2 blocks) × destination
     // ports 1-65535 (16 blocks) = 32 entries in the same 32 shapes, and 2 for packets
     // whose ports or protocol are unknown: 34.
@@ -164,14 +138,13 @@ fn class_add_rolls_back_a_half_written_class() {
         source(FULL_CLASSES)
     ));
     let batch = BatchFile::new("fill", &lines);
-    let output = shaper(&lab, &["batch", "-f", batch.path()]);
-    assert!(output.status.success(), "{}", stderr(&output));
+    lab.router.shaper(&["batch", "-f", batch.path()]).unwrap();
     assert_eq!(class_count(&lab) as u32, FULL_CLASSES + 1);
 
     let before = class_list(&lab);
     let victim = full_class("victim", FULL_CLASSES + 1);
     let victim_args: Vec<&str> = victim.split_whitespace().collect();
-    let output = shaper(&lab, &victim_args);
+    let output = lab.router.shaper_output(&victim_args);
     assert_refused(&output, 1, "the classifier table is full (262144 entries");
     assert_eq!(
         class_list(&lab),
@@ -182,13 +155,13 @@ fn class_add_rolls_back_a_half_written_class() {
     // Deleting the 18-entry class frees 18: with the 20 never used, another class of 34
     // entries (its own keys: a leaked entry of the victim's cannot be reused) fits only
     // if the failed attempt left none of its entries behind.
-    lab.shaper_in(
-        &lab.router,
-        &["class", "del", "half", "--dev", ROUTER_TO_SERVER],
-    )
-    .unwrap();
+    lab.router
+        .shaper(&["class", "del", "half", "--dev", ROUTER_TO_SERVER])
+        .unwrap();
     let other = full_class("other", FULL_CLASSES + 2);
-    let output = shaper(&lab, &other.split_whitespace().collect::<Vec<_>>());
+    let output = lab
+        .router
+        .shaper_output(&other.split_whitespace().collect::<Vec<_>>());
     assert!(
         output.status.success(),
         "the class does not fit after its rollback: entries leaked ({})",

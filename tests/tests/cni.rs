@@ -8,7 +8,8 @@ use anyhow::{bail, Context as _, Result};
 use serde_json::{json, Value};
 use shaper_tests::{
     assert_programs_unloaded, assert_within, shaper_bin, status_program_ids,
-    wait_with_output_bounded, BoundedCommand, Lab, Netns, Udp, COMMAND_LIMIT,
+    wait_with_output_bounded, BoundedCommand, CniLeftovers, Lab, Netns, Udp, CNI_IPAM_PREFIX,
+    COMMAND_LIMIT,
 };
 use std::{
     io::Write as _,
@@ -35,10 +36,7 @@ fn plugin(
         .arg(format!("--net=/run/netns/{}", host.name))
         .arg(binary)
         .env("CNI_COMMAND", command)
-        .env(
-            "CNI_CONTAINERID",
-            format!("shaper-test-{}", std::process::id()),
-        )
+        .env("CNI_CONTAINERID", container_id())
         .env("CNI_NETNS", format!("/run/netns/{}", container.name))
         .env("CNI_IFNAME", ifname)
         .env("CNI_PATH", CNI_DIR)
@@ -70,24 +68,10 @@ fn checked(result: Result<(bool, Value)>, what: &str) -> Result<Value> {
     Ok(value)
 }
 
-/// Cleans up after the runtime whatever a failed test may leave: host-local's leases,
-/// shaper-cni's record and pins of the host-side veth.
-struct Leftovers {
-    ipam_dir: PathBuf,
-    host_dev: Option<String>,
-}
-
-impl Drop for Leftovers {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.ipam_dir);
-        if let Some(dev) = &self.host_dev {
-            let _ = std::fs::remove_dir_all(format!("/sys/fs/bpf/shaper/host/{dev}"));
-            let _ = std::fs::remove_file(format!(
-                "/run/shaper/cni/shaper-test-{}-eth1",
-                std::process::id()
-            ));
-        }
-    }
+/// CNI_CONTAINERID of the plugin runs (with the pid, so the lab's sweep can tell the
+/// record of a dead run).
+fn container_id() -> String {
+    format!("shaper-test-{}", std::process::id())
 }
 
 fn bridge_config(ipam_dir: &Path) -> Value {
@@ -146,16 +130,7 @@ fn measure(lab: &mut Lab, container_address: &str) -> Result<(f64, f64)> {
     let into = measure_into(lab, container_address)?;
     let (host, container) = (lab.router.clone(), lab.server.clone());
     let out_of = lab
-        .udp_between(
-            &container,
-            &host,
-            GATEWAY,
-            &Udp {
-                rate: "25M",
-                seconds: 3,
-                ..Udp::default()
-            },
-        )?
+        .udp_between(&container, &host, GATEWAY, &Udp::at("25M", 3))?
         .total_l2_bps();
     Ok((into, out_of))
 }
@@ -164,16 +139,7 @@ fn measure(lab: &mut Lab, container_address: &str) -> Result<(f64, f64)> {
 fn measure_into(lab: &mut Lab, container_address: &str) -> Result<f64> {
     let (host, container) = (lab.router.clone(), lab.server.clone());
     Ok(lab
-        .udp_between(
-            &host,
-            &container,
-            container_address,
-            &Udp {
-                rate: "50M",
-                seconds: 3,
-                ..Udp::default()
-            },
-        )?
+        .udp_between(&host, &container, container_address, &Udp::at("50M", 3))?
         .total_l2_bps())
 }
 
@@ -181,13 +147,19 @@ fn measure_into(lab: &mut Lab, container_address: &str) -> Result<f64> {
 fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Result<()> {
     let mut lab = Lab::new()?;
     let (host, container) = (lab.router.clone(), lab.server.clone());
-    let mut leftovers = Leftovers {
-        ipam_dir: std::env::temp_dir().join(format!("shaper-test-ipam-{}", std::process::id())),
+    // Whatever a failed run leaves (shaper on the host veth, its pins and record,
+    // host-local's leases) goes with this guard, before the lab.
+    let ipam_dir = std::env::temp_dir().join(format!("{CNI_IPAM_PREFIX}{}", std::process::id()));
+    let mut leftovers = CniLeftovers {
+        host_netns: Some(host.name.clone()),
+        container_id: container_id(),
+        ifname: "eth1".into(),
         host_dev: None,
+        ipam_dir: Some(ipam_dir.clone()),
     };
     let bridge = Path::new(CNI_DIR).join("bridge");
     let shaper_cni = shaper_bin().with_file_name("shaper-cni");
-    let bridge_conf = bridge_config(&leftovers.ipam_dir);
+    let bridge_conf = bridge_config(&ipam_dir);
 
     // VERSION.
     let (ok, version) = plugin(

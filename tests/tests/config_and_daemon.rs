@@ -1,16 +1,17 @@
 //! Running shaper in production: `apply` / `export`, the daemon (reloads, re-attach,
-//! metrics) and `stats --watch`, end to end on the namespace lab.
+//! metrics, the eBPF program's log records) and `stats --watch`, end to end on the
+//! namespace lab; completions and man pages.
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use shaper_tests::{
-    assert_within, shaper_bin, wait_bounded, wait_with_output_bounded, BoundedCommand, Lab, Netns,
-    Udp, COMMAND_LIMIT,
+    assert_within, shaper, shaper_bin, stderr, stdout, wait_bounded, wait_with_output_bounded,
+    BoundedCommand, Lab, Netns, Udp, COMMAND_LIMIT,
 };
 use std::{
     io::{Read as _, Write as _},
     path::PathBuf,
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -44,35 +45,12 @@ impl Drop for ConfigFile {
     }
 }
 
-fn shaper(args: &[&str]) -> Output {
-    Command::new(shaper_bin())
-        .args(args)
-        .output_within_limit()
-        .unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).to_string()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).to_string()
-}
-
 /// `shaper export` of the lab's own namespaces (router, then client): the tests read and
 /// compare only what they made, whatever else this machine has attached.
 fn export((router, client): &(Netns, Netns)) -> String {
     [router, client]
         .iter()
-        .map(|ns| {
-            let output = shaper(&["--netns", &ns.name, "export"]);
-            assert!(
-                output.status.success(),
-                "export failed: {}",
-                stderr(&output)
-            );
-            stdout(&output)
-        })
+        .map(|ns| ns.shaper(&["export"]).unwrap())
         .collect()
 }
 
@@ -110,14 +88,6 @@ fn settings(row: &Value) -> Value {
         }
     }
     row
-}
-
-/// One class's row of `stats --json` in `ns`.
-fn class_stats(lab: &Lab, ns: &Netns, name: &str) -> Result<Value> {
-    lab.stats(ns)?
-        .into_iter()
-        .find(|row| row["name"] == name)
-        .with_context(|| format!("no class {name}"))
 }
 
 fn lab_config(lab: &Lab, bulk_rate: &str, extra: &str) -> String {
@@ -229,8 +199,8 @@ fn apply_is_idempotent_minimal_and_round_trips_through_export() -> Result<()> {
         ..Udp::default()
     })?;
     assert_within("bulk at 10mbit", first.total_l2_bps(), 10e6, 0.03);
-    let before = class_stats(&lab, &router, "bulk")?;
-    let before_meter = class_stats(&lab, &router, "meter")?;
+    let before = router.stats_row("bulk")?;
+    let before_meter = router.stats_row("meter")?;
     file.write(&lab_config(&lab, "20mbit", DNS));
     let output = shaper(&["apply", "-f", file.path(), "--dry-run"]);
     let plan = stdout(&output);
@@ -251,13 +221,13 @@ fn apply_is_idempotent_minimal_and_round_trips_through_export() -> Result<()> {
     assert_eq!(plan.lines().count(), 3, "{plan}");
     let output = shaper(&["apply", "-f", file.path()]);
     assert!(output.status.success(), "{}", stderr(&output));
-    let after = class_stats(&lab, &router, "bulk")?;
+    let after = router.stats_row("bulk")?;
     assert_eq!(after["id"], before["id"], "bulk was re-created");
     assert_eq!(after["passed_packets"], before["passed_packets"]);
     assert_eq!(after["rate_bps"], 20_000_000);
     // The meter was not touched: same id and settings, counters not reset (stray packets
     // of the run's teardown may still reach r1's ingress, so they may have grown).
-    let after_meter = class_stats(&lab, &router, "meter")?;
+    let after_meter = router.stats_row("meter")?;
     assert_eq!(settings(&after_meter), settings(&before_meter));
     assert!(after_meter["passed_packets"].as_u64() >= before_meter["passed_packets"].as_u64());
     let second = lab.udp(&Udp {
@@ -474,10 +444,14 @@ fn tap(router: &Netns, add: bool) -> Result<()> {
     Ok(())
 }
 
-fn live(lab: &Lab, dev: &str) -> Result<bool> {
-    let text = lab.shaper_in(&lab.router, &["status", "--json"])?;
-    let rows: Vec<Value> = serde_json::from_str(&text)?;
-    Ok(rows.iter().any(|r| r["dev"] == dev && r["live"] == true))
+/// Whether `status` in `ns` reports `dev` attached and its interface present.
+fn live(ns: &Netns, dev: &str) -> Result<bool> {
+    let rows = ns.shaper_json(&["status", "--json"])?;
+    Ok(rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|r| r["dev"] == dev && r["live"] == true))
 }
 
 #[test]
@@ -498,7 +472,7 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
     );
     tap(&router, true)?;
     wait_for("tap0 to be attached", Duration::from_secs(5), || {
-        live(&lab, "tap0")
+        live(&router, "tap0")
     })?;
 
     // Traffic through "bulk" while the file changes "web": bulk keeps its bucket and
@@ -512,12 +486,12 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
             })
         });
         thread::sleep(Duration::from_secs_f64(change_at));
-        let before = class_stats_by_cli(&router, "bulk")?;
+        let before = router.stats_row("bulk")?;
         file.write(&daemon_config(&router, "30mbit"));
         wait_for("the daemon to change web", Duration::from_secs(5), || {
             Ok(export(&spaces).contains("rate = \"30mbit\""))
         })?;
-        let after = class_stats_by_cli(&router, "bulk")?;
+        let after = router.stats_row("bulk")?;
         assert_eq!(after["id"], before["id"], "bulk was re-created");
         assert!(
             after["passed_packets"].as_u64() >= before["passed_packets"].as_u64(),
@@ -538,7 +512,7 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
     );
 
     // /metrics matches stats --json (traffic has stopped: the counters are still).
-    let stats = class_stats_by_cli(&router, "bulk")?;
+    let stats = router.stats_row("bulk")?;
     assert_eq!(stats["id"], bulk_id);
     let (status, metrics) = http_get(&router, "/metrics")?;
     assert_eq!(status, 200);
@@ -630,11 +604,11 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
     // A VM's tap goes away and comes back: re-attached, its class kept.
     tap(&router, false)?;
     wait_for("tap0 to be missing", Duration::from_secs(5), || {
-        Ok(!live(&lab, "tap0")?)
+        Ok(!live(&router, "tap0")?)
     })?;
     tap(&router, true)?;
     wait_for("tap0 to be re-attached", Duration::from_secs(5), || {
-        live(&lab, "tap0")
+        live(&router, "tap0")
     })?;
     assert!(export(&spaces).contains("name = \"vm\""));
 
@@ -658,25 +632,12 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
     Ok(())
 }
 
-fn class_stats_by_cli(router: &Netns, name: &str) -> Result<Value> {
-    let output = shaper(&["--netns", &router.name, "stats", "--json"]);
-    let rows: Vec<Value> = serde_json::from_slice(&output.stdout)?;
-    rows.into_iter()
-        .find(|r| r["name"] == name)
-        .with_context(|| format!("no class {name}"))
-}
-
 #[test]
 fn stats_watch_reports_current_rates() -> Result<()> {
     let mut lab = Lab::new()?;
     let router = lab.router.clone();
-    lab.shaper_in(&router, &["attach", "r1"])?;
-    lab.shaper_in(
-        &router,
-        &[
-            "class", "add", "bulk", "--dev", "r1", "--rate", "10mbit", "--proto", "udp",
-        ],
-    )?;
+    router.attach("r1", &[])?;
+    router.class_add("bulk", "r1", &["--rate", "10mbit", "--proto", "udp"])?;
     let lines = thread::scope(|scope| -> Result<String> {
         let traffic = scope.spawn(|| {
             lab.udp(&Udp {
@@ -727,13 +688,8 @@ fn stats_watch_reports_current_rates() -> Result<()> {
 fn daemon_forwards_the_programs_log_records() -> Result<()> {
     let mut lab = Lab::new()?;
     let router = lab.router.clone();
-    lab.shaper_in(&router, &["attach", "r1"])?;
-    lab.shaper_in(
-        &router,
-        &[
-            "class", "add", "paced", "--dev", "r1", "--rate", "1mbit", "--proto", "udp",
-        ],
-    )?;
+    router.attach("r1", &[])?;
+    router.class_add("paced", "r1", &["--rate", "1mbit", "--proto", "udp"])?;
     // EDT pacing is what `shape` does where fq exists; switch the class to it by hand.
     let attachment = shaper::state::Attachment::open(&shaper::state::Location {
         netns: Some(router.name.clone()),
@@ -753,11 +709,7 @@ fn daemon_forwards_the_programs_log_records() -> Result<()> {
     wait_for("the daemon", Duration::from_secs(10), || {
         Ok(http_get(&router, "/healthz").is_ok_and(|(s, _)| s == 200))
     })?;
-    lab.udp(&Udp {
-        rate: "20M",
-        seconds: 2,
-        ..Udp::default()
-    })?;
+    lab.udp(&Udp::at("20M", 2))?;
     let expected = format!("class {id}: departure beyond the 2 ms horizon; packet dropped");
     wait_for("the forwarded record", Duration::from_secs(5), || {
         Ok(daemon.log().contains(&expected))

@@ -154,6 +154,8 @@ struct Harness {
 }
 
 impl Harness {
+    /// A lab whose router has shaper attached to a veth that stays down, with `classes`
+    /// on it: each its name, then its `class add` options.
     fn new(classes: &[&[&str]]) -> Self {
         let lab = Lab::new().unwrap();
         lab.router
@@ -162,11 +164,10 @@ impl Harness {
                 &["link", "add", DEV, "type", "veth", "peer", "name", "trun1"],
             )
             .unwrap();
-        lab.shaper_in(&lab.router, &["attach", DEV]).unwrap();
+        lab.router.attach(DEV, &[]).unwrap();
         for class in classes {
-            let mut args = vec!["class", "add"];
-            args.extend_from_slice(class);
-            lab.shaper_in(&lab.router, &args).unwrap();
+            let (name, options) = class.split_first().expect("a class has a name");
+            lab.router.class_add(name, DEV, options).unwrap();
         }
         let location = Location {
             netns: Some(lab.router.name.clone()),
@@ -258,20 +259,17 @@ impl Harness {
 fn crafted_packets_get_the_expected_class_and_verdict() {
     let mut harness = Harness::new(&[
         &[
-            "dns", "--dev", DEV, "--proto", "udp", "--dport", "53", "--prio", "10", "--rate",
-            "400gbit",
+            "dns", "--proto", "udp", "--dport", "53", "--prio", "10", "--rate", "400gbit",
         ],
         &[
-            "web", "--dev", DEV, "--proto", "tcp", "--dport", "80", "--prio", "20", "--rate",
-            "8kbit", "--burst", "1514",
+            "web", "--proto", "tcp", "--dport", "80", "--prio", "20", "--rate", "8kbit", "--burst",
+            "1514",
         ],
         &[
-            "icmp", "--dev", DEV, "--proto", "icmp", "--prio", "30", "--rate", "400gbit",
+            "icmp", "--proto", "icmp", "--prio", "30", "--rate", "400gbit",
         ],
         &[
             "net4",
-            "--dev",
-            DEV,
             "--dst",
             "198.18.2.0/24",
             "--prio",
@@ -281,8 +279,6 @@ fn crafted_packets_get_the_expected_class_and_verdict() {
         ],
         &[
             "net6",
-            "--dev",
-            DEV,
             "--dst",
             "fd00:2::/64",
             "--prio",
@@ -488,7 +484,7 @@ fn crafted_packets_get_the_expected_class_and_verdict() {
 #[test]
 fn gso_packets_are_charged_their_bytes_on_the_wire() {
     let mut harness = Harness::new(&[&[
-        "gso", "--dev", DEV, "--proto", "tcp", "--dport", "9100", "--rate", "1gbit",
+        "gso", "--proto", "tcp", "--dport", "9100", "--rate", "1gbit",
     ]]);
     // Test runs take at most about 3.5 KiB of packet data.
     let frame = ipv4(V4::default(), tcp(9100, 2000));
@@ -519,12 +515,11 @@ impl Lcg {
 fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
     let mut harness = Harness::new(&[
         &[
-            "shared", "--dev", DEV, "--proto", "udp", "--dport", "9000", "--rate", "1mbit",
-            "--burst", "3000",
+            "shared", "--proto", "udp", "--dport", "9000", "--rate", "1mbit", "--burst", "3000",
         ],
         &[
-            "perflow", "--dev", DEV, "--proto", "udp", "--dport", "9001", "--rate", "400kbit",
-            "--burst", "4000", "--per", "flow",
+            "perflow", "--proto", "udp", "--dport", "9001", "--rate", "400kbit", "--burst", "4000",
+            "--per", "flow",
         ],
     ]);
     // Each class gets about 1.9 Mbit/s: 1.9× the shared rate, and each of the three flows
@@ -644,8 +639,7 @@ fn per_cpu_credit_admits_exactly_what_the_model_predicts() {
     const RATE: u64 = 20_000_000;
     const BURST: u64 = 200 * 1024;
     let mut harness = Harness::new(&[&[
-        "credit", "--dev", DEV, "--proto", "udp", "--dport", "9300", "--rate", "20mbit", "--burst",
-        "200k",
+        "credit", "--proto", "udp", "--dport", "9300", "--rate", "20mbit", "--burst", "200k",
     ]]);
     let cpus = possible_cpus() as u64;
     let chunk = credit_chunk(RATE, BURST, cpus);
@@ -765,11 +759,10 @@ fn meter_against_rfc(
     seen
 }
 
-/// `class add` arguments of the replayed meter: CIR 8 Mbit/s, CBS 6000 bytes, and `extra`.
+/// The replayed meter for [`Harness::new`]: CIR 8 Mbit/s, CBS 6000 bytes, and `extra`.
 fn meter_class<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
-        "meter", "--dev", DEV, "--proto", "udp", "--dport", "9400", "--rate", "8mbit", "--burst",
-        "6000",
+        "meter", "--proto", "udp", "--dport", "9400", "--rate", "8mbit", "--burst", "6000",
     ];
     args.extend_from_slice(extra);
     args
@@ -831,7 +824,7 @@ fn kernel_srtcm_matches_rfc_2697_packet_by_packet() {
 #[test]
 fn ties_go_to_the_older_class_and_deletion_falls_back_to_the_next_best() {
     let class = |name: &'static str, dport: Option<&'static str>, prio: &'static str| {
-        let mut args = vec![name, "--dev", DEV, "--proto", "udp", "--prio", prio];
+        let mut args = vec![name, "--proto", "udp", "--prio", prio];
         if let Some(port) = dport {
             args.extend(["--dport", port]);
         }
@@ -856,11 +849,11 @@ fn ties_go_to_the_older_class_and_deletion_falls_back_to_the_next_best() {
         classified(&mut harness, "two classes of prio 10 match").as_deref(),
         Some("older")
     );
-    let router = harness.lab.router.clone();
     let delete = |harness: &Harness, name: &str| {
         harness
             .lab
-            .shaper_in(&router, &["class", "del", name, "--dev", DEV])
+            .router
+            .shaper(&["class", "del", name, "--dev", DEV])
             .unwrap();
     };
     delete(&harness, "older");
@@ -871,11 +864,12 @@ fn ties_go_to_the_older_class_and_deletion_falls_back_to_the_next_best() {
     // The lowest prio wins over age.
     harness
         .lab
-        .shaper_in(
-            &router,
+        .router
+        .class_add(
+            "urgent",
+            DEV,
             &[
-                "class", "add", "urgent", "--dev", DEV, "--proto", "udp", "--dport", "53",
-                "--prio", "5", "--rate", "400gbit",
+                "--proto", "udp", "--dport", "53", "--prio", "5", "--rate", "400gbit",
             ],
         )
         .unwrap();
@@ -957,8 +951,7 @@ fn two_cpus_charging_one_bucket_never_over_admit() {
         "the race needs two CPUs, this machine has {cpus}"
     );
     let harness = Harness::new(&[&[
-        "race", "--dev", DEV, "--proto", "udp", "--dport", "9200", "--rate", "1gbit", "--burst",
-        "8k",
+        "race", "--proto", "udp", "--dport", "9200", "--rate", "1gbit", "--burst", "8k",
     ]]);
     let id = harness.class_id("race");
     assert_eq!(credit_chunk(RATE, BURST, cpus as u64), 0);
@@ -1052,7 +1045,7 @@ fn two_cpus_charging_one_bucket_never_over_admit() {
 #[test]
 fn edt_shaping_writes_departure_times_and_drops_beyond_the_horizon() {
     let mut harness = Harness::new(&[&[
-        "edt", "--dev", DEV, "--proto", "udp", "--dport", "9300", "--rate", "8mbit",
+        "edt", "--proto", "udp", "--dport", "9300", "--rate", "8mbit",
     ]]);
     // Switch the class to EDT shaping (no HTB class, 2 ms horizon) in its config entry.
     let id = harness.class_id("edt");

@@ -770,7 +770,7 @@ fn traffic_markdown(report: &Value) -> String {
     out.push_str("\n![UDP rate over time, shaper vs tbf](bench/udp-10mbit.png)\n\n![TCP goodput over time, shaper vs tbf](bench/tcp-10mbit.png)\n");
 
     out.push_str("\n## Honest limits\n\n");
-    out.push_str("- This kernel has no `fq`, `cake`, `act_police` or `fq_codel` modules, so tc's policer (`tc filter ... action police`), fq's EDT pacing and cake cannot be compared here; shaper's own EDT path is checked with BPF_PROG_TEST_RUN only (tests/tests/prog_test_run.rs).\n");
+    out.push_str("- This kernel has no `fq`, `cake`, `act_police` or `fq_codel` modules, so tc's policer (`tc filter ... action police`), fq's EDT pacing and cake cannot be compared here; shaper's own EDT path is checked with BPF_PROG_TEST_RUN only (tests/tests/test_run.rs).\n");
     out.push_str("- The lab is three namespaces on one 2-core machine: the senders, the router and the receivers share the cores, so forwarding figures are ratios, not line rates, and the highest UDP rate is set by the sender (see the accuracy note).\n");
     out.push_str("- The CNI `bandwidth` plugin is given the same burst as shaper's default; Kubernetes passes a burst of 2^31 − 1 bits when a pod sets only a rate, which lets the first ~268 MB through unlimited.\n");
     out.push_str("- Per-packet cost misses the ≤ 2× floor target: see the table; the gap is the two hash lookups (classifier, per-flow bucket) and the header parse.\n");

@@ -1,0 +1,124 @@
+//! Running shaper commands from the tests. A command in a lab namespace is a method of
+//! that [`Netns`]: [`Netns::shaper`] for any command, [`Netns::class_add`] and
+//! [`Netns::stats_row`] for the two every test file needs; [`shaper`] runs one as is,
+//! whatever its exit, for the tests of failures.
+
+use crate::{
+    process::{output_bounded, shaper_bin, COMMAND_LIMIT},
+    topology::{Lab, Netns},
+};
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+use std::process::{Command, Output};
+
+/// `shaper ARGS` (no `--netns` added), whatever its exit status. Panics only when shaper
+/// cannot be run or outlives [`COMMAND_LIMIT`].
+pub fn shaper(args: &[&str]) -> Output {
+    output_bounded(Command::new(shaper_bin()).args(args), COMMAND_LIMIT)
+        .unwrap_or_else(|e| panic!("running shaper failed: {e:#}"))
+}
+
+/// A command's stdout as text.
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).to_string()
+}
+
+/// A command's stderr as text.
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).to_string()
+}
+
+impl Netns {
+    /// `shaper --netns NS ARGS`, whatever its exit status.
+    pub fn shaper_output(&self, args: &[&str]) -> Output {
+        shaper(&[&["--netns", self.name.as_str()][..], args].concat())
+    }
+
+    /// `shaper --netns NS ARGS`: its stdout, or an error with its stderr when it exits
+    /// non-zero.
+    pub fn shaper(&self, args: &[&str]) -> Result<String> {
+        let output = self.shaper_output(args);
+        if !output.status.success() {
+            bail!(
+                "shaper --netns {} {} failed: {}",
+                self.name,
+                args.join(" "),
+                stderr(&output).trim()
+            );
+        }
+        Ok(stdout(&output))
+    }
+
+    /// [`Netns::shaper`] of a `--json` command, its output parsed.
+    pub fn shaper_json(&self, args: &[&str]) -> Result<Value> {
+        let text = self.shaper(args)?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("shaper {} printed no JSON: {text}", args.join(" ")))
+    }
+
+    /// `shaper attach DEV OPTIONS…` in this namespace.
+    pub fn attach(&self, dev: &str, options: &[&str]) -> Result<String> {
+        self.shaper(&[&["attach", dev][..], options].concat())
+    }
+
+    /// `shaper class add NAME --dev DEV OPTIONS…` in this namespace (`--rate` is one of
+    /// the options).
+    pub fn class_add(&self, name: &str, dev: &str, options: &[&str]) -> Result<String> {
+        self.shaper(&[&["class", "add", name, "--dev", dev][..], options].concat())
+    }
+
+    /// `shaper stats --json` in this namespace: one row per class.
+    pub fn stats(&self) -> Result<Vec<Value>> {
+        Ok(self
+            .shaper_json(&["stats", "--json"])?
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// The `stats --json` row of class `name` (its settings and counters).
+    pub fn stats_row(&self, name: &str) -> Result<Value> {
+        self.stats()?
+            .into_iter()
+            .find(|row| row["name"] == name)
+            .with_context(|| format!("no class {name} in the stats of {}", self.name))
+    }
+}
+
+/// A counter of a `stats --json` row (`passed_packets`, `dropped_bytes`, …); panics,
+/// naming it, when the row has no such number.
+pub fn counter(row: &Value, field: &str) -> u64 {
+    row[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {field} in {row}"))
+}
+
+impl Lab {
+    /// A new lab with shaper attached to the router's `dev` and one class there, `c`,
+    /// with `options` (`--rate` among them; a `--direction` there is also the direction
+    /// attached, egress otherwise).
+    pub fn with_router_class(dev: &str, options: &[&str]) -> Result<Self> {
+        let lab = Self::new()?;
+        let direction = options
+            .iter()
+            .position(|option| *option == "--direction")
+            .and_then(|index| options.get(index + 1))
+            .copied()
+            .unwrap_or("egress");
+        lab.router.attach(dev, &["--direction", direction])?;
+        lab.router.class_add("c", dev, options)?;
+        Ok(lab)
+    }
+
+    // The same commands through the lab, as xtask's demo calls them.
+
+    /// [`Netns::shaper`] in `ns`.
+    pub fn shaper_in(&self, ns: &Netns, args: &[&str]) -> Result<String> {
+        ns.shaper(args)
+    }
+
+    /// [`Netns::stats`] of `ns`.
+    pub fn stats(&self, ns: &Netns) -> Result<Vec<Value>> {
+        ns.stats()
+    }
+}

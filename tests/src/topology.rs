@@ -1,0 +1,185 @@
+//! The lab's topology: client → router → server, joined by veth pairs.
+//!
+//! ```text
+//!  client ns            router ns                     server ns
+//!  c0 198.18.1.2  ───  r0 198.18.1.1 | r1 198.18.2.1  ───  s0 198.18.2.2
+//!     fd00:1::2           fd00:1::1  |    fd00:2::1           fd00:2::2
+//! ```
+//! Addresses come only from 198.18.0.0/15 (benchmarking) and fd00::/8; the namespaces
+//! have no route anywhere else. Names are unique per run (`shp<pid>x<n>-…`); dropping
+//! the [`Lab`] (also while a test panics) removes what it made (see [`crate::cleanup`]),
+//! and [`Lab::new`] first sweeps what a crashed earlier run left behind.
+
+use crate::{
+    cleanup::{remove_namespace, sweep_stale},
+    process::{run_checked, shaper_bin},
+};
+use anyhow::{Context as _, Result};
+use std::{
+    process::{Command, Output},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+pub const CLIENT_V4: &str = "198.18.1.2";
+pub const SERVER_V4: &str = "198.18.2.2";
+pub const CLIENT_V6: &str = "fd00:1::2";
+pub const SERVER_V6: &str = "fd00:2::2";
+/// The router's interface toward the server, and the server's interface.
+pub const ROUTER_TO_SERVER: &str = "r1";
+pub const ROUTER_TO_CLIENT: &str = "r0";
+pub const SERVER_DEV: &str = "s0";
+pub const CLIENT_DEV: &str = "c0";
+/// The start of every lab namespace's name: `shp<pid>x<n>-…`.
+pub(crate) const NAME_PREFIX: &str = "shp";
+/// Where shaper pins its maps and programs.
+pub(crate) const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
+
+static LAB_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn ip(args: &[&str]) -> Result<()> {
+    run_checked(Command::new("ip").args(args)).map(|_| ())
+}
+
+/// A network namespace of the lab.
+#[derive(Clone, Debug)]
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    /// A command run inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name, program]);
+        command
+    }
+
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<Output> {
+        run_checked(self.command(program).args(args))
+    }
+
+    fn ip(&self, args: &[&str]) -> Result<()> {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    fn sysctl(&self, setting: &str) -> Result<()> {
+        self.run("sysctl", &["-qw", setting]).map(|_| ())
+    }
+
+    /// Interface counters (rx_bytes, tx_packets, ...) as the kernel keeps them.
+    pub fn link_stat(&self, dev: &str, stat: &str) -> Result<u64> {
+        let out = self.run("cat", &[&format!("/sys/class/net/{dev}/statistics/{stat}")])?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+    }
+}
+
+/// The three namespaces of one lab; see the module documentation.
+pub struct Lab {
+    pub client: Netns,
+    pub router: Netns,
+    pub server: Netns,
+    /// The last iperf3 port handed out (see `Lab::port`).
+    pub(crate) next_port: u16,
+}
+
+impl Lab {
+    pub fn new() -> Result<Self> {
+        // Resolved (built, without SHAPER_BIN) before anything needs cleaning up with it.
+        shaper_bin();
+        sweep_stale();
+        let id = format!(
+            "{NAME_PREFIX}{}x{}",
+            std::process::id(),
+            LAB_COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let lab = Self {
+            client: Netns {
+                name: format!("{id}-client"),
+            },
+            router: Netns {
+                name: format!("{id}-router"),
+            },
+            server: Netns {
+                name: format!("{id}-server"),
+            },
+            next_port: 5201,
+        };
+        // Built inside `lab` so a failure half-way still cleans up on drop.
+        lab.build().context("building the lab failed")?;
+        Ok(lab)
+    }
+
+    fn build(&self) -> Result<()> {
+        for ns in [&self.client, &self.router, &self.server] {
+            ip(&["netns", "add", &ns.name])?;
+            ns.ip(&["link", "set", "lo", "up"])?;
+        }
+        self.client.ip(&[
+            "link",
+            "add",
+            CLIENT_DEV,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            ROUTER_TO_CLIENT,
+            "netns",
+            &self.router.name,
+        ])?;
+        self.server.ip(&[
+            "link",
+            "add",
+            SERVER_DEV,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            ROUTER_TO_SERVER,
+            "netns",
+            &self.router.name,
+        ])?;
+        let addresses = [
+            (&self.client, CLIENT_DEV, "198.18.1.2/24", "fd00:1::2/64"),
+            (
+                &self.router,
+                ROUTER_TO_CLIENT,
+                "198.18.1.1/24",
+                "fd00:1::1/64",
+            ),
+            (
+                &self.router,
+                ROUTER_TO_SERVER,
+                "198.18.2.1/24",
+                "fd00:2::1/64",
+            ),
+            (&self.server, SERVER_DEV, "198.18.2.2/24", "fd00:2::2/64"),
+        ];
+        for (ns, dev, v4, v6) in addresses {
+            ns.ip(&["addr", "add", v4, "dev", dev])?;
+            ns.ip(&["-6", "addr", "add", v6, "dev", dev, "nodad"])?;
+            ns.ip(&["link", "set", dev, "up"])?;
+        }
+        // Routes only toward the lab's own prefixes: nothing can leave the machine.
+        self.client
+            .ip(&["route", "add", "198.18.2.0/24", "via", "198.18.1.1"])?;
+        self.client
+            .ip(&["-6", "route", "add", "fd00:2::/64", "via", "fd00:1::1"])?;
+        self.server
+            .ip(&["route", "add", "198.18.1.0/24", "via", "198.18.2.1"])?;
+        self.server
+            .ip(&["-6", "route", "add", "fd00:1::/64", "via", "fd00:2::1"])?;
+        self.router.sysctl("net.ipv4.ip_forward=1")?;
+        self.router.sysctl("net.ipv6.conf.all.forwarding=1")?;
+        Ok(())
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for ns in [&self.client, &self.router, &self.server] {
+            remove_namespace(&ns.name);
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! Real traffic through the lab with iperf3: UDP at a given rate (one or several streams,
+//! IPv4 or IPv6, several runs at once) and TCP with a given congestion control; rates
+//! measured at the receiver. How iperf3 itself is run is in [`crate::iperf`].
+
+use crate::{
+    iperf,
+    topology::{Lab, Netns, SERVER_V4, SERVER_V6},
+};
+use anyhow::{Context as _, Result};
+use std::{process::Child, thread};
+
+/// Ethernet + IPv4 + UDP headers per datagram, and the IPv6 equivalent.
+pub const UDP_V4_OVERHEAD: u64 = 14 + 20 + 8;
+pub const UDP_V6_OVERHEAD: u64 = 14 + 40 + 8;
+
+/// Result of one iperf3 UDP run, measured at the server.
+#[derive(Debug, Clone)]
+pub struct UdpResult {
+    /// Offered payload rate per stream (bit/s).
+    pub offered_bps: f64,
+    /// Received L2 rate per stream, over the steady-state intervals (bit/s).
+    pub stream_l2_bps: Vec<f64>,
+    /// The server's interval samples: (end time s, L2 bits summed over streams).
+    pub intervals: Vec<(f64, f64)>,
+}
+
+impl UdpResult {
+    pub fn total_l2_bps(&self) -> f64 {
+        self.stream_l2_bps.iter().sum()
+    }
+
+    /// Received L2 rate (bit/s) over the one-second server intervals whose end, rounded
+    /// to the second, lies in (from, to].
+    pub fn l2_bps_between(&self, from: f64, to: f64) -> f64 {
+        let mut bits = 0.0;
+        let mut seconds = 0.0;
+        let mut previous_end = 0.0;
+        for (interval_end, interval_bits) in &self.intervals {
+            let second = interval_end.round();
+            if second > from && second <= to {
+                bits += interval_bits;
+                seconds += interval_end - previous_end;
+            }
+            previous_end = *interval_end;
+        }
+        if seconds > 0.0 {
+            bits / seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Result of one iperf3 TCP run.
+#[derive(Debug, Clone)]
+pub struct TcpResult {
+    /// Goodput received by the server over the whole run (bit/s).
+    pub goodput_bps: f64,
+    /// The server's interval samples: (end time s, payload bits received).
+    pub intervals: Vec<(f64, f64)>,
+}
+
+impl TcpResult {
+    /// Goodput (bit/s) over the intervals after the first second: the initial burst a
+    /// policer grants lands in the first second, so this is what the rate alone allows.
+    pub fn steady_bps(&self) -> f64 {
+        let (mut bits, mut seconds, mut previous_end) = (0.0, 0.0, 0.0);
+        for &(end, interval_bits) in &self.intervals {
+            if previous_end >= 0.999 && end - previous_end >= 0.5 {
+                bits += interval_bits;
+                seconds += end - previous_end;
+            }
+            previous_end = end;
+        }
+        if seconds > 0.0 {
+            bits / seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Options of a UDP run.
+pub struct Udp {
+    pub rate: &'static str,
+    pub seconds: u32,
+    pub streams: u32,
+    pub ipv6: bool,
+    pub port: Option<u16>,
+    /// Datagram payload size.
+    pub length: u32,
+    /// IP TOS byte of the datagrams (iperf3 -S), e.g. 2 for ECT(0).
+    pub tos: Option<u8>,
+    /// Report interval in seconds (iperf3 -i); one second when unset.
+    pub interval: Option<f64>,
+    /// Source address of the client (iperf3 -B), e.g. a second address of the client.
+    pub bind: Option<&'static str>,
+}
+
+impl Udp {
+    /// The default run, at `rate` (iperf3's spelling: "20M") for `seconds`.
+    pub fn at(rate: &'static str, seconds: u32) -> Self {
+        Self {
+            rate,
+            seconds,
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for Udp {
+    fn default() -> Self {
+        Self {
+            rate: "100M",
+            seconds: 5,
+            streams: 1,
+            ipv6: false,
+            port: None,
+            length: 1400,
+            bind: None,
+            tos: None,
+            interval: None,
+        }
+    }
+}
+
+impl Lab {
+    /// A port no earlier run of this lab used.
+    fn port(&mut self) -> u16 {
+        self.next_port += 1;
+        self.next_port
+    }
+
+    /// Starts a one-shot iperf3 server in the server namespace and waits until it listens.
+    pub fn iperf_server(&self, port: u16) -> Result<Child> {
+        iperf::start_server(&self.server, port, 1.0, None)
+    }
+
+    /// Runs a UDP flow (or several) from client to server; rates measured at the server.
+    pub fn udp(&mut self, options: &Udp) -> Result<UdpResult> {
+        let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
+        let (client, server) = (self.client.clone(), self.server.clone());
+        self.udp_between(&client, &server, target, options)
+    }
+
+    /// A UDP run from namespace `from` to `target`, an address of namespace `to`.
+    pub fn udp_between(
+        &mut self,
+        from: &Netns,
+        to: &Netns,
+        target: &str,
+        options: &Udp,
+    ) -> Result<UdpResult> {
+        let port = options.port.unwrap_or_else(|| self.port());
+        self.udp_on_port(from, to, target, port, options)
+    }
+
+    /// Several UDP runs at once, each (from, to, target, options) on its own port; their
+    /// results in the same order.
+    pub fn udp_concurrently(
+        &mut self,
+        runs: &[(&Netns, &Netns, &str, &Udp)],
+    ) -> Result<Vec<UdpResult>> {
+        let ports: Vec<u16> = runs.iter().map(|_| self.port()).collect();
+        let lab = &*self;
+        thread::scope(|scope| {
+            let handles: Vec<_> = runs
+                .iter()
+                .zip(ports)
+                .map(|(&(from, to, target, options), port)| {
+                    scope.spawn(move || lab.udp_on_port(from, to, target, port, options))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| handle.join().expect("a UDP run panicked"))
+                .collect()
+        })
+    }
+
+    fn udp_on_port(
+        &self,
+        from: &Netns,
+        to: &Netns,
+        target: &str,
+        port: u16,
+        options: &Udp,
+    ) -> Result<UdpResult> {
+        let args: Vec<String> = [
+            "-c",
+            target,
+            "-u",
+            "-b",
+            options.rate,
+            "-t",
+            &options.seconds.to_string(),
+            "-P",
+            &options.streams.to_string(),
+            "-l",
+            &options.length.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut args = args;
+        if let Some(tos) = options.tos {
+            args.extend(["-S".to_string(), tos.to_string()]);
+        }
+        if let Some(interval) = options.interval {
+            args.extend(["-i".to_string(), interval.to_string()]);
+        }
+        if let Some(address) = options.bind {
+            args.extend(["-B".to_string(), address.to_string()]);
+        }
+        let json = iperf::run(
+            from,
+            to,
+            port,
+            &args,
+            options.interval.unwrap_or(1.0),
+            options.seconds,
+        )?;
+        let overhead = if options.ipv6 {
+            UDP_V6_OVERHEAD
+        } else {
+            UDP_V4_OVERHEAD
+        };
+        iperf::parse_udp(&json, options, overhead)
+    }
+
+    /// Runs one TCP flow for `seconds`; returns the goodput received by the server (bit/s).
+    pub fn tcp(&mut self, seconds: u32) -> Result<f64> {
+        self.tcp_with(seconds, "cubic")
+    }
+
+    /// One TCP flow with the given congestion control (cubic, bbr, reno).
+    pub fn tcp_with(&mut self, seconds: u32, congestion: &str) -> Result<f64> {
+        Ok(self.tcp_series(seconds, congestion, 1.0)?.goodput_bps)
+    }
+
+    /// One TCP flow, with the server's goodput reported every `interval` seconds.
+    pub fn tcp_series(
+        &mut self,
+        seconds: u32,
+        congestion: &str,
+        interval: f64,
+    ) -> Result<TcpResult> {
+        let port = self.port();
+        let args: Vec<String> = [
+            "-c",
+            SERVER_V4,
+            "-t",
+            &seconds.to_string(),
+            "-C",
+            congestion,
+            "-i",
+            &interval.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let json = iperf::run(&self.client, &self.server, port, &args, interval, seconds)?;
+        let goodput_bps = json["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .context("iperf3 JSON has no end.sum_received.bits_per_second")?;
+        let intervals = json["server_output_json"]["intervals"]
+            .as_array()
+            .context("no server intervals")?
+            .iter()
+            .map(|interval| {
+                let sum = &interval["sum"];
+                (
+                    sum["end"].as_f64().unwrap_or(0.0),
+                    sum["bytes"].as_f64().unwrap_or(0.0) * 8.0,
+                )
+            })
+            .collect();
+        Ok(TcpResult {
+            goodput_bps,
+            intervals,
+        })
+    }
+}
