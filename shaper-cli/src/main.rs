@@ -3,6 +3,8 @@
 
 mod cli;
 mod commands;
+mod config_file;
+mod rows;
 
 use clap::Parser as _;
 use shaper::error::{report, EXIT_USAGE};

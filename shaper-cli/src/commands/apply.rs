@@ -2,41 +2,12 @@
 
 use super::prepare;
 use crate::cli::{ApplyArgs, ExportArgs};
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use shaper::{
-    config::{self, Desired, Plan, Prune},
+    config::{self, Prune},
     error::{runtime, usage},
     state,
 };
-
-/// Reads a configuration file (or standard input for `-`) and checks all of it.
-pub fn load(file: &str) -> Result<Desired> {
-    let text = if file == "-" {
-        std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
-    } else {
-        std::fs::read_to_string(file).map_err(|e| runtime(format!("cannot read {file}: {e}")))?
-    };
-    let name = if file == "-" { "<stdin>" } else { file };
-    config::parse(name, &text).map_err(|problems| {
-        // Every problem on its own line; the last line (the one-line error) sums up.
-        for problem in problems.to_string().lines() {
-            eprintln!("shaper: {problem}");
-        }
-        usage(format!(
-            "{} problem(s) in {name}; nothing was changed",
-            problems.problems.len()
-        ))
-    })
-}
-
-/// Prints a plan the way `apply` and the daemon log it.
-pub fn describe(plan: &Plan) -> Vec<String> {
-    let mut lines: Vec<String> = plan.steps.iter().map(|step| step.to_string()).collect();
-    for missing in &plan.missing {
-        lines.push(format!("waiting for {missing}: not present"));
-    }
-    lines
-}
 
 pub fn run(netns: Option<String>, args: ApplyArgs) -> Result<()> {
     if netns.is_some() {
@@ -44,7 +15,7 @@ pub fn run(netns: Option<String>, args: ApplyArgs) -> Result<()> {
             "apply takes namespaces from the file (netns = \"...\" per interface), not --netns",
         ));
     }
-    let desired = load(&args.file)?;
+    let desired = crate::config_file::load(&args.file)?;
     prepare(&None)?;
     let _lock = state::lock()?;
     let prune = if args.prune {
@@ -54,7 +25,7 @@ pub fn run(netns: Option<String>, args: ApplyArgs) -> Result<()> {
     };
     let plan = config::plan(&desired, prune)?;
     if args.dry_run {
-        for line in describe(&plan) {
+        for line in crate::config_file::describe(&plan) {
             println!("would {line}");
         }
     }
@@ -74,7 +45,7 @@ pub fn run(netns: Option<String>, args: ApplyArgs) -> Result<()> {
     if args.dry_run {
         return Ok(());
     }
-    for line in describe(&plan) {
+    for line in crate::config_file::describe(&plan) {
         println!("{line}");
     }
     config::execute(&plan)?;

@@ -3,13 +3,11 @@ use crate::cli::{
     ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection,
 };
 use anyhow::Result;
-use serde_json::{json, Value};
 use shaper::{
     actions::ActionSpec,
     class_input::ClassInput,
-    classes::{self, ClassSpec, ClassView, Meter},
+    classes::{self, ClassSpec},
     error::{runtime, usage},
-    rules::PortRange,
     state::{self, Attachment, Direction, Location},
     units::{format_rate, format_size, parse_rate, parse_size},
 };
@@ -154,90 +152,9 @@ fn del(netns: Option<String>, args: ClassDelArgs) -> Result<()> {
     Ok(())
 }
 
-/// Every class of every selected attachment, as JSON objects (shared with `stats`).
-pub fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Vec<Value>> {
-    let filter = netns.as_ref().map(|n| Some(n.clone()));
-    let mut rows = Vec::new();
-    for location in state::list_locations(filter.as_ref())? {
-        if dev.as_ref().is_some_and(|d| *d != location.dev) {
-            continue;
-        }
-        let attachment = Attachment::open(&location)?;
-        for view in classes::read_classes(&attachment)? {
-            rows.push(class_json(&location, &view));
-        }
-    }
-    if rows.is_empty() {
-        if let Some(dev) = dev {
-            let any = state::list_locations(filter.as_ref())?
-                .iter()
-                .any(|l| l.dev == *dev);
-            if !any {
-                return Err(runtime(format!("shaper is not attached to {dev}")));
-            }
-        }
-    }
-    Ok(rows)
-}
-
-fn class_json(location: &Location, view: &ClassView) -> Value {
-    let spec = &view.spec;
-    let rule = &spec.rule;
-    let ports = |range: PortRange| {
-        if range.is_any() {
-            Value::Null
-        } else {
-            json!(range.display())
-        }
-    };
-    let mut row = json!({
-        "name": spec.name,
-        "dev": location.dev,
-        "netns": location.netns,
-        "direction": location.direction.name(),
-        "id": view.id,
-        "rate_bps": spec.rate_bits_per_sec,
-        "burst_bytes": spec.burst_bytes,
-        "per": spec.scope.name(),
-        "prio": spec.prio,
-        "proto": rule.proto.name(),
-        "src": rule.src.map(|n| n.to_string()),
-        "dst": rule.dst.map(|n| n.to_string()),
-        "sport": ports(rule.sport),
-        "dport": ports(rule.dport),
-        "action": spec.action.to_string(),
-        "passed_packets": view.stats.passed_packets,
-        "passed_bytes": view.stats.passed_bytes,
-        "dropped_packets": view.stats.dropped_packets,
-        "dropped_bytes": view.stats.dropped_bytes,
-        "marked_packets": view.stats.marked_packets,
-        "marked_bytes": view.stats.marked_bytes,
-    });
-    if spec.meter != Meter::None {
-        let extra = json!({
-            "meter": spec.meter.name(),
-            "exceed": spec.exceed.to_string(),
-            "violate": spec.action.to_string(),
-            "peak_rate_bps": spec.meter.peak_rate(),
-            "peak_burst_bytes": spec.meter.peak_burst(),
-            "excess_burst_bytes": spec.meter.excess_burst(),
-            "green_packets": view.stats.green_packets,
-            "green_bytes": view.stats.green_bytes,
-            "yellow_packets": view.stats.yellow_packets,
-            "yellow_bytes": view.stats.yellow_bytes,
-            "red_packets": view.stats.red_packets,
-            "red_bytes": view.stats.red_bytes,
-        });
-        for (key, value) in extra.as_object().into_iter().flatten() {
-            row[key] = value.clone();
-        }
-    }
-    row
-}
-
 fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
     prepare(&None)?;
-    let rows = collect(&netns, &args.dev)?;
+    let rows = crate::rows::collect(&netns, &args.dev)?;
     let header = [
         "NAME", "DEV", "DIR", "PRIO", "RATE", "BURST", "PER", "ACTION", "PROTO", "SRC", "DST",
         "SPORT", "DPORT",

@@ -228,7 +228,7 @@ impl Daemon {
 
 async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Result<()> {
     // An invalid file at start is the operator's error to fix: fail loudly.
-    let desired = super::apply::load(&args.file)?;
+    let desired = crate::config_file::load(&args.file)?;
     let listener = TcpListener::bind(address)
         .await
         .map_err(|e| runtime(format!("cannot listen on {address} for metrics: {e}")))?;

@@ -19,7 +19,7 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
     if args.watch {
         return watch(&netns, &args, interval);
     }
-    let rows = super::class::collect(&netns, &args.dev)?;
+    let rows = crate::rows::collect(&netns, &args.dev)?;
     let header = [
         "NAME",
         "DEV",
@@ -90,13 +90,13 @@ pub fn rates(before: &Value, after: &Value, seconds: f64) -> Value {
 fn watch(netns: &Option<String>, args: &StatsArgs, interval: Duration) -> Result<()> {
     let mut previous: HashMap<String, Value> = HashMap::new();
     let mut taken = Instant::now();
-    for row in super::class::collect(netns, &args.dev)? {
+    for row in crate::rows::collect(netns, &args.dev)? {
         previous.insert(key(&row), row);
     }
     let mut samples = 0;
     while args.count.is_none_or(|count| samples < count) {
         std::thread::sleep(interval);
-        let rows = super::class::collect(netns, &args.dev)?;
+        let rows = crate::rows::collect(netns, &args.dev)?;
         let now = Instant::now();
         let seconds = now.duration_since(taken).as_secs_f64();
         taken = now;
