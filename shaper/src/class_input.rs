@@ -116,11 +116,11 @@ impl ClassInput {
 
     fn fields(&self, c: &mut Checker) -> Option<Fields> {
         let name = c.field("name", check_name(&self.name).map_err(|e| format!("{e:#}")));
-        let direction = c.optional("direction", &self.direction, parse_direction);
+        let direction = c.optional("direction", &self.direction, Direction::from_str);
         let rate = c.field("rate", parse_rate(&self.rate));
         let burst = c.optional("burst", &self.burst, parse_size);
         let scope = c.optional("per", &self.per, parse_scope);
-        let proto = c.optional("proto", &self.proto, Proto::parse);
+        let proto = c.optional("proto", &self.proto, Proto::from_str);
         let src = c.optional("src", &self.src, parse_cidr);
         let dst = c.optional("dst", &self.dst, parse_cidr);
         let sport = c.optional("sport", &self.sport, PortRange::parse);
@@ -260,11 +260,6 @@ impl ClassInput {
             }
         }
     }
-}
-
-fn parse_direction(text: &str) -> Result<Direction, String> {
-    Direction::from_name(text)
-        .ok_or_else(|| format!("unknown direction '{text}' (expected egress or ingress)"))
 }
 
 fn parse_prio(text: &str) -> Result<u32, String> {

@@ -10,17 +10,17 @@
 //! namespace is gone.
 
 use crate::{
-    classes::{ClassSpec, Meter},
+    class_input::ClassInput,
+    classes::ClassSpec,
     config::{self, Desired, DesiredInterface, Prune},
     netns,
-    rules::{PortRange, Proto, Rule},
     state::{self, Direction},
     units::MAX_BURST_BYTES,
 };
 use anyhow::{anyhow, bail, Context as _, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shaper_common::{Action, Scope, DEFAULT_FLOW_TABLE_SIZE};
+use shaper_common::{Action, DEFAULT_FLOW_TABLE_SIZE};
 use std::path::PathBuf;
 
 pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
@@ -177,28 +177,24 @@ fn check_limit(rate: Option<u64>, burst: Option<u64>, what: &str) -> Result<Opti
     }
 }
 
-fn class(name: &str, rate: u64, burst: u64, action: Action) -> ClassSpec {
-    ClassSpec {
+/// A class of the plugin, filled in and checked as every front end's classes are.
+fn class(
+    name: &str,
+    direction: Direction,
+    rate: u64,
+    burst: u64,
+    action: Action,
+) -> Result<(Direction, ClassSpec)> {
+    ClassInput {
         name: name.into(),
-        rule: Rule {
-            src: None,
-            dst: None,
-            proto: Proto::Any,
-            sport: PortRange::ANY,
-            dport: PortRange::ANY,
-        },
-        rate_bits_per_sec: rate,
-        burst_bytes: burst,
-        scope: Scope::Class,
-        prio: 100,
-        action: crate::actions::ActionSpec {
-            action,
-            arg: 0,
-            mask: 0,
-        },
-        meter: Meter::None,
-        exceed: crate::actions::ActionSpec::PASS,
+        direction: Some(direction.name().into()),
+        rate: format!("{rate}bit"),
+        burst: Some(burst.to_string()),
+        action: Some(action.name().into()),
+        ..ClassInput::default()
     }
+    .check()
+    .map_err(|errors| cni_error(ERR_INVALID_CONFIG, errors[0].message.clone()))
 }
 
 /// What the configuration asks for on the host veth `dev`; None when it limits nothing.
@@ -226,18 +222,24 @@ pub fn desired(conf: &NetConf, dev: &str) -> Result<Option<Desired>> {
     // Toward the container: the host veth's egress.
     if let Some((rate, burst)) = ingress {
         interface.directions.push(Direction::Egress);
-        interface.classes.push((
+        interface.classes.push(class(
+            INGRESS_CLASS,
             Direction::Egress,
-            class(INGRESS_CLASS, rate, burst, ingress_action),
-        ));
+            rate,
+            burst,
+            ingress_action,
+        )?);
     }
     // From the container: the host veth's ingress, where packets can only be policed.
     if let Some((rate, burst)) = egress {
         interface.directions.push(Direction::Ingress);
-        interface.classes.push((
+        interface.classes.push(class(
+            EGRESS_CLASS,
             Direction::Ingress,
-            class(EGRESS_CLASS, rate, burst, Action::Drop),
-        ));
+            rate,
+            burst,
+            Action::Drop,
+        )?);
     }
     if interface.classes.is_empty() {
         return Ok(None);

@@ -22,8 +22,10 @@ pub enum Proto {
     Icmp,
 }
 
-impl Proto {
-    pub fn parse(text: &str) -> Result<Self, String> {
+impl std::str::FromStr for Proto {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
         match text.to_ascii_lowercase().as_str() {
             "any" | "all" => Ok(Self::Any),
             "tcp" => Ok(Self::Tcp),
@@ -34,7 +36,15 @@ impl Proto {
             )),
         }
     }
+}
 
+impl std::fmt::Display for Proto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Proto {
     pub fn name(self) -> &'static str {
         match self {
             Self::Any => "any",

@@ -201,11 +201,9 @@ impl FileChecker<'_> {
 
     fn attach_mode(&mut self, entry: &InterfaceEntry) -> Option<AttachMode> {
         let mode = entry.attach_mode.as_ref()?;
-        match mode.get_ref().as_str() {
-            "tcx" => Some(AttachMode::Tcx),
-            "clsact" => Some(AttachMode::Clsact),
-            other => {
-                let message = format!("unknown attach mode '{other}' (expected tcx or clsact)");
+        match mode.get_ref().parse::<AttachMode>() {
+            Ok(mode) => Some(mode),
+            Err(message) => {
                 self.report(mode.span(), "attach_mode", message);
                 None
             }

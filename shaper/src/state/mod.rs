@@ -90,6 +90,41 @@ impl AttachMode {
     }
 }
 
+impl std::str::FromStr for Direction {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        Self::from_name(text)
+            .ok_or_else(|| format!("unknown direction '{text}' (expected egress or ingress)"))
+    }
+}
+
+impl std::fmt::Display for Direction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for AttachMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "tcx" => Ok(Self::Tcx),
+            "clsact" => Ok(Self::Clsact),
+            other => Err(format!(
+                "unknown attach mode '{other}' (expected tcx or clsact)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Where an attachment lives: an interface in the host or a named network namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Location {
