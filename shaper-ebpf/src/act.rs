@@ -36,6 +36,14 @@ pub(crate) fn apply(
     }
 }
 
+/// This CPU's counters of a class (per-CPU: no other CPU writes them).
+#[inline(always)]
+pub(crate) fn stats_of(class_id: u32) -> Option<&'static mut ClassStats> {
+    STATS
+        .get_ptr_mut(class_id)
+        .map(|stats| unsafe { &mut *stats })
+}
+
 #[inline(always)]
 pub(crate) fn count_pass(stats: &mut ClassStats, bytes: u64, marked: bool) -> i32 {
     stats.passed_packets += 1;
@@ -62,10 +70,9 @@ pub(crate) fn act(
     verdict: Verdict,
     packet: &Packet,
 ) -> i32 {
-    let Some(stats) = STATS.get_ptr_mut(class_id) else {
+    let Some(stats) = stats_of(class_id) else {
         return TC_ACT_UNSPEC;
     };
-    let stats = unsafe { &mut *stats };
     let bytes = packet.wire_len;
     match verdict {
         // ECN: CE-mark early, once the bucket is more than half drained, so ECN-capable

@@ -1,9 +1,8 @@
 //! Meters (RFC 2697 srTCM, RFC 2698 trTCM, colour-blind): colour, count, act per colour.
 
 use crate::{
-    act::{apply, count_drop, count_pass},
+    act::{apply, count_drop, count_pass, stats_of},
     bucket::{bucket_of, swap, CAS_ATTEMPTS},
-    maps::STATS,
     parse::Packet,
     rewrite::set_ecn_ce,
 };
@@ -21,10 +20,9 @@ pub(crate) fn meter(
     packet: &Packet,
     now: u64,
 ) -> i32 {
-    let Some(stats) = STATS.get_ptr_mut(class_id) else {
+    let Some(stats) = stats_of(class_id) else {
         return TC_ACT_UNSPEC;
     };
-    let stats = unsafe { &mut *stats };
     let bytes = packet.wire_len;
     let colour = match bucket_of(class_id, class, packet) {
         Some(bucket) => colour_of(bucket, class, bytes, now),

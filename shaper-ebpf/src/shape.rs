@@ -1,9 +1,9 @@
 //! Shape: steer into shaper's HTB class, or pace by earliest departure time.
 
 use crate::{
-    act::{count_drop, count_pass},
+    act::{count_drop, count_pass, stats_of},
     bucket::{swap, CAS_ATTEMPTS},
-    maps::{CLASS_BUCKETS, STATS},
+    maps::CLASS_BUCKETS,
     parse::Packet,
 };
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, helpers::bpf_skb_set_tstamp, programs::TcContext};
@@ -29,10 +29,9 @@ pub(crate) fn shape(
     packet: &Packet,
     now: u64,
 ) -> i32 {
-    let Some(stats) = STATS.get_ptr_mut(class_id) else {
+    let Some(stats) = stats_of(class_id) else {
         return TC_ACT_UNSPEC;
     };
-    let stats = unsafe { &mut *stats };
     if class.action_arg != 0 {
         unsafe { (*ctx.skb.skb).priority = class.action_arg };
     } else {

@@ -119,27 +119,23 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
     if !same_class(&probe, current) || shaping(current) != shaping(wanted) {
         return None;
     }
+    let differs = |before, after| (before != after).then_some(after);
+    let change = classes::Change {
+        rate_bits_per_sec: differs(current.rate_bits_per_sec, wanted.rate_bits_per_sec),
+        burst_bytes: differs(current.burst_bytes, wanted.burst_bytes),
+        action: (current.action != wanted.action).then_some(wanted.action),
+    };
     let mut what = Vec::new();
-    let mut change = classes::Change::default();
-    if current.rate_bits_per_sec != wanted.rate_bits_per_sec {
-        change.rate_bits_per_sec = Some(wanted.rate_bits_per_sec);
-        what.push(format!(
-            "rate {} -> {}",
-            format_rate(current.rate_bits_per_sec),
-            format_rate(wanted.rate_bits_per_sec)
-        ));
+    if let Some(rate) = change.rate_bits_per_sec {
+        let before = format_rate(current.rate_bits_per_sec);
+        what.push(format!("rate {before} -> {}", format_rate(rate)));
     }
-    if current.burst_bytes != wanted.burst_bytes {
-        change.burst_bytes = Some(wanted.burst_bytes);
-        what.push(format!(
-            "burst {} -> {}",
-            format_size(current.burst_bytes),
-            format_size(wanted.burst_bytes)
-        ));
+    if let Some(burst) = change.burst_bytes {
+        let before = format_size(current.burst_bytes);
+        what.push(format!("burst {before} -> {}", format_size(burst)));
     }
-    if current.action != wanted.action {
-        change.action = Some(wanted.action);
-        what.push(format!("action {} -> {}", current.action, wanted.action));
+    if let Some(action) = change.action {
+        what.push(format!("action {} -> {action}", current.action));
     }
     Some((change, what.join(", ")))
 }
