@@ -109,16 +109,4 @@ impl Lab {
         lab.router.class_add("c", dev, options)?;
         Ok(lab)
     }
-
-    // The same commands through the lab, as xtask's demo calls them.
-
-    /// [`Netns::shaper`] in `ns`.
-    pub fn shaper_in(&self, ns: &Netns, args: &[&str]) -> Result<String> {
-        ns.shaper(args)
-    }
-
-    /// [`Netns::stats`] of `ns`.
-    pub fn stats(&self, ns: &Netns) -> Result<Vec<Value>> {
-        ns.stats()
-    }
 }

@@ -46,9 +46,9 @@ fn measure(lab: &mut Lab, traffic: &Traffic) -> Result<f64> {
     }
 }
 
-fn dropped(lab: &Lab, ns: &Netns) -> Result<u64> {
-    Ok(lab
-        .stats(ns)?
+fn dropped(ns: &Netns) -> Result<u64> {
+    Ok(ns
+        .stats()?
         .iter()
         .map(|c| c["dropped_packets"].as_u64().unwrap_or(0))
         .sum())
@@ -65,25 +65,22 @@ fn with_shaper(
     rows: &mut Vec<Row>,
 ) -> Result<()> {
     println!("[demo] shaper --netns {} attach {dev}; class add c --dev {dev} --rate 10mbit --action {action}", ns.name);
-    lab.shaper_in(ns, &["attach", dev])?;
-    lab.shaper_in(
-        ns,
-        &[
-            "class", "add", "c", "--dev", dev, "--rate", "10mbit", "--action", action,
-        ],
-    )?;
+    ns.shaper(&["attach", dev])?;
+    ns.shaper(&[
+        "class", "add", "c", "--dev", dev, "--rate", "10mbit", "--action", action,
+    ])?;
     for traffic in traffics {
-        let before = dropped(lab, ns)?;
+        let before = dropped(ns)?;
         let measured_bps = measure(lab, traffic)?;
         rows.push(Row {
             setup: label.to_string(),
             traffic: traffic.label(),
             measured_bps,
-            dropped: (dropped(lab, ns)? - before).to_string(),
+            dropped: (dropped(ns)? - before).to_string(),
         });
     }
-    println!("{}", lab.shaper_in(ns, &["stats"])?.trim_end());
-    lab.shaper_in(ns, &["detach", dev])?;
+    println!("{}", ns.shaper(&["stats"])?.trim_end());
+    ns.shaper(&["detach", dev])?;
     Ok(())
 }
 

@@ -200,10 +200,8 @@ fn bench_attachment(lab: &Lab, dev: &str, flow_table: u32) -> Result<Attachment>
             &format!("{dev}p"),
         ],
     )?;
-    lab.shaper_in(
-        &lab.router,
-        &["attach", dev, "--flow-table-size", &flow_table.to_string()],
-    )?;
+    lab.router
+        .shaper(&["attach", dev, "--flow-table-size", &flow_table.to_string()])?;
     Attachment::open(&Location {
         netns: Some(lab.router.name.clone()),
         dev: dev.into(),
@@ -542,7 +540,7 @@ fn control_plane(lab: &Lab, effort: &Effort) -> Result<Value> {
         "ip",
         &["link", "add", "cp0", "type", "veth", "peer", "name", "cp0p"],
     )?;
-    lab.shaper_in(router, &["attach", "cp0"])?;
+    router.shaper(&["attach", "cp0"])?;
     let batch = std::env::temp_dir().join(format!("shaper-bench-{}.batch", std::process::id()));
     let lines: Vec<String> = (0..count)
         .map(|i| {

@@ -122,13 +122,10 @@ fn install(lab: &Lab, peer: Peer, rate_bps: u64) -> Result<()> {
     let rate = format!("{rate_bps}bit");
     match peer {
         Peer::Shaper(action) => {
-            lab.shaper_in(&lab.router, &["attach", DEV])?;
-            lab.shaper_in(
-                &lab.router,
-                &[
-                    "class", "add", "c", "--dev", DEV, "--rate", &rate, "--action", action,
-                ],
-            )?;
+            lab.router.shaper(&["attach", DEV])?;
+            lab.router.shaper(&[
+                "class", "add", "c", "--dev", DEV, "--rate", &rate, "--action", action,
+            ])?;
             if action == "ecn" {
                 lab.client
                     .run("sysctl", &["-qw", "net.ipv4.tcp_ecn=1"])
@@ -158,7 +155,7 @@ fn install(lab: &Lab, peer: Peer, rate_bps: u64) -> Result<()> {
 fn remove(lab: &Lab, peer: Peer, rate_bps: u64) -> Result<()> {
     match peer {
         Peer::Shaper(action) => {
-            lab.shaper_in(&lab.router, &["detach", DEV])?;
+            lab.router.shaper(&["detach", DEV])?;
             if action == "ecn" {
                 lab.client
                     .run("sysctl", &["-qw", "net.ipv4.tcp_ecn=2"])
@@ -352,7 +349,7 @@ fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
             classes: count,
             one_shape,
         } => {
-            lab.shaper_in(&lab.router, &["attach", DEV])?;
+            lab.router.shaper(&["attach", DEV])?;
             let mut lines: Vec<String> = (0..count - 1)
                 .map(|i| {
                     let ports = if one_shape {
@@ -371,10 +368,9 @@ fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
             let path = std::env::temp_dir()
                 .join(format!("shaper-bench-classes-{}.batch", std::process::id()));
             std::fs::write(&path, lines.join("\n"))?;
-            let result = lab.shaper_in(
-                &lab.router,
-                &["batch", "-f", path.to_str().context("temp path")?],
-            );
+            let result = lab
+                .router
+                .shaper(&["batch", "-f", path.to_str().context("temp path")?]);
             let _ = std::fs::remove_file(&path);
             result.map(|_| ())
         }
@@ -407,7 +403,7 @@ fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
 fn remove_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
         Forwarder::Nothing => Ok(()),
-        Forwarder::Shaper { .. } => lab.shaper_in(&lab.router, &["detach", DEV]).map(|_| ()),
+        Forwarder::Shaper { .. } => lab.router.shaper(&["detach", DEV]).map(|_| ()),
         Forwarder::Tbf | Forwarder::HtbU32(_) => {
             tc_batch(lab, &[format!("qdisc del dev {DEV} root")])
         }
