@@ -268,7 +268,7 @@ impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
     fn from(args: &ClassAddArgs) -> Self {
         Self {
             name: args.name.clone(),
-            direction: Some(args.direction.name().into()),
+            direction: Some(shaper::state::Direction::from(args.direction).name().into()),
             rate: args.rate.clone(),
             burst: args.burst.clone(),
             per: Some(args.per.clone()),
@@ -288,11 +288,11 @@ impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
     }
 }
 
-impl SingleDirection {
-    pub fn name(self) -> &'static str {
-        match self {
-            SingleDirection::Egress => "egress",
-            SingleDirection::Ingress => "ingress",
+impl From<SingleDirection> for shaper::state::Direction {
+    fn from(arg: SingleDirection) -> Self {
+        match arg {
+            SingleDirection::Egress => Self::Egress,
+            SingleDirection::Ingress => Self::Ingress,
         }
     }
 }

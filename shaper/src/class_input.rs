@@ -196,12 +196,7 @@ impl ClassInput {
             );
             return None;
         }
-        if let Err(message) = f.rule.validate() {
-            let field = if message.contains("--sport") {
-                "proto"
-            } else {
-                "dst"
-            };
+        if let Err((field, message)) = f.rule.validate() {
             c.fail(field, message);
             return None;
         }

@@ -26,15 +26,14 @@ impl std::str::FromStr for Proto {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        match text.to_ascii_lowercase().as_str() {
-            "any" | "all" => Ok(Self::Any),
-            "tcp" => Ok(Self::Tcp),
-            "udp" => Ok(Self::Udp),
-            "icmp" => Ok(Self::Icmp),
-            _ => Err(format!(
-                "unknown protocol '{text}' (expected tcp, udp, icmp or any)"
-            )),
-        }
+        let name = match text.to_ascii_lowercase().as_str() {
+            "all" => "any".to_string(),
+            other => other.to_string(),
+        };
+        [Self::Any, Self::Tcp, Self::Udp, Self::Icmp]
+            .into_iter()
+            .find(|proto| proto.name() == name)
+            .ok_or_else(|| format!("unknown protocol '{text}' (expected tcp, udp, icmp or any)"))
     }
 }
 
@@ -166,18 +165,23 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// Checks the combination; the message is one line for the user.
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    /// Checks the combination; on a problem, the field to change and one line for the
+    /// user.
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         if let (Some(src), Some(dst)) = (self.src, self.dst) {
             if src.addr().is_ipv4() != dst.addr().is_ipv4() {
-                return Err(format!(
-                    "--src {src} and --dst {dst} are of different address families"
+                return Err((
+                    "dst",
+                    format!("--src {src} and --dst {dst} are of different address families"),
                 ));
             }
         }
         let has_ports = !self.sport.is_any() || !self.dport.is_any();
         if has_ports && !matches!(self.proto, Proto::Tcp | Proto::Udp) {
-            return Err("--sport/--dport need --proto tcp or --proto udp".into());
+            return Err((
+                "proto",
+                "--sport/--dport need --proto tcp or --proto udp".into(),
+            ));
         }
         Ok(())
     }

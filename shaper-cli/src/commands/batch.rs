@@ -3,14 +3,14 @@
 //! number); consecutive `class add` lines for one interface and direction are applied
 //! with one read of the state, which makes ten thousand classes take well under a second.
 
-use super::{prepare, run as run_command, single, spec_from_args};
+use super::{prepare, run as run_command, spec_from_args};
 use crate::cli::{BatchArgs, ClassCommand, Cli, Command};
 use anyhow::{Context as _, Result};
 use clap::Parser as _;
 use shaper::{
     classes,
     error::usage,
-    state::{self, Attachment, Location},
+    state::{self, Attachment, Direction, Location},
 };
 
 pub fn run(netns: Option<String>, args: BatchArgs) -> Result<()> {
@@ -60,7 +60,7 @@ pub fn run(netns: Option<String>, args: BatchArgs) -> Result<()> {
                 let location = Location {
                     netns: netns.clone(),
                     dev: add.dev.clone(),
-                    direction: single(add.direction),
+                    direction: Direction::from(add.direction),
                 };
                 pending.push((line, location, spec));
                 continue;

@@ -1,4 +1,4 @@
-use super::{prepare, print_rows, single, text};
+use super::{prepare, print_rows, text};
 use crate::cli::{
     ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection,
 };
@@ -37,7 +37,7 @@ fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
     let location = Location {
         netns,
         dev: args.dev.clone(),
-        direction: single(args.direction),
+        direction: Direction::from(args.direction),
     };
     let _lock = state::lock()?;
     let attachment = Attachment::open(&location)?;
@@ -63,7 +63,7 @@ fn locate(
     direction: Option<SingleDirection>,
 ) -> Result<Attachment> {
     let candidates: Vec<Direction> = match direction {
-        Some(d) => vec![single(d)],
+        Some(d) => vec![Direction::from(d)],
         None => Direction::BOTH.to_vec(),
     };
     let mut holders = Vec::new();

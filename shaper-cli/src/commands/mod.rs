@@ -9,7 +9,7 @@ mod detach;
 mod stats;
 mod status;
 
-use crate::cli::{Cli, Command, DirectionArg, SingleDirection};
+use crate::cli::{Cli, Command, DirectionArg};
 use anyhow::Result;
 use shaper::state::Direction;
 
@@ -72,13 +72,6 @@ fn directions(arg: DirectionArg) -> Vec<Direction> {
         DirectionArg::Egress => vec![Direction::Egress],
         DirectionArg::Ingress => vec![Direction::Ingress],
         DirectionArg::Both => Direction::BOTH.to_vec(),
-    }
-}
-
-fn single(arg: SingleDirection) -> Direction {
-    match arg {
-        SingleDirection::Egress => Direction::Egress,
-        SingleDirection::Ingress => Direction::Ingress,
     }
 }
 

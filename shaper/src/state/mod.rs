@@ -52,11 +52,9 @@ impl Direction {
     }
 
     pub(crate) fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "egress" => Some(Self::Egress),
-            "ingress" => Some(Self::Ingress),
-            _ => None,
-        }
+        Self::BOTH
+            .into_iter()
+            .find(|direction| direction.name() == name)
     }
 
     fn tc(self) -> TcAttachType {
@@ -109,13 +107,10 @@ impl std::str::FromStr for AttachMode {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "tcx" => Ok(Self::Tcx),
-            "clsact" => Ok(Self::Clsact),
-            other => Err(format!(
-                "unknown attach mode '{other}' (expected tcx or clsact)"
-            )),
-        }
+        [Self::Tcx, Self::Clsact]
+            .into_iter()
+            .find(|mode| mode.name() == text)
+            .ok_or_else(|| format!("unknown attach mode '{text}' (expected tcx or clsact)"))
     }
 }
 
