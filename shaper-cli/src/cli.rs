@@ -206,6 +206,14 @@ pub struct ClassAddArgs {
     /// Meters: action on red packets (default drop).
     #[arg(long, value_name = "ACTION")]
     pub violate: Option<String>,
+    /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
+    /// 1.5 frame times at low rates).
+    #[arg(long, value_name = "DURATION")]
+    pub target: Option<String>,
+    /// Shape: CoDel's interval, how long the delay may stay above target before drops
+    /// start; about the worst-case RTT (default 100ms).
+    #[arg(long, value_name = "DURATION")]
+    pub interval: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -222,6 +230,12 @@ pub struct ClassChangeArgs {
     pub burst: Option<String>,
     #[arg(long)]
     pub action: Option<String>,
+    /// Shape classes: CoDel's target.
+    #[arg(long, value_name = "DURATION")]
+    pub target: Option<String>,
+    /// Shape classes: CoDel's interval.
+    #[arg(long, value_name = "DURATION")]
+    pub interval: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -284,6 +298,8 @@ impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
             peak_burst: args.peak_burst.clone(),
             exceed: args.exceed.clone(),
             violate: args.violate.clone(),
+            target: args.target.clone(),
+            interval: args.interval.clone(),
         }
     }
 }

@@ -4,6 +4,7 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 use shaper::{
+    class_input::format_duration_ns,
     classes::{self, ClassView, Meter},
     error::runtime,
     rules::PortRange,
@@ -20,7 +21,18 @@ pub(crate) fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Ve
         }
         let attachment = Attachment::open(&location)?;
         for view in classes::read_classes(&attachment)? {
-            rows.push(class_json(&location, &view));
+            let mut row = class_json(&location, &view);
+            if let Some(codel) = view.spec.codel {
+                let (delay_ns, dropping) = attachment.shape_queue(view.id)?;
+                let extra = json!({
+                    "target": format_duration_ns(codel.target_ns),
+                    "interval": format_duration_ns(codel.interval_ns),
+                    "queue_delay_us": delay_ns / 1000,
+                    "codel_dropping": dropping,
+                });
+                merge(&mut row, extra);
+            }
+            rows.push(row);
         }
     }
     if rows.is_empty() {
@@ -84,9 +96,13 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
             "red_packets": view.stats.red_packets,
             "red_bytes": view.stats.red_bytes,
         });
-        for (key, value) in extra.as_object().into_iter().flatten() {
-            row[key] = value.clone();
-        }
+        merge(&mut row, extra);
     }
     row
+}
+
+fn merge(row: &mut Value, extra: Value) {
+    for (key, value) in extra.as_object().into_iter().flatten() {
+        row[key] = value.clone();
+    }
 }

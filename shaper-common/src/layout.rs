@@ -2,7 +2,7 @@
 //!
 //! Every struct is `#[repr(C)]` with explicit padding so both sides agree byte for byte.
 
-use crate::bucket::ByteCost;
+use crate::{bucket::ByteCost, codel::CodelConfig};
 
 /// Capacity of the per-attachment class tables (class ids are `0..MAX_CLASSES`).
 pub const MAX_CLASSES: u32 = 16_384;
@@ -28,8 +28,9 @@ pub mod map_names {
     pub const CLASS_META: &str = "CLASS_META";
     pub const CLASS_INDEX: &str = "CLASS_INDEX";
     pub const CREDIT: &str = "CREDIT";
+    pub const CODEL: &str = "CODEL";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         GLOBALS,
         SHAPES,
         RULES,
@@ -40,6 +41,7 @@ pub mod map_names {
         CLASS_META,
         CLASS_INDEX,
         CREDIT,
+        CODEL,
     ];
 }
 
@@ -218,7 +220,9 @@ named_codes! {
         Dscp = 3, "dscp";
         /// Set `skb->mark = (mark & !action_mask) | action_arg` and pass.
         Fwmark = 4, "fwmark";
-        /// Delay instead of drop.
+        /// Delay instead of drop: queue in shaper's HTB class (`action_arg` is its handle)
+        /// or, with `action_arg` 0, pace by earliest departure time for fq; CoDel on the
+        /// class's virtual queue drops or CE-marks before the queue stands.
         Shape = 5, "shape";
     }
 }
@@ -252,6 +256,8 @@ pub struct ClassConfig {
     pub credit_chunk: u32,
     /// Changed by userspace with the rate or burst, so credit taken before is dropped.
     pub credit_epoch: u32,
+    /// Shape classes: CoDel on the class's virtual queue (`CODEL` holds its state).
+    pub codel: CodelConfig,
 }
 
 /// One CPU's prepaid credit on a class-scoped bucket: bytes already charged to the
@@ -357,6 +363,9 @@ pub struct ClassMeta {
     pub proto: u8,
     pub in_use: u8,
     pub _pad: [u8; 6],
+    /// Shape classes: CoDel's target and interval as the user gave them (ns).
+    pub codel_target_ns: u64,
+    pub codel_interval_ns: u64,
 }
 
 impl Default for ClassMeta {
@@ -383,6 +392,8 @@ impl Default for ClassMeta {
             proto: 0,
             in_use: 0,
             _pad: [0; 6],
+            codel_target_ns: 0,
+            codel_interval_ns: 0,
         }
     }
 }
@@ -400,4 +411,5 @@ mod pod {
     unsafe impl aya::Pod for ClassStats {}
     unsafe impl aya::Pod for ClassMeta {}
     unsafe impl aya::Pod for Credit {}
+    unsafe impl aya::Pod for crate::codel::CodelState {}
 }

@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod bucket;
+pub mod codel;
 pub mod layout;
 pub mod meter;
 

@@ -7,8 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use shaper_common::{
-    Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, Globals, RuleKey, RuleValue,
-    Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+    codel::CodelState, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, Globals,
+    RuleKey, RuleValue, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, MAX_RULES,
+    MAX_SHAPES,
 };
 
 #[map]
@@ -33,6 +34,9 @@ pub(crate) static STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries
 /// Per-CPU prepaid credit on class-scoped buckets (see `shaper_common::bucket`).
 #[map]
 pub(crate) static CREDIT: PerCpuArray<Credit> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+/// Shape classes' CoDel state, per class id (see `shaper_common::codel`).
+#[map]
+pub(crate) static CODEL: Array<CodelState> = Array::with_max_entries(MAX_CLASSES, 0);
 /// Userspace bookkeeping only (names, rules); declared here so it is created and pinned
 /// with the rest of the attachment's state.
 #[map]

@@ -1,26 +1,32 @@
-//! Shape: steer into shaper's HTB class, or pace by earliest departure time.
+//! Shape: CoDel on the class's virtual queue, then steer into shaper's HTB class or pace
+//! by earliest departure time.
+//!
+//! The class's GCRA word runs at the class rate as a virtual copy of the real queue:
+//! `tat - now` is the delay the packet will see behind the bytes already admitted. CoDel
+//! (`shaper_common::codel`) judges that predicted sojourn before the packet is queued; a
+//! congested packet is CE-marked when ECN-capable and dropped otherwise, and a dropped
+//! packet does not advance the virtual queue. Beyond the hard cap everything is dropped.
 
 use crate::{
     act::{count_drop, count_pass, stats_of},
     bucket::{swap, CAS_ATTEMPTS},
-    maps::CLASS_BUCKETS,
+    maps::{CLASS_BUCKETS, CODEL},
     parse::Packet,
+    rewrite::set_ecn_ce,
 };
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, helpers::bpf_skb_set_tstamp, programs::TcContext};
-use aya_log_ebpf::warn;
 use shaper_common::{
     bucket::{departure, ticks},
-    ByteCost, ClassConfig,
+    codel::{judge, sojourn_ns, CodelConfig, CodelState},
+    ClassConfig,
 };
 
-const NANOS_PER_MILLI: u64 = 1_000_000;
 /// BPF_SKB_TSTAMP_DELIVERY_MONO (uapi bpf.h): the tstamp is a monotonic departure time.
 const SKB_TSTAMP_DELIVERY_MONO: u32 = 1;
 
 /// `shape`: with an HTB class id in `action_arg`, steer the packet into shaper's HTB class
 /// (skb->priority, so no tc filter runs); without one, pace it by earliest departure time
-/// (skb->tstamp, for the fq qdisc), dropping what would leave beyond the horizon
-/// (`action_mask` milliseconds).
+/// (skb->tstamp, for the fq qdisc).
 #[inline(always)]
 pub(crate) fn shape(
     ctx: &TcContext,
@@ -29,41 +35,71 @@ pub(crate) fn shape(
     packet: &Packet,
     now: u64,
 ) -> i32 {
-    let Some(stats) = stats_of(class_id) else {
+    let (Some(stats), Some(bucket), Some(codel)) = (
+        stats_of(class_id),
+        CLASS_BUCKETS.get_ptr_mut(class_id),
+        CODEL.get_ptr_mut(class_id),
+    ) else {
         return TC_ACT_UNSPEC;
+    };
+    let word = unsafe { &raw mut (*bucket).tat };
+    let tat = unsafe { core::ptr::read_volatile(word) };
+    // HTB sends its burst ahead of the rate; EDT departures are paced with no burst.
+    let burst = if class.action_arg != 0 {
+        class.cost.tolerance_ticks
+    } else {
+        0
+    };
+    let sojourn = sojourn_ns(tat, ticks(now), burst);
+    if sojourn > class.codel.cap_ns {
+        return count_drop(stats, packet.wire_len);
+    }
+    let mut marked = false;
+    if congested(unsafe { &mut *codel }, sojourn, now, &class.codel) {
+        if !set_ecn_ce(ctx, packet) {
+            return count_drop(stats, packet.wire_len);
+        }
+        marked = true;
+    }
+    // The cap was checked above; only a racing CPU can push the start further, so the
+    // horizon here is unbounded.
+    let Some(leave_at) = enqueue(word, now, packet.wire_len, class) else {
+        return count_drop(stats, packet.wire_len);
     };
     if class.action_arg != 0 {
         unsafe { (*ctx.skb.skb).priority = class.action_arg };
     } else {
-        let horizon = ticks(class.action_mask as u64 * NANOS_PER_MILLI);
-        let Some(bucket) = CLASS_BUCKETS.get_ptr_mut(class_id) else {
-            return TC_ACT_UNSPEC;
-        };
-        let word = unsafe { &raw mut (*bucket).tat };
-        match schedule(word, now, packet.wire_len, &class.cost, horizon) {
-            Some(leave_at) => unsafe {
-                bpf_skb_set_tstamp(ctx.skb.skb, leave_at, SKB_TSTAMP_DELIVERY_MONO);
-            },
-            None => {
-                warn!(
-                    ctx,
-                    "class {}: departure beyond the {} ms horizon; packet dropped",
-                    class_id,
-                    class.action_mask
-                );
-                return count_drop(stats, packet.wire_len);
-            }
-        }
+        unsafe { bpf_skb_set_tstamp(ctx.skb.skb, leave_at, SKB_TSTAMP_DELIVERY_MONO) };
     }
-    count_pass(stats, packet.wire_len, false)
+    count_pass(stats, packet.wire_len, marked)
 }
 
-/// [`departure`] on the bucket word with compare-and-swap; the departure time in ns.
+/// CoDel's verdict on the packet. The control word moves by one compare-and-swap: of
+/// CPUs racing for one drop slot exactly one wins and drops; a packet whose CPU loses the
+/// race passes (the winner acted on the same queue at the same instant).
 #[inline(always)]
-fn schedule(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost, horizon: u64) -> Option<u64> {
+fn congested(state: &mut CodelState, sojourn: u64, now: u64, config: &CodelConfig) -> bool {
+    let control_word = &raw mut state.control;
+    let first_above_word = &raw mut state.first_above;
+    let control = unsafe { core::ptr::read_volatile(control_word) };
+    let first_above = unsafe { core::ptr::read_volatile(first_above_word) };
+    let judgement = judge(control, first_above, sojourn, now, config);
+    if let Some(next) = judgement.first_above {
+        // Only 0 <-> one deadline: a lost race moves the deadline by nanoseconds.
+        swap(first_above_word, first_above, next);
+    }
+    match judgement.control {
+        None => judgement.congested,
+        Some(next) => swap(control_word, control, next) && judgement.congested,
+    }
+}
+
+/// Advances the virtual queue by the packet; its departure time (ns) from the queue.
+#[inline(always)]
+fn enqueue(word: *mut u64, now: u64, bytes: u64, class: &ClassConfig) -> Option<u64> {
     for _ in 0..CAS_ATTEMPTS {
         let tat = unsafe { core::ptr::read_volatile(word) };
-        let (next, leave_at) = departure(tat, now, bytes, cost, horizon)?;
+        let (next, leave_at) = departure(tat, now, bytes, &class.cost, u64::MAX)?;
         if swap(word, tat, next) {
             return Some(leave_at);
         }

@@ -6,7 +6,7 @@
 
 use crate::{
     actions::ActionSpec,
-    classes::{check_name, parse_scope, ClassSpec, Meter},
+    classes::{check_name, parse_scope, ClassSpec, Codel, Meter},
     rules::{parse_cidr, PortRange, Proto, Rule},
     state::Direction,
     units::{default_burst, default_shape_burst, parse_rate, parse_size},
@@ -34,6 +34,9 @@ pub struct ClassInput {
     pub peak_burst: Option<String>,
     pub exceed: Option<String>,
     pub violate: Option<String>,
+    /// Shape classes: CoDel's target and interval (humantime: `5ms`, `100ms`).
+    pub target: Option<String>,
+    pub interval: Option<String>,
 }
 
 /// One problem with one field (named as in the TOML file: `peak_rate`, `dport`, ...).
@@ -94,6 +97,8 @@ struct Fields {
     peak_burst: Option<u64>,
     exceed: Option<ActionSpec>,
     violate: Option<ActionSpec>,
+    target: Option<u64>,
+    interval: Option<u64>,
 }
 
 impl ClassInput {
@@ -132,6 +137,8 @@ impl ClassInput {
         let peak_burst = c.optional("peak_burst", &self.peak_burst, parse_size);
         let exceed = c.optional("exceed", &self.exceed, ActionSpec::from_str);
         let violate = c.optional("violate", &self.violate, ActionSpec::from_str);
+        let target = c.optional("target", &self.target, parse_duration_ns);
+        let interval = c.optional("interval", &self.interval, parse_duration_ns);
         name?;
         Some(Fields {
             direction: direction?.unwrap_or(Direction::Egress),
@@ -152,6 +159,8 @@ impl ClassInput {
             peak_burst: peak_burst?,
             exceed: exceed?,
             violate: violate?,
+            target: target?,
+            interval: interval?,
         })
     }
 
@@ -205,7 +214,9 @@ impl ClassInput {
         } else {
             default_burst(f.rate)
         });
+        let codel = self.codel(&f, action.action, c)?;
         let spec = ClassSpec {
+            codel,
             name: self.name.clone(),
             rule: f.rule,
             rate_bits_per_sec: f.rate,
@@ -217,6 +228,42 @@ impl ClassInput {
             exceed,
         };
         Some((f.direction, spec))
+    }
+
+    /// CoDel's knobs: shape classes only, defaults where left out, target below interval.
+    fn codel(&self, f: &Fields, action: Action, c: &mut Checker) -> Option<Option<Codel>> {
+        if action != Action::Shape {
+            if f.target.is_some() || f.interval.is_some() {
+                let field = if f.target.is_some() {
+                    "target"
+                } else {
+                    "interval"
+                };
+                c.fail(
+                    field,
+                    "--target and --interval tune CoDel on --action shape; this class does not shape",
+                );
+                return None;
+            }
+            return Some(None);
+        }
+        let defaults = Codel::default();
+        let codel = Codel {
+            target_ns: f.target.unwrap_or(defaults.target_ns),
+            interval_ns: f.interval.unwrap_or(defaults.interval_ns),
+        };
+        if codel.target_ns >= codel.interval_ns {
+            c.fail(
+                "target",
+                format!(
+                    "--target {} must be below --interval {}",
+                    format_duration_ns(codel.target_ns),
+                    format_duration_ns(codel.interval_ns)
+                ),
+            );
+            return None;
+        }
+        Some(Some(codel))
     }
 
     /// `excess_burst` makes an RFC 2697 srTCM, `peak_rate [peak_burst]` an RFC 2698 trTCM.
@@ -255,6 +302,27 @@ impl ClassInput {
             }
         }
     }
+}
+
+/// Longest CoDel interval (and target) accepted: far above any RTT worth shaping for.
+const MAX_CODEL_DURATION_NS: u64 = 10_000_000_000;
+
+/// A CoDel duration (`5ms`, `100ms`, `1s`): above zero, at most 10 s.
+pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| format!("bad duration '{text}': {e} (expected e.g. 5ms, 100ms, 1s)"))?;
+    let ns = duration.as_nanos();
+    if ns == 0 || ns > MAX_CODEL_DURATION_NS as u128 {
+        return Err(format!(
+            "duration '{text}' is out of range (expected more than 0 and at most 10s)"
+        ));
+    }
+    Ok(ns as u64)
+}
+
+/// The spelling [`parse_duration_ns`] reads back: `5ms`, `1s 500ms`.
+pub fn format_duration_ns(ns: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_nanos(ns)).to_string()
 }
 
 fn parse_prio(text: &str) -> Result<u32, String> {

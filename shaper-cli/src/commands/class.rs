@@ -5,7 +5,7 @@ use crate::cli::{
 use anyhow::Result;
 use shaper::{
     actions::ActionSpec,
-    class_input::ClassInput,
+    class_input::{format_duration_ns, parse_duration_ns, ClassInput},
     classes::{self, ClassSpec},
     error::{runtime, usage},
     state::{self, Attachment, Direction, Location},
@@ -42,8 +42,15 @@ fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
     let _lock = state::lock()?;
     let attachment = Attachment::open(&location)?;
     classes::add(&attachment, &spec)?;
+    let codel = spec.codel.map_or(String::new(), |c| {
+        format!(
+            " target {} interval {}",
+            format_duration_ns(c.target_ns),
+            format_duration_ns(c.interval_ns)
+        )
+    });
     println!(
-        "class {} added on {}: rate {} burst {} per {} action {}",
+        "class {} added on {}: rate {} burst {} per {} action {}{codel}",
         spec.name,
         location.describe(),
         format_rate(spec.rate_bits_per_sec),
@@ -119,8 +126,22 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
         .map(ActionSpec::from_str)
         .transpose()
         .map_err(usage)?;
-    if rate.is_none() && burst.is_none() && action.is_none() {
-        return Err(usage("class change needs --rate, --burst and/or --action"));
+    let duration = |text: &Option<String>| {
+        text.as_deref()
+            .map(parse_duration_ns)
+            .transpose()
+            .map_err(usage)
+    };
+    let (codel_target_ns, codel_interval_ns) = (duration(&args.target)?, duration(&args.interval)?);
+    if rate.is_none()
+        && burst.is_none()
+        && action.is_none()
+        && codel_target_ns.is_none()
+        && codel_interval_ns.is_none()
+    {
+        return Err(usage(
+            "class change needs --rate, --burst, --action, --target and/or --interval",
+        ));
     }
     prepare(&netns)?;
     let _lock = state::lock()?;
@@ -129,6 +150,8 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
         rate_bits_per_sec: rate,
         burst_bytes: burst,
         action,
+        codel_target_ns,
+        codel_interval_ns,
     };
     classes::change(&attachment, &args.name, change)?;
     println!(
@@ -152,6 +175,14 @@ fn del(netns: Option<String>, args: ClassDelArgs) -> Result<()> {
     Ok(())
 }
 
+/// The action, with CoDel's target/interval on shape classes: `shape 5ms/100ms`.
+pub(crate) fn action_text(row: &serde_json::Value) -> String {
+    match (row["target"].as_str(), row["interval"].as_str()) {
+        (Some(target), Some(interval)) => format!("{} {target}/{interval}", text(&row["action"])),
+        _ => text(&row["action"]),
+    }
+}
+
 fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
     prepare(&None)?;
     let rows = crate::rows::collect(&netns, &args.dev)?;
@@ -168,7 +199,7 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
             format_rate(row["rate_bps"].as_u64().unwrap_or(0)),
             format_size(row["burst_bytes"].as_u64().unwrap_or(0)),
             text(&row["per"]),
-            text(&row["action"]),
+            action_text(row),
             text(&row["proto"]),
             text(&row["src"]),
             text(&row["dst"]),

@@ -31,6 +31,7 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
         "DROPPED BYTES",
         "MARKED PKTS",
         "MARKED BYTES",
+        "QUEUE",
     ];
     print_rows(&rows, args.json, &header, |row| {
         vec![
@@ -44,8 +45,20 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
             text(&row["dropped_bytes"]),
             text(&row["marked_packets"]),
             text(&row["marked_bytes"]),
+            queue_text(row),
         ]
     })
+}
+
+/// A shape class's virtual queue: its delay now, and whether CoDel is dropping.
+fn queue_text(row: &Value) -> String {
+    match row["queue_delay_us"].as_u64() {
+        Some(us) if row["codel_dropping"].as_bool() == Some(true) => {
+            format!("{:.1}ms dropping", us as f64 / 1000.0)
+        }
+        Some(us) => format!("{:.1}ms", us as f64 / 1000.0),
+        None => "-".into(),
+    }
 }
 
 /// A class's identity across samples.

@@ -11,6 +11,7 @@ use anyhow::Result;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use shaper_common::{
     bucket::{credit_chunk, shared_burst},
+    codel::{DEFAULT_INTERVAL_NS, DEFAULT_TARGET_NS},
     meter::METER_NONE,
     Action, ByteCost, ClassConfig, ClassMeta, Scope, FAMILY_ANY, FAMILY_V4,
 };
@@ -71,6 +72,15 @@ impl ClassSpec {
             action: ActionSpec::from_config(config.action, config.action_arg, config.action_mask),
             meter: Meter::from_meta(meta, config.meter),
             exceed,
+            // Zero where a class predates the knobs: the defaults it ran with.
+            codel: (config.action == Action::Shape as u8).then(|| Codel {
+                target_ns: Some(meta.codel_target_ns)
+                    .filter(|&t| t != 0)
+                    .unwrap_or(DEFAULT_TARGET_NS),
+                interval_ns: Some(meta.codel_interval_ns)
+                    .filter(|&t| t != 0)
+                    .unwrap_or(DEFAULT_INTERVAL_NS),
+            }),
         }
     }
 
@@ -106,6 +116,8 @@ impl ClassSpec {
             dst_prefix,
             proto: self.rule.proto.to_u8(),
             in_use: 1,
+            codel_target_ns: self.codel.map_or(0, |c| c.target_ns),
+            codel_interval_ns: self.codel.map_or(0, |c| c.interval_ns),
             ..ClassMeta::default()
         })
     }
@@ -135,6 +147,10 @@ impl ClassSpec {
             action_arg: self.action.arg,
             action_mask: self.action.mask,
             in_use: 1,
+            codel: self
+                .codel
+                .map(|c| c.config(self.rate_bits_per_sec))
+                .unwrap_or_default(),
             ..ClassConfig::default()
         }
     }

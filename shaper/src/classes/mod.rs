@@ -5,6 +5,7 @@
 use crate::{actions::ActionSpec, rules::Rule, state::encode_name};
 use anyhow::Result;
 use shaper_common::{
+    codel::{CodelConfig, DEFAULT_INTERVAL_NS, DEFAULT_TARGET_NS, FRAME_BYTES},
     meter::{METER_NONE, METER_SRTCM, METER_TRTCM},
     ByteCost, ClassMeta, ClassStats, Scope,
 };
@@ -31,6 +32,41 @@ pub struct ClassSpec {
     pub meter: Meter,
     /// Meters: on yellow packets.
     pub exceed: ActionSpec,
+    /// Shape classes: CoDel on the virtual queue; `None` for every other action.
+    pub codel: Option<Codel>,
+}
+
+/// CoDel's knobs on a shape class (RFC 8289 names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Codel {
+    /// The standing queue delay to keep (raised to 1.5 frame times at low rates).
+    pub target_ns: u64,
+    /// How long the delay may stay above target before drops start; about a worst-case RTT.
+    pub interval_ns: u64,
+}
+
+impl Default for Codel {
+    fn default() -> Self {
+        Self {
+            target_ns: DEFAULT_TARGET_NS,
+            interval_ns: DEFAULT_INTERVAL_NS,
+        }
+    }
+}
+
+impl Codel {
+    /// The packet path's parameters at `rate_bits_per_sec`.
+    pub(crate) fn config(self, rate_bits_per_sec: u64) -> CodelConfig {
+        CodelConfig::new(self.target_ns, self.interval_ns, rate_bits_per_sec)
+    }
+
+    /// The HTB leaf's limit: a bounded bfifo of the bytes the class sends in CoDel's hard
+    /// cap (at least four frames), so even a wrong estimate cannot stand a second of queue.
+    pub(crate) fn leaf_limit_bytes(self, rate_bits_per_sec: u64) -> u64 {
+        let cap_ns = self.config(rate_bits_per_sec).cap_ns as u128;
+        let bytes = cap_ns * rate_bits_per_sec as u128 / 8 / 1_000_000_000;
+        (bytes as u64).max(4 * FRAME_BYTES)
+    }
 }
 
 /// A three-colour meter on top of the class's rate (CIR) and burst (CBS).

@@ -7,6 +7,7 @@
 use super::{shapes::*, *};
 use crate::{
     actions::ActionSpec,
+    class_input::format_duration_ns,
     error::{runtime, usage},
     qdisc,
     state::{decode_name, Attachment},
@@ -14,8 +15,8 @@ use crate::{
 use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
 use shaper_common::{
-    Action, Bucket, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Shape, MAX_CLASSES,
-    MAX_RULES, MAX_SHAPES,
+    codel::CodelState, Action, Bucket, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue,
+    Shape, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 use std::collections::BTreeMap;
 
@@ -41,10 +42,11 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
     let mut used: std::collections::HashSet<u32> = existing.iter().map(|(id, _)| *id).collect();
     let mut kernel_shapes = ShapeTable::read(attachment)?;
     let mut globals = attachment.globals()?;
-    let (mut configs, mut metas, mut buckets, mut rules) = (
+    let (mut configs, mut metas, mut buckets, mut codel, mut rules) = (
         attachment.classes()?,
         attachment.meta()?,
         attachment.class_buckets()?,
+        attachment.codel()?,
         attachment.rules()?,
     );
     let mut index = attachment.class_index()?;
@@ -74,10 +76,15 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         let keys = class_entries(&spec.rule, &mut shapes)?;
         let mut spec = spec.clone();
         if spec.action.action == Action::Shape {
-            // The HTB class exists before anything steers packets into it.
-            qdisc::ensure_htb_root(&dev)?;
-            qdisc::set_class(&dev, id, spec.rate_bits_per_sec, spec.burst_bytes, true)?;
-            spec.action.arg = qdisc::class_handle(id);
+            // The HTB class exists before anything steers packets into it; under fq the
+            // program paces by departure time (action_arg 0).
+            spec.action.arg = match qdisc::ensure_root(&dev)? {
+                qdisc::Backend::Htb => {
+                    qdisc::set_class(&dev, id, &qdisc::htb_class(&spec), true)?;
+                    qdisc::class_handle(id)
+                }
+                qdisc::Backend::EdtFq => 0,
+            };
         }
         let seq = globals.next_seq;
         let meta = spec.to_meta(seq)?;
@@ -87,6 +94,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         // Config, bucket and counters first; nothing points at the id yet.
         zero_stats(attachment, id)?;
         buckets.set(id, Bucket::default(), 0)?;
+        codel.set(id, CodelState::default(), 0)?;
         configs.set(id, spec.config(seq as u32), 0)?;
         metas.set(id, meta, 0)?;
         index.insert(meta.name, id, 0)?;
@@ -103,7 +111,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
             let _ = index.remove(&meta.name);
             let _ = configs.set(id, ClassConfig::default(), 0);
             let _ = write_shapes(attachment, &kernel_shapes, &shapes);
-            if spec.action.action == Action::Shape {
+            if spec.action.action == Action::Shape && spec.action.arg != 0 {
                 let _ = qdisc::delete_class(&dev, id);
             }
             return Err(error);
@@ -201,6 +209,9 @@ pub struct Change {
     pub rate_bits_per_sec: Option<u64>,
     pub burst_bytes: Option<u64>,
     pub action: Option<ActionSpec>,
+    /// Shape classes only: CoDel's target and interval (ns).
+    pub codel_target_ns: Option<u64>,
+    pub codel_interval_ns: Option<u64>,
 }
 
 /// Changes rate, burst and/or action in place: the bucket word, counters and classifier
@@ -210,6 +221,8 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         rate_bits_per_sec,
         burst_bytes,
         action,
+        codel_target_ns,
+        codel_interval_ns,
     } = change;
     let (id, mut meta) = find(attachment, name)?.ok_or_else(|| not_found(attachment, name))?;
     if let Some(rate) = rate_bits_per_sec {
@@ -226,14 +239,41 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             "a class cannot change to or from --action shape; delete it and add it again",
         ));
     }
+    if (codel_target_ns.is_some() || codel_interval_ns.is_some()) && !shaping {
+        return Err(usage(
+            "--target and --interval tune CoDel on --action shape; this class does not shape",
+        ));
+    }
     if shaping {
-        qdisc::set_class(
-            &attachment.location.dev,
-            id,
-            meta.rate_bits_per_sec,
-            meta.burst_bytes,
-            false,
-        )?;
+        let current = ClassSpec::from_meta(&meta, &config)
+            .codel
+            .unwrap_or_default();
+        let target = codel_target_ns.unwrap_or(current.target_ns);
+        let interval = codel_interval_ns.unwrap_or(current.interval_ns);
+        if target >= interval {
+            return Err(usage(format!(
+                "--target {} must be below --interval {}",
+                format_duration_ns(target),
+                format_duration_ns(interval)
+            )));
+        }
+        meta.codel_target_ns = target;
+        meta.codel_interval_ns = interval;
+    }
+    if shaping {
+        let spec = ClassSpec::from_meta(&meta, &config);
+        if config.action_arg != 0 {
+            qdisc::set_class(
+                &attachment.location.dev,
+                id,
+                &qdisc::htb_class(&spec),
+                false,
+            )?;
+        }
+        config.codel = spec
+            .codel
+            .unwrap_or_default()
+            .config(meta.rate_bits_per_sec);
     }
     let meter = Meter::from_meta(&meta, config.meter);
     if let Meter::TrTcm {
@@ -355,9 +395,10 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
         Err(e) => return Err(e.into()),
     }
     let mut configs = configs;
-    let shaping = configs.get(&id, 0)?.action == Action::Shape as u8;
+    let config = configs.get(&id, 0)?;
+    let in_htb = config.action == Action::Shape as u8 && config.action_arg != 0;
     configs.set(id, ClassConfig::default(), 0)?;
-    if shaping {
+    if in_htb {
         qdisc::delete_class(&attachment.location.dev, id)?;
     }
     // Free shapes no class uses any more.

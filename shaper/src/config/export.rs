@@ -3,6 +3,7 @@
 
 use super::schema::{ExportClass, ExportFile, ExportInterface};
 use crate::{
+    class_input::format_duration_ns,
     classes::{self, ClassSpec, Meter},
     rules::{PortRange, Proto},
     state::{self, AttachMode, Attachment, Direction},
@@ -45,6 +46,8 @@ fn export_class(direction: Direction, spec: &ClassSpec) -> ExportClass {
         peak_burst: spec.meter.peak_burst(),
         exceed: metered.then(|| spec.exceed.to_string()),
         violate: metered.then(|| spec.action.to_string()),
+        target: spec.codel.map(|c| format_duration_ns(c.target_ns)),
+        interval: spec.codel.map(|c| format_duration_ns(c.interval_ns)),
     }
 }
 

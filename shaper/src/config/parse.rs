@@ -285,6 +285,8 @@ fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), 
         peak_burst: scalar(&entry.peak_burst),
         exceed: string(&entry.exceed),
         violate: string(&entry.violate),
+        target: string(&entry.target),
+        interval: string(&entry.interval),
     };
     input.check().map_err(|errors| {
         errors
@@ -320,6 +322,8 @@ fn field_span(entry: &ClassEntry, field: &str) -> Range<usize> {
         "peak_burst" => scalar(&entry.peak_burst),
         "exceed" => text(&entry.exceed),
         "violate" => text(&entry.violate),
+        "target" => text(&entry.target),
+        "interval" => text(&entry.interval),
         _ => None,
     };
     span.unwrap_or(entry.name.span())

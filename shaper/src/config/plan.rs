@@ -4,9 +4,11 @@
 use super::parse::{Desired, DesiredInterface};
 use crate::{
     actions::ActionSpec,
+    class_input::format_duration_ns,
     classes::{self, ClassSpec, Meter},
     netns,
     state::{self, AttachMode, Attachment, Direction, Location},
+    units::{format_rate, format_size},
 };
 use anyhow::Result;
 use shaper_common::Action;
@@ -85,7 +87,6 @@ impl fmt::Display for Step {
 }
 
 fn summary(spec: &ClassSpec) -> String {
-    use crate::units::{format_rate, format_size};
     format!(
         "rate {} burst {} per {} action {}",
         format_rate(spec.rate_bits_per_sec),
@@ -110,11 +111,11 @@ fn same_class(a: &ClassSpec, b: &ClassSpec) -> bool {
 
 /// What differs, when only rate, burst and action differ.
 fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::Change, String)> {
-    use crate::units::{format_rate, format_size};
     let mut probe = wanted.clone();
     probe.rate_bits_per_sec = current.rate_bits_per_sec;
     probe.burst_bytes = current.burst_bytes;
     probe.action = current.action;
+    probe.codel = current.codel;
     let shaping = |s: &ClassSpec| s.action.action == Action::Shape;
     if !same_class(&probe, current) || shaping(current) != shaping(wanted) {
         return None;
@@ -124,6 +125,14 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
         rate_bits_per_sec: differs(current.rate_bits_per_sec, wanted.rate_bits_per_sec),
         burst_bytes: differs(current.burst_bytes, wanted.burst_bytes),
         action: (current.action != wanted.action).then_some(wanted.action),
+        codel_target_ns: current
+            .codel
+            .zip(wanted.codel)
+            .and_then(|(c, w)| differs(c.target_ns, w.target_ns)),
+        codel_interval_ns: current
+            .codel
+            .zip(wanted.codel)
+            .and_then(|(c, w)| differs(c.interval_ns, w.interval_ns)),
     };
     let mut what = Vec::new();
     if let Some(rate) = change.rate_bits_per_sec {
@@ -136,6 +145,17 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
     }
     if let Some(action) = change.action {
         what.push(format!("action {} -> {action}", current.action));
+    }
+    if let (Some(before), Some(after)) = (current.codel, wanted.codel) {
+        if before != after {
+            what.push(format!(
+                "codel {}/{} -> {}/{}",
+                format_duration_ns(before.target_ns),
+                format_duration_ns(before.interval_ns),
+                format_duration_ns(after.target_ns),
+                format_duration_ns(after.interval_ns)
+            ));
+        }
     }
     Some((change, what.join(", ")))
 }

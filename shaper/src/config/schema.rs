@@ -64,6 +64,8 @@ pub(super) struct ClassEntry {
     pub(super) peak_burst: Field<Scalar>,
     pub(super) exceed: Field<String>,
     pub(super) violate: Field<String>,
+    pub(super) target: Field<String>,
+    pub(super) interval: Field<String>,
 }
 
 // ---- written
@@ -114,4 +116,8 @@ pub(super) struct ExportClass {
     pub(super) exceed: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) violate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) target: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) interval: Option<String>,
 }

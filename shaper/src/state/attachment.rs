@@ -10,6 +10,7 @@ use aya::{
     programs::SchedClassifier,
 };
 use shaper_common::{
+    codel::{sojourn_ns, CodelState, Control},
     map_names, Bucket, ClassConfig, ClassMeta, ClassStats, Credit, Globals, RuleKey, RuleValue,
     Shape, CLASS_NAME_LEN,
 };
@@ -98,6 +99,25 @@ impl Attachment {
 
     pub fn credit(&self) -> Result<PerCpuArray<MapData, Credit>> {
         self.map(map_names::CREDIT)
+    }
+
+    pub fn codel(&self) -> Result<Array<MapData, CodelState>> {
+        self.map(map_names::CODEL)
+    }
+
+    /// A shape class's virtual queue now: its predicted queueing delay (ns) and whether
+    /// CoDel is in its dropping state.
+    pub fn shape_queue(&self, class_id: u32) -> Result<(u64, bool)> {
+        let config = self.classes()?.get(&class_id, 0)?;
+        let burst = if config.action_arg != 0 {
+            config.cost.tolerance_ticks
+        } else {
+            0
+        };
+        let tat = self.class_buckets()?.get(&class_id, 0)?.tat;
+        let control = self.codel()?.get(&class_id, 0)?.control;
+        let delay = sojourn_ns(tat, shaper_common::bucket::ticks(monotonic_ns()), burst);
+        Ok((delay, Control::unpack(control).dropping))
     }
 
     /// Tokens a class-scoped bucket holds now: the shared bucket plus the CPUs' credit.

@@ -245,7 +245,7 @@ pub fn detach(location: &Location) -> Result<()> {
         }
     }
     if location.direction == Direction::Egress {
-        crate::qdisc::remove_htb_root(&location.dev);
+        crate::qdisc::remove_root(&location.dev);
     }
     fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
     remove_empty_parents(&dir);

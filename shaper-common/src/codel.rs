@@ -1,0 +1,406 @@
+//! CoDel (RFC 8289) on a shaping class's virtual queue.
+//!
+//! A shape class keeps a GCRA word at the class rate next to its real queue (an HTB class,
+//! or fq's per-flow queues under EDT). For the bytes already admitted, `tat - now` is how
+//! long they take to drain at the class rate: the queueing delay the next packet will see.
+//! CoDel runs on that *predicted* sojourn time when the packet arrives, before it is queued,
+//! so the program can drop (or CE-mark) it without a qdisc of its own:
+//!
+//! - below `target` (or with at most one frame queued) the queue is good: forget the timer;
+//! - above `target` for a whole `interval`: drop one packet and enter the dropping state,
+//!   then drop the next at `interval / sqrt(count)` after the previous one, so the drop rate
+//!   rises until the standing queue is gone;
+//! - re-entering soon after leaving resumes near the previous drop rate (the Linux rule).
+//!
+//! A hard cap drops anything that would wait longer than [`CodelConfig::cap_ns`], so a
+//! sender that ignores both drops and marks cannot build a queue beyond it.
+//!
+//! **State and concurrency.** Everything CoDel decides on is one 64-bit control word
+//! (`drop_next` as 32 bits of 1.024 µs with wrap-around comparisons, as Linux's
+//! `codel_time_t`; `count`, `lastcount`, `dropping`), changed only by compare-and-swap, so of
+//! several CPUs racing for one drop slot exactly one drops. The start of the above-target
+//! period is a second word; it only ever moves between 0 and one deadline, and a lost race
+//! there shifts the deadline by the few nanoseconds between two CPUs' clocks.
+
+use core::num::NonZeroU64;
+
+/// Default target: the acceptable standing queue (RFC 8289, fq_codel, CAKE).
+pub const DEFAULT_TARGET_NS: u64 = 5_000_000;
+/// Default interval: about a worst-case RTT.
+pub const DEFAULT_INTERVAL_NS: u64 = 100_000_000;
+/// One full Ethernet frame: the queue CoDel never drops from, and the unit of the low-rate
+/// target (1.5 frame times, as CAKE).
+pub const FRAME_BYTES: u64 = 1514;
+/// `drop_next` is kept in units of 2^10 ns (1.024 µs).
+const TIME_SHIFT: u32 = 10;
+/// `count` and `lastcount` saturate here (15 bits each): interval / 181.
+const COUNT_MAX: u64 = (1 << 15) - 1;
+
+/// CoDel's parameters for one class, precomputed by userspace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodelConfig {
+    /// Effective target: the user's target, raised to 1.5 frame times at low rates.
+    pub target_ns: u64,
+    pub interval_ns: u64,
+    /// Hard cap on the predicted sojourn: `max(interval, 4 × target)`.
+    pub cap_ns: u64,
+    /// One frame at the class rate: with at most this much queued, nothing is dropped.
+    pub frame_ns: u64,
+}
+
+impl CodelConfig {
+    /// The config for a class of `rate_bits_per_sec` (> 0) with the user's `target_ns` and
+    /// `interval_ns`. Userspace only: it divides.
+    pub fn new(target_ns: u64, interval_ns: u64, rate_bits_per_sec: u64) -> Self {
+        let rate = rate_bits_per_sec.max(1) as u128;
+        let frame_ns = (FRAME_BYTES as u128 * 8 * 1_000_000_000).div_ceil(rate) as u64;
+        let target_ns = target_ns.max(frame_ns + frame_ns / 2);
+        Self {
+            target_ns,
+            interval_ns,
+            cap_ns: interval_ns.max(4 * target_ns),
+            frame_ns,
+        }
+    }
+}
+
+/// CoDel's per-class state (one map value per class).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodelState {
+    /// `drop_next << 32 | count << 17 | lastcount << 2 | dropping << 1` (see [`Control`]).
+    pub control: u64,
+    /// When the predicted sojourn first went above target, plus one interval (ns); 0 while
+    /// it is below.
+    pub first_above: u64,
+}
+
+/// The control word, unpacked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Control {
+    /// Next drop time in units of 1.024 µs (wraps every 73 minutes).
+    pub drop_next: u32,
+    pub count: u64,
+    pub lastcount: u64,
+    pub dropping: bool,
+}
+
+impl Control {
+    #[inline(always)]
+    pub fn unpack(word: u64) -> Self {
+        Self {
+            drop_next: (word >> 32) as u32,
+            count: (word >> 17) & COUNT_MAX,
+            lastcount: (word >> 2) & COUNT_MAX,
+            dropping: (word >> 1) & 1 == 1,
+        }
+    }
+
+    #[inline(always)]
+    pub fn pack(&self) -> u64 {
+        ((self.drop_next as u64) << 32)
+            | ((self.count & COUNT_MAX) << 17)
+            | ((self.lastcount & COUNT_MAX) << 2)
+            | ((self.dropping as u64) << 1)
+    }
+}
+
+/// What CoDel makes of one arriving packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Judgement {
+    /// Drop it (or CE-mark it when it is ECN-capable).
+    pub congested: bool,
+    /// The new control word, when it changes (to be installed by compare-and-swap; a lost
+    /// race means another CPU moved the state first, and the packet is judged again).
+    pub control: Option<u64>,
+    /// The new `first_above`, when it changes.
+    pub first_above: Option<u64>,
+}
+
+/// `a` is at or after `b` on the wrapping 32-bit clock.
+#[inline(always)]
+fn at_or_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) >= 0
+}
+
+#[inline(always)]
+fn coarse(ns: u64) -> u32 {
+    (ns >> TIME_SHIFT) as u32
+}
+
+/// `floor(sqrt(value))` by six Newton steps from a power of two at most twice the root,
+/// in straight-line code: the eBPF verifier walks every path of the program, so a branch
+/// per step (or per bit) would multiply its work. Exact for every u64 (the relative error
+/// after five steps is below 2^-48).
+#[inline(always)]
+pub fn isqrt(value: u64) -> u64 {
+    if value < 2 {
+        return value;
+    }
+    let bits = 64 - value.leading_zeros();
+    let mut root = 1u64 << bits.div_ceil(2);
+    for _ in 0..6 {
+        // SAFETY: root >= 1: it starts at >= 2 and a Newton step from root >= 1 on
+        // value >= 2 gives (root + value / root) / 2 >= 1.
+        let divisor = unsafe { NonZeroU64::new_unchecked(root) };
+        let next = (root + value / divisor) >> 1;
+        // root = min(root, next) without a branch: the sign bit of root - next.
+        let diff = root.wrapping_sub(next);
+        let keep = diff >> 63;
+        root = next.wrapping_add(keep.wrapping_mul(diff));
+    }
+    root
+}
+
+/// `interval / sqrt(count)` in ns, in fixed point: `sqrt(count << 40)` is `sqrt(count)`
+/// with 20 fraction bits, so `(interval << 20) / that` keeps the fractions (1/sqrt(2) is
+/// not 1). Shifts are parenthesised apart from the division on purpose. No overflow for
+/// counts below 2^15 and intervals below 2^43 ns (2.4 hours).
+#[inline(always)]
+pub fn drop_spacing_ns(interval_ns: u64, count: u64) -> u64 {
+    let count = if count == 0 { 1 } else { count };
+    // SAFETY: count >= 1, so the root is at least 2^20.
+    let root = unsafe { NonZeroU64::new_unchecked(isqrt(count << 40)) };
+    (interval_ns << 20) / root
+}
+
+/// One arriving packet with predicted sojourn `sojourn_ns` at `now_ns`, given the class's
+/// current `control` word and `first_above`.
+#[inline(always)]
+pub fn judge(
+    control: u64,
+    first_above: u64,
+    sojourn_ns: u64,
+    now_ns: u64,
+    config: &CodelConfig,
+) -> Judgement {
+    // RFC 8289 `dodequeue`: is the queue persistently above target?
+    let mut new_first_above = None;
+    let mut ok_to_drop = false;
+    if sojourn_ns < config.target_ns || sojourn_ns <= config.frame_ns {
+        if first_above != 0 {
+            new_first_above = Some(0);
+        }
+    } else if first_above == 0 {
+        new_first_above = Some(now_ns + config.interval_ns);
+    } else if now_ns >= first_above {
+        ok_to_drop = true;
+    }
+
+    let mut state = Control::unpack(control);
+    let now = coarse(now_ns);
+    let mut congested = false;
+    let mut changed = false;
+    if state.dropping {
+        if !ok_to_drop {
+            state.dropping = false;
+            changed = true;
+        } else if at_or_after(now, state.drop_next) {
+            congested = true;
+            state.count = if state.count < COUNT_MAX {
+                state.count + 1
+            } else {
+                COUNT_MAX
+            };
+            let next_ns = ((state.drop_next as u64) << TIME_SHIFT)
+                + drop_spacing_ns(config.interval_ns, state.count);
+            state.drop_next = coarse(next_ns);
+            changed = true;
+        }
+    } else if ok_to_drop {
+        congested = true;
+        let delta = state.count.wrapping_sub(state.lastcount) & COUNT_MAX;
+        // Linux's `codel_time_before(now - drop_next, 16 * interval)`: a drop_next still in
+        // the future counts as recent.
+        let since_last = now.wrapping_sub(state.drop_next);
+        let recent = (since_last.wrapping_sub(coarse(16 * config.interval_ns)) as i32) < 0;
+        state.count = if delta > 1 && recent { delta } else { 1 };
+        state.drop_next = coarse(now_ns + drop_spacing_ns(config.interval_ns, state.count));
+        state.lastcount = state.count;
+        state.dropping = true;
+        changed = true;
+    }
+    Judgement {
+        congested,
+        control: if changed { Some(state.pack()) } else { None },
+        first_above: new_first_above,
+    }
+}
+
+/// The predicted sojourn (ns) of a packet arriving at `now_ticks` behind a virtual queue
+/// whose GCRA word is `tat`, drained by a token bucket of `burst_ticks` (HTB's burst: it
+/// sends that much ahead of the rate after an idle spell; 0 for EDT pacing, which has no
+/// burst). All in bucket ticks.
+#[inline(always)]
+pub fn sojourn_ns(tat: u64, now_ticks: u64, burst_ticks: u64) -> u64 {
+    let ahead = now_ticks + burst_ticks;
+    if tat > ahead {
+        (tat - ahead) >> crate::bucket::TICK_BITS
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::{vec, vec::Vec};
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn isqrt_is_exact() {
+        let mut values = vec![0u64, 1, 2, 3, 4, 8, 15, 16, 17, 1 << 32, (1 << 47) + 12345];
+        values.extend([u64::MAX, u64::MAX - 1, (1 << 62) - 1, 1 << 62]);
+        // Every count CoDel can hold, as the control law uses it, and squares around.
+        values.extend((1..1u64 << 15).map(|count| count << 40));
+        values.extend((1..100_000u64).map(|r| r * r - 1));
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push(x >> (x % 64));
+        }
+        for value in values {
+            let root = isqrt(value) as u128;
+            assert!(root * root <= value as u128, "{value}");
+            assert!((root + 1) * (root + 1) > value as u128, "{value}");
+        }
+    }
+
+    #[test]
+    fn drop_spacing_speeds_up_as_interval_over_sqrt_count() {
+        // The precedence bug (`interval << 16 / sqrt`) would give 100 ms for every count.
+        assert_eq!(drop_spacing_ns(100 * MS, 1), 100 * MS);
+        assert_eq!(drop_spacing_ns(100 * MS, 4), 50 * MS);
+        assert_eq!(drop_spacing_ns(100 * MS, 16), 25 * MS);
+        assert_eq!(drop_spacing_ns(100 * MS, 100), 10 * MS);
+        let two = drop_spacing_ns(100 * MS, 2) as f64;
+        assert!((two - 100e6 / 2f64.sqrt()).abs() < 100.0, "{two}");
+    }
+
+    #[test]
+    fn target_is_raised_to_one_and_a_half_frames_at_low_rates() {
+        let fast = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+        assert_eq!(fast.target_ns, 5 * MS);
+        assert_eq!(fast.cap_ns, 100 * MS);
+        assert_eq!(fast.frame_ns, 121_120);
+        // 1 Mbit/s: a frame takes 12.1 ms, so the target is 18.2 ms and the cap 72.7 ms
+        // is below the interval: the interval wins.
+        let slow = CodelConfig::new(5 * MS, 100 * MS, 1_000_000);
+        assert_eq!(slow.frame_ns, 12_112_000);
+        assert_eq!(slow.target_ns, 18_168_000);
+        assert_eq!(slow.cap_ns, 100 * MS);
+        let short = CodelConfig::new(20 * MS, 40 * MS, 100_000_000);
+        assert_eq!(short.cap_ns, 80 * MS);
+    }
+
+    /// Feeds one packet; installs what the judgement changes (as one CPU would).
+    fn feed(state: &mut CodelState, sojourn: u64, now: u64, config: &CodelConfig) -> bool {
+        let judgement = judge(state.control, state.first_above, sojourn, now, config);
+        if let Some(control) = judgement.control {
+            state.control = control;
+        }
+        if let Some(first_above) = judgement.first_above {
+            state.first_above = first_above;
+        }
+        judgement.congested
+    }
+
+    #[test]
+    fn drops_only_after_an_interval_above_target_then_faster_and_stops_below() {
+        let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+        let mut state = CodelState::default();
+        let start = 1_000 * MS;
+        // Below target: nothing, however long.
+        for step in 0..1000 {
+            assert!(!feed(&mut state, 4 * MS, start + step * MS, &config));
+        }
+        assert_eq!(state.first_above, 0);
+        // Above target, one packet a millisecond: the first drop comes after 100 ms.
+        let above = start + 1000 * MS;
+        let mut drops = Vec::new();
+        for step in 0..=600 {
+            if feed(&mut state, 20 * MS, above + step * MS, &config) {
+                drops.push(step);
+            }
+        }
+        assert_eq!(drops[0], 100);
+        // Then at 100 ms / sqrt(count) after the previous drop (ms resolution here).
+        let gaps: Vec<u64> = drops.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(&gaps[..5], &[100, 71, 58, 50, 45]);
+        assert!(gaps.windows(2).all(|w| w[1] <= w[0]), "{gaps:?}");
+        // Below target again: the dropping state ends at once.
+        let below = above + 601 * MS;
+        assert!(!feed(&mut state, 1 * MS, below, &config));
+        assert!(!Control::unpack(state.control).dropping);
+        assert_eq!(state.first_above, 0);
+    }
+
+    #[test]
+    fn never_drops_with_at_most_one_frame_queued() {
+        // A user target below a frame time is raised; and a sojourn of one frame is good.
+        let config = CodelConfig {
+            target_ns: 1,
+            interval_ns: 100 * MS,
+            cap_ns: 100 * MS,
+            frame_ns: 2 * MS,
+        };
+        let mut state = CodelState::default();
+        for step in 0..1000 {
+            assert!(!feed(&mut state, 2 * MS, 1000 * MS + step * MS, &config));
+        }
+    }
+
+    #[test]
+    fn re_entering_soon_resumes_near_the_last_drop_rate() {
+        let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+        let mut state = CodelState::default();
+        let mut now = 1_000 * MS;
+        let mut drops = 0;
+        for _ in 0..600 {
+            now += MS;
+            drops += feed(&mut state, 20 * MS, now, &config) as u64;
+        }
+        let count = Control::unpack(state.control).count;
+        assert!(count >= 8, "{count}");
+        // A short dip below target, then above again: after the next interval the count
+        // restarts at count - lastcount (> 1), not at 1.
+        now += MS;
+        feed(&mut state, 0, now, &config);
+        for _ in 0..101 {
+            now += MS;
+            drops += feed(&mut state, 20 * MS, now, &config) as u64;
+        }
+        let resumed = Control::unpack(state.control);
+        assert!(resumed.dropping);
+        assert_eq!(resumed.count, count - 1, "delta = count - lastcount(1)");
+        assert!(drops > count);
+    }
+
+    #[test]
+    fn sojourn_is_the_virtual_backlog_in_ns() {
+        assert_eq!(sojourn_ns(0, 1000, 0), 0);
+        assert_eq!(sojourn_ns(16 * 5_000_000 + 1600, 1600, 0), 5_000_000);
+        // A burst of 1 ms is sent ahead: only what lies beyond it waits.
+        assert_eq!(
+            sojourn_ns(16 * 5_000_000 + 1600, 1600, 16 * 1_000_000),
+            4_000_000
+        );
+        assert_eq!(sojourn_ns(16 * 5_000_000, 0, 16 * 6_000_000), 0);
+    }
+
+    #[test]
+    fn control_word_round_trips() {
+        let control = Control {
+            drop_next: 0xdead_beef,
+            count: COUNT_MAX,
+            lastcount: 12_345,
+            dropping: true,
+        };
+        assert_eq!(Control::unpack(control.pack()), control);
+    }
+}
