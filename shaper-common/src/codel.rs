@@ -22,8 +22,6 @@
 //! period is a second word; it only ever moves between 0 and one deadline, and a lost race
 //! there shifts the deadline by the few nanoseconds between two CPUs' clocks.
 
-use core::num::NonZeroU64;
-
 /// Default target: the acceptable standing queue (RFC 8289, fq_codel, CAKE).
 pub const DEFAULT_TARGET_NS: u64 = 5_000_000;
 /// Default interval: about a worst-case RTT.
@@ -35,6 +33,33 @@ pub const FRAME_BYTES: u64 = 1514;
 const TIME_SHIFT: u32 = 10;
 /// `count` and `lastcount` saturate here (15 bits each): interval / 181.
 const COUNT_MAX: u64 = (1 << 15) - 1;
+
+/// A flow of a shape class is *sparse* while it stays within 1/16 of the class rate with
+/// bursts of at most four frames (fq_codel's and CAKE's sparse flows): its packets skip the
+/// class's bulk queue (an HTB leaf of higher priority, or departure now under EDT) and
+/// CoDel, since they build no queue. They still advance the class's virtual queue.
+pub const SPARSE_RATE_DIVISOR: u64 = 16;
+pub const SPARSE_BURST_FRAMES: u64 = 4;
+
+/// The per-flow sparseness bucket of a class of `rate_bits_per_sec`. Userspace only.
+pub fn sparse_cost(rate_bits_per_sec: u64) -> crate::ByteCost {
+    crate::ByteCost::new(
+        (rate_bits_per_sec / SPARSE_RATE_DIVISOR).max(crate::bucket::MIN_RATE_BITS_PER_SEC),
+        SPARSE_BURST_FRAMES * FRAME_BYTES,
+    )
+}
+
+/// Whether a flow's packet is sparse, given its sparseness bucket word `tat`; and the
+/// word's next value. Unlike a policer's bucket, every packet advances the word, so a
+/// bulk flow runs far ahead and does not flip back to sparse (which would reorder it)
+/// until it has been quiet for a long while.
+#[inline(always)]
+pub fn sparse(tat: u64, now_ns: u64, bytes: u64, cost: &crate::ByteCost) -> (bool, u64) {
+    let now = crate::bucket::ticks(now_ns);
+    let start = if tat > now { tat } else { now };
+    let next = start + cost.ticks_for(bytes);
+    (next - now <= cost.tolerance_ticks, next)
+}
 
 /// CoDel's parameters for one class, precomputed by userspace.
 #[repr(C)]
@@ -129,40 +154,59 @@ fn coarse(ns: u64) -> u32 {
     (ns >> TIME_SHIFT) as u32
 }
 
-/// `floor(sqrt(value))` by six Newton steps from a power of two at most twice the root,
-/// in straight-line code: the eBPF verifier walks every path of the program, so a branch
-/// per step (or per bit) would multiply its work. Exact for every u64 (the relative error
-/// after five steps is below 2^-48).
-#[inline(always)]
-pub fn isqrt(value: u64) -> u64 {
-    if value < 2 {
-        return value;
-    }
-    let bits = 64 - value.leading_zeros();
-    let mut root = 1u64 << bits.div_ceil(2);
-    for _ in 0..6 {
-        // SAFETY: root >= 1: it starts at >= 2 and a Newton step from root >= 1 on
-        // value >= 2 gives (root + value / root) / 2 >= 1.
-        let divisor = unsafe { NonZeroU64::new_unchecked(root) };
-        let next = (root + value / divisor) >> 1;
-        // root = min(root, next) without a branch: the sign bit of root - next.
-        let diff = root.wrapping_sub(next);
-        let keep = diff >> 63;
-        root = next.wrapping_add(keep.wrapping_mul(diff));
+/// `floor(sqrt(value))`, bit by bit. Compile time only (it builds [`INV_SQRT_Q24`]): a
+/// branch per bit would make the eBPF verifier walk 2^32 paths.
+pub const fn isqrt(value: u64) -> u64 {
+    let mut rest = value;
+    let mut root = 0u64;
+    let mut bit = 1u64 << 62;
+    while bit != 0 {
+        if rest >= root + bit {
+            rest -= root + bit;
+            root = (root >> 1) + bit;
+        } else {
+            root >>= 1;
+        }
+        bit >>= 2;
     }
     root
 }
 
-/// `interval / sqrt(count)` in ns, in fixed point: `sqrt(count << 40)` is `sqrt(count)`
-/// with 20 fraction bits, so `(interval << 20) / that` keeps the fractions (1/sqrt(2) is
-/// not 1). Shifts are parenthesised apart from the division on purpose. No overflow for
-/// counts below 2^15 and intervals below 2^43 ns (2.4 hours).
+/// The control law's counts: beyond this the drop spacing stays at interval / 32.
+pub const CONTROL_LAW_COUNTS: usize = 1024;
+
+/// `2^24 / sqrt(count)` for every count below [`CONTROL_LAW_COUNTS`] (entry 0 as 1), built
+/// at compile time: the packet path has no floating point, and a table read is one
+/// bounded load where a square root would be a loop.
+pub static INV_SQRT_Q24: [u32; CONTROL_LAW_COUNTS] = inv_sqrt_table();
+
+const fn inv_sqrt_table() -> [u32; CONTROL_LAW_COUNTS] {
+    let mut table = [0u32; CONTROL_LAW_COUNTS];
+    let mut count = 0;
+    while count < CONTROL_LAW_COUNTS {
+        let divisor = if count == 0 { 1 } else { count as u64 };
+        // floor(sqrt(floor(x))) == floor(sqrt(x)): exact 2^24 / sqrt(count), rounded down.
+        table[count] = isqrt((1u64 << 48) / divisor) as u32;
+        count += 1;
+    }
+    table
+}
+
+/// `interval / sqrt(count)` in ns: the interval times `2^24 / sqrt(count)` from the table,
+/// shifted back (in that order, so the fraction survives: 1/sqrt(2) is not 1; a known
+/// public eBPF CoDel writes `interval << 16 / sqrt(count)`, which C parses as a shift by
+/// `16 / sqrt(count)`, and never speeds up). No overflow for intervals below 2^40 ns.
 #[inline(always)]
 pub fn drop_spacing_ns(interval_ns: u64, count: u64) -> u64 {
-    let count = if count == 0 { 1 } else { count };
-    // SAFETY: count >= 1, so the root is at least 2^20.
-    let root = unsafe { NonZeroU64::new_unchecked(isqrt(count << 40)) };
-    (interval_ns << 20) / root
+    let index = if count < CONTROL_LAW_COUNTS as u64 {
+        count as usize
+    } else {
+        CONTROL_LAW_COUNTS - 1
+    };
+    match INV_SQRT_Q24.get(index) {
+        Some(&factor) => (interval_ns * factor as u64) >> 24,
+        None => interval_ns,
+    }
 }
 
 /// One arriving packet with predicted sojourn `sojourn_ns` at `now_ns`, given the class's
@@ -391,6 +435,32 @@ mod tests {
             4_000_000
         );
         assert_eq!(sojourn_ns(16 * 5_000_000, 0, 16 * 6_000_000), 0);
+    }
+
+    #[test]
+    fn pings_are_sparse_and_a_bulk_flow_is_not_even_after_a_pause() {
+        let cost = sparse_cost(10_000_000);
+        let mut now = 1_000 * MS;
+        // A ping every 50 ms: always sparse.
+        let mut tat = 0;
+        for _ in 0..100 {
+            let (is_sparse, next) = sparse(tat, now, 98, &cost);
+            assert!(is_sparse);
+            tat = next;
+            now += 50 * MS;
+        }
+        // A flow at the class rate: its first four frames are sparse, then none.
+        let mut tat = 0;
+        let mut sparse_frames = 0;
+        for _ in 0..1000 {
+            let (is_sparse, next) = sparse(tat, now, 1514, &cost);
+            sparse_frames += is_sparse as u32;
+            tat = next;
+            now += 1_211_200; // 1514 bytes at 10 Mbit/s
+        }
+        assert_eq!(sparse_frames, 4);
+        // A 100 ms pause does not make it sparse again.
+        assert!(!sparse(tat, now + 100 * MS, 1514, &cost).0);
     }
 
     #[test]

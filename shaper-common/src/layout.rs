@@ -29,8 +29,10 @@ pub mod map_names {
     pub const CLASS_INDEX: &str = "CLASS_INDEX";
     pub const CREDIT: &str = "CREDIT";
     pub const CODEL: &str = "CODEL";
+    /// Packet-path scratch (one per-CPU slot), never read by userspace.
+    pub const SHAPE_PACKET: &str = "SHAPE_PACKET";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         GLOBALS,
         SHAPES,
         RULES,
@@ -42,6 +44,7 @@ pub mod map_names {
         CLASS_INDEX,
         CREDIT,
         CODEL,
+        SHAPE_PACKET,
     ];
 }
 
@@ -258,6 +261,12 @@ pub struct ClassConfig {
     pub credit_epoch: u32,
     /// Shape classes: CoDel on the class's virtual queue (`CODEL` holds its state).
     pub codel: CodelConfig,
+    /// Shape classes: a flow whose own bucket of this cost (`codel::sparse_cost`) keeps
+    /// up is sparse (a ping, a DNS query, ACKs) and skips the bulk queue.
+    pub sparse_cost: ByteCost,
+    /// Shape classes under HTB: the handle of the class's sparse leaf (0 = none).
+    pub sparse_priority: u32,
+    pub _pad2: u32,
 }
 
 /// One CPU's prepaid credit on a class-scoped bucket: bytes already charged to the

@@ -85,6 +85,24 @@ fn keyed_bucket(
     scope: Scope,
     packet: &Packet,
 ) -> Option<*mut Bucket> {
+    let key = bucket_key(class_id, generation, scope, packet);
+    if let Some(word) = KEYED_BUCKETS.get_ptr_mut(&key) {
+        return Some(word);
+    }
+    // A fresh bucket is full: tat = 0 is "long ago". NOEXIST keeps a racing CPU's bucket.
+    let fresh = Bucket::default();
+    let _ = KEYED_BUCKETS.insert(&key, &fresh, BPF_NOEXIST as u64);
+    KEYED_BUCKETS.get_ptr_mut(&key)
+}
+
+/// The flow table key of a packet's flow, source or destination in a class.
+#[inline(always)]
+pub(crate) fn bucket_key(
+    class_id: u32,
+    generation: u32,
+    scope: Scope,
+    packet: &Packet,
+) -> BucketKey {
     let mut key = BucketKey {
         class_id,
         generation,
@@ -102,13 +120,7 @@ fn keyed_bucket(
             key.dst = packet.dst;
         }
     }
-    if let Some(word) = KEYED_BUCKETS.get_ptr_mut(&key) {
-        return Some(word);
-    }
-    // A fresh bucket is full: tat = 0 is "long ago". NOEXIST keeps a racing CPU's bucket.
-    let fresh = Bucket::default();
-    let _ = KEYED_BUCKETS.insert(&key, &fresh, BPF_NOEXIST as u64);
-    KEYED_BUCKETS.get_ptr_mut(&key)
+    key
 }
 
 /// Spends this CPU's credit, taking a chunk (or what is missing) from the shared bucket

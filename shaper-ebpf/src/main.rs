@@ -40,8 +40,13 @@ mod shape;
 #[cfg(target_arch = "bpf")]
 mod entry {
     use crate::{
-        act::act, bucket::charge_bucket, classify::classify, maps::CLASSES, meter::meter,
-        parse::parse, shape::shape,
+        act::act,
+        bucket::charge_bucket,
+        classify::classify,
+        maps::{CLASSES, SHAPE_PACKET},
+        meter::meter,
+        parse::parse,
+        shape::shape,
     };
     use aya_ebpf::{
         bindings::{TC_ACT_OK, TC_ACT_UNSPEC},
@@ -85,7 +90,11 @@ mod entry {
             return TC_ACT_UNSPEC;
         }
         if class.action == Action::Shape as u8 {
-            return shape(ctx, class_id, class, &packet, now);
+            let Some(slot) = SHAPE_PACKET.get_ptr_mut(0) else {
+                return TC_ACT_UNSPEC;
+            };
+            unsafe { *slot = packet };
+            return shape(ctx, class_id, class, now);
         }
         if class.meter != METER_NONE {
             return meter(ctx, class_id, class, &packet, now);

@@ -1,6 +1,7 @@
 //! Every map of an attachment. The kernel/userspace contract for their names and
 //! value types is `shaper_common`; userspace pins them per interface and direction.
 
+use crate::parse::Packet;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
@@ -37,6 +38,11 @@ pub(crate) static CREDIT: PerCpuArray<Credit> = PerCpuArray::with_max_entries(MA
 /// Shape classes' CoDel state, per class id (see `shaper_common::codel`).
 #[map]
 pub(crate) static CODEL: Array<CodelState> = Array::with_max_entries(MAX_CLASSES, 0);
+/// The packet a shape class judges, handed over through memory rather than the stack:
+/// values read from a map are unknown to the verifier, so every classification path
+/// reaches the (long) shape path in one state and it is verified once, not per path.
+#[map]
+pub(crate) static SHAPE_PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entries(1, 0);
 /// Userspace bookkeeping only (names, rules); declared here so it is created and pinned
 /// with the rest of the attachment's state.
 #[map]

@@ -21,6 +21,7 @@ const IPPROTO_DSTOPTS: u8 = 60;
 const VLAN_HLEN: usize = 4;
 const MAX_VLAN_TAGS: usize = 2;
 /// What classification needs from a packet. Addresses are raw network-order words.
+#[derive(Clone, Copy)]
 pub(crate) struct Packet {
     pub(crate) family: u8,
     pub(crate) proto: u8,

@@ -6,42 +6,52 @@
 //! (`shaper_common::codel`) judges that predicted sojourn before the packet is queued; a
 //! congested packet is CE-marked when ECN-capable and dropped otherwise, and a dropped
 //! packet does not advance the virtual queue. Beyond the hard cap everything is dropped.
+//! Packets of sparse flows (a ping, a DNS query) skip CoDel and the bulk queue: they go to
+//! the class's sparse HTB leaf (higher priority) or leave at once under EDT.
 
 use crate::{
     act::{count_drop, count_pass, stats_of},
-    bucket::{swap, CAS_ATTEMPTS},
-    maps::{CLASS_BUCKETS, CODEL},
+    bucket::{bucket_key, swap},
+    maps::{CLASS_BUCKETS, CODEL, KEYED_BUCKETS, SHAPE_PACKET},
     parse::Packet,
     rewrite::set_ecn_ce,
 };
-use aya_ebpf::{bindings::TC_ACT_UNSPEC, helpers::bpf_skb_set_tstamp, programs::TcContext};
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, TC_ACT_UNSPEC},
+    helpers::bpf_skb_set_tstamp,
+    programs::TcContext,
+};
 use shaper_common::{
     bucket::{departure, ticks},
-    codel::{judge, sojourn_ns, CodelConfig, CodelState},
-    ClassConfig,
+    codel::{judge, sojourn_ns, sparse, CodelConfig, CodelState},
+    Bucket, ClassConfig, Scope,
 };
 
+/// Compare-and-swap attempts on the virtual queue: fewer than a policer's, because every
+/// attempt multiplies the paths the verifier walks through the longer shape path; a
+/// packet that loses four races in a row is dropped (counted).
+const ENQUEUE_ATTEMPTS: u32 = 4;
 /// BPF_SKB_TSTAMP_DELIVERY_MONO (uapi bpf.h): the tstamp is a monotonic departure time.
 const SKB_TSTAMP_DELIVERY_MONO: u32 = 1;
 
 /// `shape`: with an HTB class id in `action_arg`, steer the packet into shaper's HTB class
 /// (skb->priority, so no tc filter runs); without one, pace it by earliest departure time
 /// (skb->tstamp, for the fq qdisc).
-#[inline(always)]
-pub(crate) fn shape(
-    ctx: &TcContext,
-    class_id: u32,
-    class: &ClassConfig,
-    packet: &Packet,
-    now: u64,
-) -> i32 {
-    let (Some(stats), Some(bucket), Some(codel)) = (
+///
+/// A BPF-to-BPF call, not inlined: the caller's stack is dead once it returns, so the
+/// verifier can merge the many paths classification leaves and walk this long path once
+/// per distinct state instead of once per path (inlined, the program exceeds its limit).
+#[inline(never)]
+pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u64) -> i32 {
+    let (Some(stats), Some(bucket), Some(codel), Some(packet)) = (
         stats_of(class_id),
         CLASS_BUCKETS.get_ptr_mut(class_id),
         CODEL.get_ptr_mut(class_id),
+        SHAPE_PACKET.get_ptr(0),
     ) else {
         return TC_ACT_UNSPEC;
     };
+    let packet = unsafe { &*packet };
     let word = unsafe { &raw mut (*bucket).tat };
     let tat = unsafe { core::ptr::read_volatile(word) };
     // HTB sends its burst ahead of the rate; EDT departures are paced with no burst.
@@ -51,11 +61,14 @@ pub(crate) fn shape(
         0
     };
     let sojourn = sojourn_ns(tat, ticks(now), burst);
-    if sojourn > class.codel.cap_ns {
+    // Sparse flows queue apart (their own bounded leaf, or no wait under EDT): the cap
+    // and CoDel guard the bulk queue.
+    let sparse = is_sparse(class_id, class, packet, now);
+    if !sparse && sojourn > class.codel.cap_ns {
         return count_drop(stats, packet.wire_len);
     }
     let mut marked = false;
-    if congested(unsafe { &mut *codel }, sojourn, now, &class.codel) {
+    if !sparse && congested(unsafe { &mut *codel }, sojourn, now, &class.codel) {
         if !set_ecn_ce(ctx, packet) {
             return count_drop(stats, packet.wire_len);
         }
@@ -67,8 +80,14 @@ pub(crate) fn shape(
         return count_drop(stats, packet.wire_len);
     };
     if class.action_arg != 0 {
-        unsafe { (*ctx.skb.skb).priority = class.action_arg };
+        let leaf = if sparse && class.sparse_priority != 0 {
+            class.sparse_priority
+        } else {
+            class.action_arg
+        };
+        unsafe { (*ctx.skb.skb).priority = leaf };
     } else {
+        let leave_at = if sparse { now } else { leave_at };
         unsafe { bpf_skb_set_tstamp(ctx.skb.skb, leave_at, SKB_TSTAMP_DELIVERY_MONO) };
     }
     count_pass(stats, packet.wire_len, marked)
@@ -94,10 +113,34 @@ fn congested(state: &mut CodelState, sojourn: u64, now: u64, config: &CodelConfi
     }
 }
 
+/// Whether the packet's flow is sparse (`shaper_common::codel::sparse`), by its own word in
+/// the flow table. One compare-and-swap: a lost race (a flow's packets on two CPUs at
+/// once) counts as bulk, the safe side. No room in the table: bulk too.
+#[inline(always)]
+fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> bool {
+    let key = bucket_key(class_id, class.generation, Scope::Flow, packet);
+    match KEYED_BUCKETS.get_ptr_mut(&key) {
+        Some(bucket) => {
+            let word = unsafe { &raw mut (*bucket).tat };
+            let tat = unsafe { core::ptr::read_volatile(word) };
+            let (sparse_flow, next) = sparse(tat, now, packet.wire_len, &class.sparse_cost);
+            swap(word, tat, next) && sparse_flow
+        }
+        None => {
+            // A new flow starts from an empty bucket (tat 0 is long ago); NOEXIST keeps a
+            // racing CPU's entry.
+            let (sparse_flow, next) = sparse(0, now, packet.wire_len, &class.sparse_cost);
+            let fresh = Bucket { tat: next, tat2: 0 };
+            let _ = KEYED_BUCKETS.insert(&key, &fresh, BPF_NOEXIST as u64);
+            sparse_flow
+        }
+    }
+}
+
 /// Advances the virtual queue by the packet; its departure time (ns) from the queue.
 #[inline(always)]
 fn enqueue(word: *mut u64, now: u64, bytes: u64, class: &ClassConfig) -> Option<u64> {
-    for _ in 0..CAS_ATTEMPTS {
+    for _ in 0..ENQUEUE_ATTEMPTS {
         let tat = unsafe { core::ptr::read_volatile(word) };
         let (next, leave_at) = departure(tat, now, bytes, &class.cost, u64::MAX)?;
         if swap(word, tat, next) {

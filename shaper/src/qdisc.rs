@@ -14,6 +14,7 @@
 use crate::{classes::ClassSpec, error::runtime};
 use anyhow::{Context as _, Result};
 use serde_json::Value;
+use shaper_common::codel::SPARSE_RATE_DIVISOR;
 use std::process::Command;
 
 /// "SH": the major handle of shaper's HTB root.
@@ -36,9 +37,25 @@ fn tc(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).to_string())
 }
 
-/// The handle of an HTB class for shaper class `class_id`.
+/// Minor-number blocks of shaper's HTB tree: shape class `id` is the inner class
+/// `id + 1` with two leaves, sparse `SPARSE_BASE + id + 1` and bulk `BULK_BASE + id + 1`
+/// (16 384 classes fit each block of the 16-bit minor space).
+const SPARSE_BASE: u32 = 0x4000;
+const BULK_BASE: u32 = 0x8000;
+
+/// The inner HTB class of shape class `class_id`: it holds the class's rate and burst.
 pub(crate) fn class_handle(class_id: u32) -> u32 {
     (HTB_MAJOR << 16) | (class_id + 1)
+}
+
+/// The leaf bulk flows queue in (`action_arg`).
+pub(crate) fn bulk_leaf(class_id: u32) -> u32 {
+    (HTB_MAJOR << 16) | (BULK_BASE + class_id + 1)
+}
+
+/// The leaf sparse flows queue in, served first (`sparse_priority`).
+pub(crate) fn sparse_leaf(class_id: u32) -> u32 {
+    (HTB_MAJOR << 16) | (SPARSE_BASE + class_id + 1)
 }
 
 fn handle_text(handle: u32) -> String {
@@ -131,31 +148,62 @@ pub(crate) fn htb_class(spec: &ClassSpec) -> HtbClass {
     }
 }
 
-/// Creates or changes the HTB class of shaper class `class_id`, with its bounded leaf.
+/// Creates or changes the HTB classes of shaper class `class_id`: the inner class at the
+/// class's rate and burst, and under it the sparse leaf (priority 0) and the bulk leaf
+/// (priority 1), each borrowing up to the class rate and each with a bounded bfifo.
 pub(crate) fn set_class(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<()> {
-    let parent = format!("{HTB_MAJOR:x}:");
-    let classid = handle_text(class_handle(class_id));
-    let rate = format!("{}bit", class.rate_bits_per_sec);
-    let burst = format!("{}b", class.burst_bytes);
-    let verb = if create { "add" } else { "change" };
-    tc(&[
-        "class", verb, "dev", dev, "parent", &parent, "classid", &classid, "htb", "rate", &rate,
-        "ceil", &rate, "burst", &burst, "cburst", &burst,
-    ])?;
-    // The leaf bounds the real queue (HTB's default would be a txqueuelen-long pfifo).
-    let limit = class.leaf_limit_bytes.to_string();
-    let leaf = tc(&[
-        "qdisc", "replace", "dev", dev, "parent", &classid, "bfifo", "limit", &limit,
-    ]);
-    if leaf.is_err() && create {
+    let result = set_tree(dev, class_id, class, create);
+    if result.is_err() && create {
         let _ = delete_class(dev, class_id);
     }
-    leaf.map(|_| ())
+    result
 }
 
+fn set_tree(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<()> {
+    let root = format!("{HTB_MAJOR:x}:");
+    let inner = handle_text(class_handle(class_id));
+    let rate = class.rate_bits_per_sec;
+    let burst = format!("{}b", class.burst_bytes);
+    let verb = if create { "add" } else { "change" };
+    let htb_class = |parent: &str, classid: &str, rate: u64, ceil: u64, prio: &str| {
+        let (rate, ceil) = (format!("{rate}bit"), format!("{ceil}bit"));
+        tc(&[
+            "class", verb, "dev", dev, "parent", parent, "classid", classid, "htb", "rate", &rate,
+            "ceil", &ceil, "burst", &burst, "cburst", &burst, "prio", prio, "quantum", "1514",
+        ])
+    };
+    htb_class(&root, &inner, rate, rate, "0")?;
+    // Guarantees split 1:15, as the sparse bucket's rate; either borrows the rest.
+    let sparse_rate = (rate / SPARSE_RATE_DIVISOR).max(8);
+    let leaves = [
+        (sparse_leaf(class_id), sparse_rate, "0"),
+        (bulk_leaf(class_id), (rate - sparse_rate).max(8), "1"),
+    ];
+    for (leaf, leaf_rate, prio) in leaves {
+        let leaf = handle_text(leaf);
+        htb_class(&inner, &leaf, leaf_rate, rate, prio)?;
+        // Bounds the real queue (HTB's default leaf is a txqueuelen-long pfifo).
+        let limit = class.leaf_limit_bytes.to_string();
+        tc(&[
+            "qdisc", "replace", "dev", dev, "parent", &leaf, "bfifo", "limit", &limit,
+        ])?;
+    }
+    Ok(())
+}
+
+/// Deletes the class's HTB classes, leaves first (HTB refuses to delete a parent).
 pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
+    let mut result = Ok(());
+    for handle in [sparse_leaf(class_id), bulk_leaf(class_id)] {
+        let classid = handle_text(handle);
+        // A leaf that was never made (a failed add) is not an error.
+        let _ = tc(&["class", "del", "dev", dev, "classid", &classid]);
+    }
     let classid = handle_text(class_handle(class_id));
-    tc(&["class", "del", "dev", dev, "classid", &classid]).map(|_| ())
+    if let Err(error) = tc(&["class", "del", "dev", dev, "classid", &classid]) {
+        result = Err(error);
+    }
+    result
 }
 
 /// Removes shaper's root (the kernel's default root comes back); no-op otherwise.
@@ -173,5 +221,8 @@ mod tests {
     fn class_handles_live_under_shapers_major() {
         assert_eq!(handle_text(class_handle(0)), "5348:1");
         assert_eq!(handle_text(class_handle(16_383)), "5348:4000");
+        assert_eq!(handle_text(sparse_leaf(16_383)), "5348:8000");
+        assert_eq!(handle_text(bulk_leaf(0)), "5348:8001");
+        assert_eq!(handle_text(bulk_leaf(16_383)), "5348:c000");
     }
 }

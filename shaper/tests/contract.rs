@@ -6,9 +6,9 @@
 //! every map access silently, and fails here first.
 
 use shaper_common::{
-    map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit,
-    Globals, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES,
-    MAX_RULES, MAX_SHAPES,
+    codel::CodelState, map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta,
+    ClassStats, Credit, Globals, RuleKey, RuleValue, Shape, CLASS_NAME_LEN,
+    DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 use std::mem::size_of;
 
@@ -108,6 +108,13 @@ const EXPECTED: [Expected; 10] = [
         PERCPU_ARRAY,
         U32,
         size_of::<Credit>(),
+        MAX_CLASSES,
+    ),
+    map(
+        map_names::CODEL,
+        ARRAY,
+        U32,
+        size_of::<CodelState>(),
         MAX_CLASSES,
     ),
 ];

@@ -11,7 +11,7 @@ use anyhow::Result;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use shaper_common::{
     bucket::{credit_chunk, shared_burst},
-    codel::{DEFAULT_INTERVAL_NS, DEFAULT_TARGET_NS},
+    codel::{sparse_cost, DEFAULT_INTERVAL_NS, DEFAULT_TARGET_NS},
     meter::METER_NONE,
     Action, ByteCost, ClassConfig, ClassMeta, Scope, FAMILY_ANY, FAMILY_V4,
 };
@@ -151,6 +151,11 @@ impl ClassSpec {
                 .codel
                 .map(|c| c.config(self.rate_bits_per_sec))
                 .unwrap_or_default(),
+            sparse_cost: if self.codel.is_some() {
+                sparse_cost(self.rate_bits_per_sec)
+            } else {
+                ByteCost::default()
+            },
             ..ClassConfig::default()
         }
     }

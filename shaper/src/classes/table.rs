@@ -15,8 +15,9 @@ use crate::{
 use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
 use shaper_common::{
-    codel::CodelState, Action, Bucket, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue,
-    Shape, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+    codel::{sparse_cost, CodelState},
+    Action, Bucket, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Shape, MAX_CLASSES,
+    MAX_RULES, MAX_SHAPES,
 };
 use std::collections::BTreeMap;
 
@@ -81,7 +82,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
             spec.action.arg = match qdisc::ensure_root(&dev)? {
                 qdisc::Backend::Htb => {
                     qdisc::set_class(&dev, id, &qdisc::htb_class(&spec), true)?;
-                    qdisc::class_handle(id)
+                    qdisc::bulk_leaf(id)
                 }
                 qdisc::Backend::EdtFq => 0,
             };
@@ -95,7 +96,11 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         zero_stats(attachment, id)?;
         buckets.set(id, Bucket::default(), 0)?;
         codel.set(id, CodelState::default(), 0)?;
-        configs.set(id, spec.config(seq as u32), 0)?;
+        let mut config = spec.config(seq as u32);
+        if spec.action.action == Action::Shape && spec.action.arg != 0 {
+            config.sparse_priority = qdisc::sparse_leaf(id);
+        }
+        configs.set(id, config, 0)?;
         metas.set(id, meta, 0)?;
         index.insert(meta.name, id, 0)?;
         write_shapes(attachment, &shapes, &kernel_shapes)?;
@@ -274,6 +279,7 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             .codel
             .unwrap_or_default()
             .config(meta.rate_bits_per_sec);
+        config.sparse_cost = sparse_cost(meta.rate_bits_per_sec);
     }
     let meter = Meter::from_meta(&meta, config.meter);
     if let Meter::TrTcm {
