@@ -141,6 +141,8 @@ pub struct Judgement {
     pub control: Option<u64>,
     /// The new `first_above`, when it changes.
     pub first_above: Option<u64>,
+    /// This packet starts a dropping state (a rare event worth a log record).
+    pub entered: bool,
 }
 
 /// `a` is at or after `b` on the wrapping 32-bit clock.
@@ -236,6 +238,7 @@ pub fn judge(
     let now = coarse(now_ns);
     let mut congested = false;
     let mut changed = false;
+    let mut entered = false;
     if state.dropping {
         if !ok_to_drop {
             state.dropping = false;
@@ -264,11 +267,13 @@ pub fn judge(
         state.lastcount = state.count;
         state.dropping = true;
         changed = true;
+        entered = true;
     }
     Judgement {
         congested,
         control: if changed { Some(state.pack()) } else { None },
         first_above: new_first_above,
+        entered,
     }
 }
 

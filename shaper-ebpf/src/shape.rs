@@ -21,6 +21,7 @@ use aya_ebpf::{
     helpers::bpf_skb_set_tstamp,
     programs::TcContext,
 };
+use aya_log_ebpf::warn;
 use shaper_common::{
     bucket::{departure, ticks},
     codel::{judge, sojourn_ns, sparse, CodelConfig, CodelState},
@@ -68,7 +69,18 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
         return count_drop(stats, packet.wire_len);
     }
     let mut marked = false;
-    if !sparse && congested(unsafe { &mut *codel }, sojourn, now, &class.codel) {
+    let (congested, entered) = if sparse {
+        (false, false)
+    } else {
+        judge_packet(unsafe { &mut *codel }, sojourn, now, &class.codel)
+    };
+    if entered {
+        warn!(
+            ctx,
+            "class {}: queue above its CoDel target for an interval; dropping started", class_id
+        );
+    }
+    if congested {
         if !set_ecn_ce(ctx, packet) {
             return count_drop(stats, packet.wire_len);
         }
@@ -96,8 +108,14 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
 /// CoDel's verdict on the packet. The control word moves by one compare-and-swap: of
 /// CPUs racing for one drop slot exactly one wins and drops; a packet whose CPU loses the
 /// race passes (the winner acted on the same queue at the same instant).
+/// Returns (congested, whether this packet started a dropping state).
 #[inline(always)]
-fn congested(state: &mut CodelState, sojourn: u64, now: u64, config: &CodelConfig) -> bool {
+fn judge_packet(
+    state: &mut CodelState,
+    sojourn: u64,
+    now: u64,
+    config: &CodelConfig,
+) -> (bool, bool) {
     let control_word = &raw mut state.control;
     let first_above_word = &raw mut state.first_above;
     let control = unsafe { core::ptr::read_volatile(control_word) };
@@ -108,8 +126,11 @@ fn congested(state: &mut CodelState, sojourn: u64, now: u64, config: &CodelConfi
         swap(first_above_word, first_above, next);
     }
     match judgement.control {
-        None => judgement.congested,
-        Some(next) => swap(control_word, control, next) && judgement.congested,
+        None => (judgement.congested, false),
+        Some(next) => {
+            let won = swap(control_word, control, next);
+            (won && judgement.congested, won && judgement.entered)
+        }
     }
 }
 

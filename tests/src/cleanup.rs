@@ -237,6 +237,8 @@ mod tests {
     fn the_sweep_recognises_only_what_tests_make() {
         assert_eq!(lab_pid("shp1234x0-router"), Some(1234));
         assert_eq!(lab_pid("shp1234x0-router-gone"), Some(1234));
+        // The delay line's namespace (Lab::with_delay) is swept like the others.
+        assert_eq!(lab_pid("shp1234x0-delay"), Some(1234));
         assert_eq!(lab_pid("cni-1234"), None);
         let prefixes = &CNI_TEST_CONTAINER_PREFIXES;
         assert_eq!(pid_after_prefix("shaper-test-77-eth1", prefixes), Some(77));

@@ -4,7 +4,7 @@
 use crate::{
     process::{output_bounded, wait_bounded},
     topology::Netns,
-    traffic::{Udp, UdpResult},
+    traffic::{TcpResult, Udp, UdpResult},
 };
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -170,10 +170,74 @@ pub(crate) fn parse_udp(json: &Value, options: &Udp, overhead: u64) -> Result<Ud
     if steady_seconds <= 0.0 {
         bail!("the server reported no steady-state interval");
     }
+    // The server's totals over the run, summed over its streams.
+    let total = |key: &str| -> u64 {
+        server["end"]["streams"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|stream| stream["udp"][key].as_u64().unwrap_or(0))
+            .sum()
+    };
     Ok(UdpResult {
         offered_bps: parse_iperf_rate(options.rate),
         stream_l2_bps: per_stream_bits.iter().map(|b| b / steady_seconds).collect(),
         intervals: samples,
+        packets: total("packets"),
+        lost_packets: total("lost_packets"),
+        out_of_order: total("out_of_order"),
+    })
+}
+
+/// A TCP run's [`TcpResult`] from the client's JSON: the server's goodput (its report is
+/// inside), the sender's smoothed RTT (µs in the JSON, ms here) averaged over the flows.
+pub(crate) fn parse_tcp(json: &Value) -> Result<TcpResult> {
+    let goodput_bps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 JSON has no end.sum_received.bits_per_second")?;
+    let intervals = json["server_output_json"]["intervals"]
+        .as_array()
+        .context("no server intervals")?
+        .iter()
+        .map(|interval| {
+            let sum = &interval["sum"];
+            (
+                sum["end"].as_f64().unwrap_or(0.0),
+                sum["bytes"].as_f64().unwrap_or(0.0) * 8.0,
+            )
+        })
+        .collect();
+    // The mean of the flows' values that are there, in ms.
+    let mean_ms = |values: Vec<f64>| {
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64 / 1e3)
+    };
+    let rtt_intervals = json["intervals"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|interval| {
+            let rtts = interval["streams"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|stream| stream["rtt"].as_f64())
+                .collect();
+            Some((interval["sum"]["end"].as_f64()?, mean_ms(rtts)?))
+        })
+        .collect();
+    let mean_rtt_ms = mean_ms(
+        json["end"]["streams"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|stream| stream["sender"]["mean_rtt"].as_f64())
+            .collect(),
+    );
+    Ok(TcpResult {
+        goodput_bps,
+        intervals,
+        rtt_intervals,
+        mean_rtt_ms,
     })
 }
 
@@ -186,4 +250,45 @@ pub fn parse_iperf_rate(rate: &str) -> f64 {
         _ => (rate, 1.0),
     };
     number.parse::<f64>().unwrap_or(0.0) * factor
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tcp_runs_report_the_senders_rtt_averaged_over_flows() {
+        let stream = |rtt: u64| json!({"rtt": rtt, "bytes": 1000});
+        let json = json!({
+            "intervals": [
+                {"streams": [stream(40_000), stream(42_000)], "sum": {"end": 1.0}},
+                // A flow without an RTT sample is left out of the mean.
+                {"streams": [stream(50_000), {"bytes": 0}], "sum": {"end": 2.0}},
+                {"streams": [{"bytes": 0}], "sum": {"end": 2.5}},
+            ],
+            "end": {
+                "sum_received": {"bits_per_second": 9.5e6},
+                "streams": [
+                    {"sender": {"mean_rtt": 44_000}},
+                    {"sender": {"mean_rtt": 46_000}},
+                ],
+            },
+            "server_output_json": {
+                "intervals": [
+                    {"sum": {"end": 1.0, "bytes": 1_000_000}},
+                    {"sum": {"end": 2.0, "bytes": 1_250_000}},
+                ],
+            },
+        });
+        let result = parse_tcp(&json).unwrap();
+        assert_eq!(result.goodput_bps, 9.5e6);
+        assert_eq!(result.intervals, vec![(1.0, 8e6), (2.0, 10e6)]);
+        assert_eq!(result.rtt_intervals, vec![(1.0, 41.0), (2.0, 50.0)]);
+        assert_eq!(result.mean_rtt_ms, Some(45.0));
+
+        let mut without_rtt = json;
+        without_rtt["end"]["streams"] = json!([{"sender": {}}]);
+        assert_eq!(parse_tcp(&without_rtt).unwrap().mean_rtt_ms, None);
+    }
 }

@@ -4,12 +4,14 @@
 //! | module | what it holds |
 //! | --- | --- |
 //! | [`topology`] | the namespaces ([`Netns`], [`Lab`]), their addresses and interfaces |
-//! | [`traffic`] | UDP and TCP runs through the lab ([`Udp`], [`UdpResult`], [`TcpResult`]) |
+//! | [`delay`] | the delay line of a lab with a base RTT ([`Lab::with_delay`], [`DelayLine`]) |
+//! | [`traffic`] | UDP and TCP runs through the lab ([`Udp`], [`UdpResult`], [`Tcp`], [`TcpResult`]) |
+//! | [`latency`] | idle RTT, a ping probe beside the traffic, the RTT it adds ([`LatencyProbe`], [`AddedRtt`]) |
 //! | [`iperf`] | how iperf3 is run (both peers bounded) and read |
 //! | [`capture`] | packet captures ([`Capture`]) |
 //! | [`cli`] | shaper commands: [`Netns::shaper`], [`Netns::class_add`], [`Netns::stats_row`] |
 //! | [`assertions`] | rates within a tolerance, TCP goodput bounds, programs unloaded |
-//! | [`process`] | bounded waits on every child ([`wait_bounded`], [`output_bounded`]), [`shaper_bin`] |
+//! | [`process`] | bounded waits on every child ([`wait_bounded`], [`output_bounded`]), [`shaper_bin`], [`delay_line_bin`] |
 //! | [`cni`] | what CNI plugin runs leave behind ([`CniLeftovers`]) |
 //! | [`cleanup`] | removing a lab on drop, and what crashed runs left ([`Lab::new`] sweeps it) |
 //!
@@ -20,7 +22,9 @@ pub mod capture;
 pub mod cleanup;
 pub mod cli;
 pub mod cni;
+pub mod delay;
 pub mod iperf;
+pub mod latency;
 pub mod process;
 pub mod topology;
 pub mod traffic;
@@ -34,13 +38,18 @@ pub use cli::{counter, shaper, stderr, stdout};
 pub use cni::{
     cni_record_path, CniLeftovers, CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES,
 };
+pub use delay::{describe_counters, DelayLine, DELAY_TO_ROUTER, DELAY_TO_SERVER};
 pub use iperf::{parse_iperf_rate, IPERF_GRACE};
+pub use latency::{
+    idle_rtt_ms, parse_ping_reply, percentile, AddedRtt, LatencyProbe, PingReply, ProbeSamples,
+    PROBE_LIMIT,
+};
 pub use process::{
-    output_bounded, shaper_bin, wait_bounded, wait_with_output_bounded, BoundedCommand,
-    COMMAND_LIMIT,
+    delay_line_bin, output_bounded, shaper_bin, wait_bounded, wait_with_output_bounded,
+    BoundedCommand, COMMAND_LIMIT,
 };
 pub use topology::{
     Lab, Netns, CLIENT_DEV, CLIENT_V4, CLIENT_V6, ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,
     SERVER_V4, SERVER_V6,
 };
-pub use traffic::{TcpResult, Udp, UdpResult, UDP_V4_OVERHEAD, UDP_V6_OVERHEAD};
+pub use traffic::{Tcp, TcpResult, Udp, UdpResult, UDP_V4_OVERHEAD, UDP_V6_OVERHEAD};

@@ -1,7 +1,7 @@
 //! Child processes, every wait bounded: a peer that hangs fails the test instead of
-//! hanging the suite. Also the shaper binary under test ([`shaper_bin`]), built once per
-//! test process when `SHAPER_BIN` is not set, so a plain `cargo test` never runs a stale
-//! binary.
+//! hanging the suite. Also the shaper binary under test ([`shaper_bin`]) and the lab's
+//! delay line ([`delay_line_bin`]), each built once per test process when `SHAPER_BIN`
+//! (`SHAPER_DELAY_LINE_BIN`) is not set, so a plain `cargo test` never runs a stale binary.
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -40,19 +40,57 @@ pub fn shaper_bin() -> PathBuf {
 /// `cargo build --package shaper-cli` from the workspace root, with the cargo running
 /// these tests; the path of the `shaper` executable it reports.
 fn build_shaper() -> Result<PathBuf> {
+    eprintln!("SHAPER_BIN is not set: building shaper (cargo build --package shaper-cli)");
+    let executable = cargo_build(&["--package", "shaper-cli"], "shaper")?;
+    for binary in [executable.clone(), executable.with_file_name("shaper-cni")] {
+        if !binary.exists() {
+            bail!("{} is missing after the build", binary.display());
+        }
+    }
+    Ok(executable)
+}
+
+/// The delay line a lab with a base RTT runs ([`crate::Lab::with_delay`]):
+/// `SHAPER_DELAY_LINE_BIN`, else this crate's `shaper-delay-line`, built once per test
+/// process (as [`shaper_bin`], so a plain `cargo test` never runs a stale one). Panics when
+/// that build fails.
+pub fn delay_line_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("SHAPER_DELAY_LINE_BIN") {
+        return PathBuf::from(path);
+    }
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        eprintln!(
+            "SHAPER_DELAY_LINE_BIN is not set: building the delay line \
+             (cargo build --package shaper-tests --bin shaper-delay-line)"
+        );
+        cargo_build(
+            &["--package", "shaper-tests", "--bin", "shaper-delay-line"],
+            "shaper-delay-line",
+        )
+        .map_err(|e| format!("{e:#}"))
+    });
+    match built {
+        Ok(path) => path.clone(),
+        Err(error) => panic!(
+            "SHAPER_DELAY_LINE_BIN is not set and \
+             `cargo build --package shaper-tests --bin shaper-delay-line` failed: {error}"
+        ),
+    }
+}
+
+/// `cargo build ARGS` from the workspace root, with the cargo running these tests; the
+/// path of the executable of target `target` it reports.
+fn cargo_build(args: &[&str], target: &str) -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("the tests crate lives in the workspace")?;
-    eprintln!("SHAPER_BIN is not set: building shaper (cargo build --package shaper-cli)");
     let child = Command::new(&cargo)
         .current_dir(root)
-        .args([
-            "build",
-            "--package",
-            "shaper-cli",
-            "--message-format=json-render-diagnostics",
-        ])
+        .arg("build")
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -67,14 +105,12 @@ fn build_shaper() -> Result<PathBuf> {
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .filter(|message| {
-            message["reason"] == "compiler-artifact" && message["target"]["name"] == "shaper"
+            message["reason"] == "compiler-artifact" && message["target"]["name"] == target
         })
         .find_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .context("cargo reported no shaper executable")?;
-    for binary in [executable.clone(), executable.with_file_name("shaper-cni")] {
-        if !binary.exists() {
-            bail!("{} is missing after the build", binary.display());
-        }
+        .with_context(|| format!("cargo reported no {target} executable"))?;
+    if !executable.exists() {
+        bail!("{} is missing after the build", executable.display());
     }
     Ok(executable)
 }

@@ -6,18 +6,22 @@
 //!     fd00:1::2           fd00:1::1  |    fd00:2::1           fd00:2::2
 //! ```
 //! Addresses come only from 198.18.0.0/15 (benchmarking) and fd00::/8; the namespaces
-//! have no route anywhere else. Names are unique per run (`shp<pid>x<n>-…`); dropping
+//! have no route anywhere else. [`Lab::with_delay`] puts a fourth namespace with a delay
+//! line between `r1` and `s0` (see [`crate::delay`]); addresses, routes and the router's
+//! bottleneck `r1` stay the same. Names are unique per run (`shp<pid>x<n>-…`); dropping
 //! the [`Lab`] (also while a test panics) removes what it made (see [`crate::cleanup`]),
 //! and [`Lab::new`] first sweeps what a crashed earlier run left behind.
 
 use crate::{
     cleanup::{remove_namespace, sweep_stale},
-    process::{run_checked, shaper_bin},
+    delay::{DelayLine, DELAY_TO_ROUTER, DELAY_TO_SERVER},
+    process::{delay_line_bin, run_checked, shaper_bin},
 };
 use anyhow::{Context as _, Result};
 use std::{
     process::{Command, Output},
     sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
 };
 
 pub const CLIENT_V4: &str = "198.18.1.2";
@@ -68,6 +72,22 @@ impl Netns {
         self.run("sysctl", &["-qw", setting]).map(|_| ())
     }
 
+    /// Turns off the offloads that make super-frames: TSO/GSO (the sender segments before
+    /// the wire), GRO (the receiver does not merge), and TX checksumming, or frames would
+    /// cross the delay line with checksums left for a NIC that is not there.
+    fn offloads_off(&self, dev: &str) -> Result<()> {
+        self.run(
+            "ethtool",
+            &[
+                "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off",
+            ],
+        )
+        .map(|_| ())
+        .with_context(|| {
+            format!("turning offloads off on {dev} (needs ethtool, Debian package ethtool)")
+        })
+    }
+
     /// Interface counters (rx_bytes, tx_packets, ...) as the kernel keeps them.
     pub fn link_stat(&self, dev: &str, stat: &str) -> Result<u64> {
         let out = self.run("cat", &[&format!("/sys/class/net/{dev}/statistics/{stat}")])?;
@@ -75,26 +95,62 @@ impl Netns {
     }
 }
 
-/// The three namespaces of one lab; see the module documentation.
+/// The three namespaces of one lab (four with a delay line); see the module documentation.
 pub struct Lab {
     pub client: Netns,
     pub router: Netns,
     pub server: Netns,
+    /// The delay line's namespace, between router and server ([`Lab::with_delay`]).
+    pub delay: Option<Netns>,
+    delay_line: Option<DelayLine>,
     /// The last iperf3 port handed out (see `Lab::port`).
     pub(crate) next_port: u16,
 }
 
 impl Lab {
     pub fn new() -> Result<Self> {
+        Self::create(None)
+    }
+
+    /// The lab with a delay line between router and server adding `one_way` in each
+    /// direction: base RTT 2 × `one_way`. Offloads are off on `r1` and `s0` (and the delay
+    /// line's `d0`, `d1`) so that only wire-size frames reach its packet sockets; `r1`'s
+    /// egress is still the bottleneck where classes go. Needs `ethtool`.
+    pub fn with_delay(one_way: Duration) -> Result<Self> {
+        Self::with_delays(one_way, one_way)
+    }
+
+    /// [`Lab::with_delay`] with a delay of its own per direction: `to_server` on the
+    /// router → server path, `to_router` on the way back.
+    pub fn with_delays(to_server: Duration, to_router: Duration) -> Result<Self> {
+        Self::create(Some((to_server, to_router)))
+    }
+
+    /// The delay line, when the lab has one (its counters, its delays).
+    pub fn delay_line(&mut self) -> Option<&mut DelayLine> {
+        self.delay_line.as_mut()
+    }
+
+    /// The round-trip time the delay line adds (zero without one).
+    pub fn base_rtt(&self) -> Duration {
+        self.delay_line
+            .as_ref()
+            .map_or(Duration::ZERO, DelayLine::base_rtt)
+    }
+
+    fn create(delays: Option<(Duration, Duration)>) -> Result<Self> {
         // Resolved (built, without SHAPER_BIN) before anything needs cleaning up with it.
         shaper_bin();
+        if delays.is_some() {
+            delay_line_bin();
+        }
         sweep_stale();
         let id = format!(
             "{NAME_PREFIX}{}x{}",
             std::process::id(),
             LAB_COUNTER.fetch_add(1, Ordering::SeqCst)
         );
-        let lab = Self {
+        let mut lab = Self {
             client: Netns {
                 name: format!("{id}-client"),
             },
@@ -104,10 +160,17 @@ impl Lab {
             server: Netns {
                 name: format!("{id}-server"),
             },
+            delay: delays.map(|_| Netns {
+                name: format!("{id}-delay"),
+            }),
+            delay_line: None,
             next_port: 5201,
         };
         // Built inside `lab` so a failure half-way still cleans up on drop.
         lab.build().context("building the lab failed")?;
+        if let (Some(ns), Some((to_server, to_router))) = (&lab.delay, delays) {
+            lab.delay_line = Some(DelayLine::start(ns, to_server, to_router)?);
+        }
         Ok(lab)
     }
 
@@ -115,6 +178,13 @@ impl Lab {
         for ns in [&self.client, &self.router, &self.server] {
             ip(&["netns", "add", &ns.name])?;
             ns.ip(&["link", "set", "lo", "up"])?;
+        }
+        if let Some(delay) = &self.delay {
+            ip(&["netns", "add", &delay.name])?;
+            // The delay namespace only bridges: its own kernel must send nothing (no IPv6
+            // link-local address, router solicitations, MLD) into the lab.
+            delay.sysctl("net.ipv6.conf.all.disable_ipv6=1")?;
+            delay.sysctl("net.ipv6.conf.default.disable_ipv6=1")?;
         }
         self.client.ip(&[
             "link",
@@ -128,18 +198,57 @@ impl Lab {
             "netns",
             &self.router.name,
         ])?;
-        self.server.ip(&[
-            "link",
-            "add",
-            SERVER_DEV,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            ROUTER_TO_SERVER,
-            "netns",
-            &self.router.name,
-        ])?;
+        match &self.delay {
+            None => self.server.ip(&[
+                "link",
+                "add",
+                SERVER_DEV,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                ROUTER_TO_SERVER,
+                "netns",
+                &self.router.name,
+            ])?,
+            Some(delay) => {
+                for (ns, dev, peer) in [
+                    (&self.router, ROUTER_TO_SERVER, DELAY_TO_ROUTER),
+                    (&self.server, SERVER_DEV, DELAY_TO_SERVER),
+                ] {
+                    ns.ip(&[
+                        "link",
+                        "add",
+                        dev,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        peer,
+                        "netns",
+                        &delay.name,
+                    ])?;
+                }
+                for dev in [DELAY_TO_ROUTER, DELAY_TO_SERVER] {
+                    delay.ip(&["link", "set", dev, "up"])?;
+                }
+                for (ns, dev) in [
+                    (&self.router, ROUTER_TO_SERVER),
+                    (&self.server, SERVER_DEV),
+                    (delay, DELAY_TO_ROUTER),
+                    (delay, DELAY_TO_SERVER),
+                ] {
+                    ns.offloads_off(dev)?;
+                }
+                // No DAD for the link-local addresses either (the lab's own addresses are
+                // `nodad`): the router solicits a forwarded packet's next hop from its
+                // link-local address only, and with DAD taking 1 s plus the delay line's
+                // RTT, IPv6 would stall for about 2 s after the lab is built.
+                for (ns, dev) in [(&self.router, ROUTER_TO_SERVER), (&self.server, SERVER_DEV)] {
+                    ns.sysctl(&format!("net.ipv6.conf.{dev}.accept_dad=0"))?;
+                }
+            }
+        }
         let addresses = [
             (&self.client, CLIENT_DEV, "198.18.1.2/24", "fd00:1::2/64"),
             (
@@ -178,7 +287,12 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        for ns in [&self.client, &self.router, &self.server] {
+        // The delay line first: it reports its counters before its namespace goes.
+        drop(self.delay_line.take());
+        for ns in [&self.client, &self.router, &self.server]
+            .into_iter()
+            .chain(&self.delay)
+        {
             remove_namespace(&ns.name);
         }
     }

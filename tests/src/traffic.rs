@@ -1,12 +1,13 @@
 //! Real traffic through the lab with iperf3: UDP at a given rate (one or several streams,
-//! IPv4 or IPv6, several runs at once) and TCP with a given congestion control; rates
-//! measured at the receiver. How iperf3 itself is run is in [`crate::iperf`].
+//! IPv4 or IPv6, several runs at once) and TCP with a given congestion control (one or
+//! several flows, with the sender's smoothed RTT); rates measured at the receiver. How
+//! iperf3 itself is run is in [`crate::iperf`].
 
 use crate::{
     iperf,
     topology::{Lab, Netns, SERVER_V4, SERVER_V6},
 };
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use std::{process::Child, thread};
 
 /// Ethernet + IPv4 + UDP headers per datagram, and the IPv6 equivalent.
@@ -22,6 +23,13 @@ pub struct UdpResult {
     pub stream_l2_bps: Vec<f64>,
     /// The server's interval samples: (end time s, L2 bits summed over streams).
     pub intervals: Vec<(f64, f64)>,
+    /// Datagrams the server accounted for over the whole run (lost ones included), summed
+    /// over streams.
+    pub packets: u64,
+    /// Datagrams the server saw missing from the sequence.
+    pub lost_packets: u64,
+    /// Datagrams that arrived after a later one.
+    pub out_of_order: u64,
 }
 
 impl UdpResult {
@@ -54,10 +62,16 @@ impl UdpResult {
 /// Result of one iperf3 TCP run.
 #[derive(Debug, Clone)]
 pub struct TcpResult {
-    /// Goodput received by the server over the whole run (bit/s).
+    /// Goodput received by the server over the whole run (bit/s), summed over flows.
     pub goodput_bps: f64,
-    /// The server's interval samples: (end time s, payload bits received).
+    /// The server's interval samples: (end time s, payload bits received, all flows).
     pub intervals: Vec<(f64, f64)>,
+    /// The sender's smoothed RTT per client interval: (end time s, ms, the mean over the
+    /// flows that reported one). Empty where iperf3 reports no RTT.
+    pub rtt_intervals: Vec<(f64, f64)>,
+    /// The sender's mean smoothed RTT over the run (ms), averaged over the flows
+    /// (iperf3's `end.streams[].sender.mean_rtt`).
+    pub mean_rtt_ms: Option<f64>,
 }
 
 impl TcpResult {
@@ -76,6 +90,41 @@ impl TcpResult {
             bits / seconds
         } else {
             0.0
+        }
+    }
+}
+
+/// Options of a TCP run ([`Lab::tcp_run`]).
+#[derive(Debug, Clone)]
+pub struct Tcp {
+    pub seconds: u32,
+    /// Congestion control (iperf3 -C): cubic, bbr, reno.
+    pub congestion: String,
+    /// Report interval in seconds (iperf3 -i), of the server's goodput and the sender's RTT.
+    pub interval: f64,
+    /// Parallel flows (iperf3 -P).
+    pub flows: u32,
+    pub ipv6: bool,
+}
+
+impl Tcp {
+    /// The default run (one cubic flow over IPv4, reported every second) for `seconds`.
+    pub fn for_seconds(seconds: u32) -> Self {
+        Self {
+            seconds,
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for Tcp {
+    fn default() -> Self {
+        Self {
+            seconds: 10,
+            congestion: "cubic".to_string(),
+            interval: 1.0,
+            flows: 1,
+            ipv6: false,
         }
     }
 }
@@ -245,39 +294,42 @@ impl Lab {
         congestion: &str,
         interval: f64,
     ) -> Result<TcpResult> {
+        self.tcp_run(&Tcp {
+            seconds,
+            congestion: congestion.to_string(),
+            interval,
+            ..Tcp::default()
+        })
+    }
+
+    /// A TCP run from client to server: `options.flows` parallel flows; the server's
+    /// goodput and the sender's smoothed RTT, per interval and over the run.
+    pub fn tcp_run(&mut self, options: &Tcp) -> Result<TcpResult> {
         let port = self.port();
+        let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
         let args: Vec<String> = [
             "-c",
-            SERVER_V4,
+            target,
             "-t",
-            &seconds.to_string(),
+            &options.seconds.to_string(),
             "-C",
-            congestion,
+            &options.congestion,
             "-i",
-            &interval.to_string(),
+            &options.interval.to_string(),
+            "-P",
+            &options.flows.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let json = iperf::run(&self.client, &self.server, port, &args, interval, seconds)?;
-        let goodput_bps = json["end"]["sum_received"]["bits_per_second"]
-            .as_f64()
-            .context("iperf3 JSON has no end.sum_received.bits_per_second")?;
-        let intervals = json["server_output_json"]["intervals"]
-            .as_array()
-            .context("no server intervals")?
-            .iter()
-            .map(|interval| {
-                let sum = &interval["sum"];
-                (
-                    sum["end"].as_f64().unwrap_or(0.0),
-                    sum["bytes"].as_f64().unwrap_or(0.0) * 8.0,
-                )
-            })
-            .collect();
-        Ok(TcpResult {
-            goodput_bps,
-            intervals,
-        })
+        let json = iperf::run(
+            &self.client,
+            &self.server,
+            port,
+            &args,
+            options.interval,
+            options.seconds,
+        )?;
+        iperf::parse_tcp(&json)
     }
 }

@@ -682,27 +682,24 @@ fn stats_watch_reports_current_rates() -> Result<()> {
 }
 
 /// The daemon forwards the eBPF program's own log records (aya-log) of every attachment:
-/// a class switched to EDT pacing with a 2 ms horizon drops what would leave later, and
-/// the program's record of it shows up in the daemon's log.
+/// a UDP flood through a shape class makes CoDel start dropping, and the program's record
+/// of it shows up in the daemon's log.
 #[test]
 fn daemon_forwards_the_programs_log_records() -> Result<()> {
     let mut lab = Lab::new()?;
     let router = lab.router.clone();
     router.attach("r1", &[])?;
-    router.class_add("paced", "r1", &["--rate", "1mbit", "--proto", "udp"])?;
-    // EDT pacing is what `shape` does where fq exists; switch the class to it by hand.
+    router.class_add(
+        "paced",
+        "r1",
+        &["--rate", "1mbit", "--proto", "udp", "--action", "shape"],
+    )?;
     let attachment = shaper::state::Attachment::open(&shaper::state::Location {
         netns: Some(router.name.clone()),
         dev: "r1".into(),
         direction: shaper::state::Direction::Egress,
     })?;
     let (id, _) = attachment.find_class("paced")?.context("no class")?;
-    let mut classes = attachment.classes()?;
-    let mut config = classes.get(&id, 0)?;
-    config.action = shaper_common::Action::Shape as u8;
-    config.action_arg = 0;
-    config.action_mask = 2;
-    classes.set(id, config, 0)?;
     // A daemon with nothing to configure still forwards every attachment's records.
     let file = ConfigFile::new("logs", "# nothing to configure\n");
     let daemon = Daemon::start(&router, &file, &[])?;
@@ -710,7 +707,8 @@ fn daemon_forwards_the_programs_log_records() -> Result<()> {
         Ok(http_get(&router, "/healthz").is_ok_and(|(s, _)| s == 200))
     })?;
     lab.udp(&Udp::at("20M", 2))?;
-    let expected = format!("class {id}: departure beyond the 2 ms horizon; packet dropped");
+    let expected =
+        format!("class {id}: queue above its CoDel target for an interval; dropping started");
     wait_for("the forwarded record", Duration::from_secs(5), || {
         Ok(daemon.log().contains(&expected))
     })?;

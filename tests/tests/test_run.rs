@@ -9,7 +9,8 @@
 use aya::programs::{TestRun as _, TestRunOptions};
 use shaper::state::{self, Attachment, Direction, Location};
 use shaper_common::{
-    bucket::{credit_chunk, shared_burst, use_credit, CreditUse},
+    bucket::{credit_chunk, departure, shared_burst, ticks, use_credit, CreditUse},
+    codel::{self, judge, sojourn_ns, CodelConfig, CodelState},
     conform,
     meter::{
         deficit,
@@ -27,6 +28,7 @@ const SHOT: u32 = 2;
 
 // __sk_buff (include/uapi/linux/bpf.h) is 192 bytes; offsets of the fields set here.
 const SKB_SIZE: usize = 192;
+const SKB_PRIORITY: usize = 32;
 const SKB_TSTAMP: usize = 152;
 const SKB_WIRE_LEN: usize = 160;
 const SKB_GSO_SEGS: usize = 164;
@@ -917,6 +919,7 @@ fn two_hundred_classes_of_one_shape_cost_one_lookup() {
             action: Default::default(),
             meter: Default::default(),
             exceed: Default::default(),
+            codel: None,
         };
         classes::add(&harness.attachment, &spec).unwrap();
     }
@@ -1039,84 +1042,221 @@ fn two_cpus_charging_one_bucket_never_over_admit() {
     );
 }
 
-/// EDT shaping (the fq path, which this kernel cannot run end to end): departure times
-/// written to skb->tstamp advance by len / rate, and a packet that would leave beyond
-/// the horizon is dropped.
-#[test]
-fn edt_shaping_writes_departure_times_and_drops_beyond_the_horizon() {
-    let mut harness = Harness::new(&[&[
-        "edt", "--proto", "udp", "--dport", "9300", "--rate", "8mbit",
-    ]]);
-    // Switch the class to EDT shaping (no HTB class, 2 ms horizon) in its config entry.
-    let id = harness.class_id("edt");
-    let mut classes = harness.attachment.classes().unwrap();
-    let mut config = classes.get(&id, 0).unwrap();
-    config.action = shaper_common::Action::Shape as u8;
-    config.action_arg = 0;
-    config.action_mask = 2;
-    classes.set(id, config, 0).unwrap();
+/// The shape path as the host model sees it: the class's virtual queue (GCRA word),
+/// CoDel's state, and the one flow's sparseness word, stepped by the same shaper-common
+/// functions the program runs.
+struct ShapeModel {
+    config: shaper_common::ClassConfig,
+    /// HTB's burst in ticks (the sojourn starts beyond it), 0 under EDT.
+    burst_ticks: u64,
+    tat: u64,
+    codel: CodelState,
+    flow_tat: u64,
+}
 
-    let frame = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes: 1 ms at 8 Mbit/s
+/// What the model says of one packet.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+struct ShapeVerdict {
+    verdict: u32,
+    /// Departure time (EDT); `now` for sparse packets.
+    leave_at: Option<u64>,
+    marked: bool,
+    sparse: bool,
+}
+
+impl ShapeModel {
+    fn packet(&mut self, now: u64, bytes: u64, ect: bool) -> ShapeVerdict {
+        let sojourn = sojourn_ns(self.tat, ticks(now), self.burst_ticks);
+        let (sparse_flow, flow_next) =
+            codel::sparse(self.flow_tat, now, bytes, &self.config.sparse_cost);
+        self.flow_tat = flow_next;
+        let dropped = ShapeVerdict {
+            verdict: SHOT,
+            leave_at: None,
+            marked: false,
+            sparse: sparse_flow,
+        };
+        if !sparse_flow && sojourn > self.config.codel.cap_ns {
+            return dropped;
+        }
+        let mut marked = false;
+        if !sparse_flow {
+            let judgement = judge(
+                self.codel.control,
+                self.codel.first_above,
+                sojourn,
+                now,
+                &self.config.codel,
+            );
+            if let Some(first_above) = judgement.first_above {
+                self.codel.first_above = first_above;
+            }
+            if let Some(control) = judgement.control {
+                self.codel.control = control;
+            }
+            if judgement.congested {
+                if !ect {
+                    return dropped;
+                }
+                marked = true;
+            }
+        }
+        let (next, leave_at) =
+            departure(self.tat, now, bytes, &self.config.cost, u64::MAX).unwrap();
+        self.tat = next;
+        ShapeVerdict {
+            verdict: PASS,
+            leave_at: Some(if sparse_flow { now } else { leave_at }),
+            marked,
+            sparse: sparse_flow,
+        }
+    }
+}
+
+/// Shaping with CoDel, replayed packet by packet against [`ShapeModel`] on the EDT path
+/// (the fq path, which this kernel cannot run end to end: skb->tstamp is checked here, not
+/// pacing on a real fq): a new flow's first packets are sparse and leave at once, bulk
+/// packets leave len / rate apart, CoDel CE-marks ECN-capable packets and drops the rest
+/// once the virtual queue stood above target for an interval, and the hard cap drops.
+/// Then the HTB path: bulk and sparse packets are steered to their leaves.
+#[test]
+fn shaping_with_codel_matches_the_model_packet_by_packet() {
+    let mut harness = Harness::new(&[&[
+        "bulk",
+        "--proto",
+        "udp",
+        "--dport",
+        "9300",
+        "--rate",
+        "8mbit",
+        "--action",
+        "shape",
+        "--target",
+        "5ms",
+        "--interval",
+        "100ms",
+    ]]);
+    let id = harness.class_id("bulk");
+    let mut classes = harness.attachment.classes().unwrap();
+    let htb_config = classes.get(&id, 0).unwrap();
+    assert_eq!(
+        htb_config.codel,
+        CodelConfig::new(5_000_000, 100_000_000, 8_000_000)
+    );
+    assert_ne!(
+        htb_config.action_arg, 0,
+        "this kernel has no fq: the class is in HTB"
+    );
+    assert_ne!(htb_config.sparse_priority, 0);
+    // The EDT path: no HTB class.
+    let mut config = htb_config;
+    config.action_arg = 0;
+    config.sparse_priority = 0;
+    classes.set(id, config, 0).unwrap();
+    let mut model = ShapeModel {
+        config,
+        burst_ticks: 0,
+        tat: 0,
+        codel: CodelState::default(),
+        flow_tat: 0,
+    };
+
+    let frame = |ect: bool| {
+        let mut frame = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes: 1 ms at 8 Mbit/s
+        if ect {
+            frame[15] = 0x02; // ECT(0)
+        }
+        frame
+    };
     let program: &aya::programs::SchedClassifier = harness
         .ebpf
         .program(program_names::SHAPER_CLOCKED)
         .unwrap()
         .try_into()
         .unwrap();
-    let send = |now: u64| -> (u32, u64) {
+    let send = |now: u64, ect: bool| -> (u32, u64, u32, bool) {
+        let data = frame(ect);
+        let mut data_out = vec![0u8; data.len()];
         let mut ctx = vec![0u8; SKB_SIZE];
         ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now.to_ne_bytes());
         let mut ctx_out = vec![0u8; SKB_SIZE];
         let result = program
             .test_run(TestRunOptions {
-                data_in: Some(&frame),
+                data_in: Some(&data),
+                data_out: Some(&mut data_out),
                 ctx_in: Some(&ctx),
                 ctx_out: Some(&mut ctx_out),
                 ..TestRunOptions::default()
             })
             .unwrap();
+        let field = |at: usize| u32::from_ne_bytes(ctx_out[at..at + 4].try_into().unwrap());
         let tstamp = u64::from_ne_bytes(ctx_out[SKB_TSTAMP..SKB_TSTAMP + 8].try_into().unwrap());
-        (result.return_value, tstamp)
+        (
+            result.return_value,
+            tstamp,
+            field(SKB_PRIORITY),
+            data_out[15] & 3 == 3,
+        )
     };
-    let now = 7_000_000_000u64;
-    let sent: Vec<(u32, u64)> = (0..4).map(|_| send(now)).collect();
-    println!("EDT at t={now}: {sent:?}");
-    assert_eq!(sent[0], (PASS, now));
-    assert_eq!(sent[1], (PASS, now + 1_000_000));
-    assert_eq!(sent[2], (PASS, now + 2_000_000));
-    assert_eq!(sent[3].0, SHOT, "3 ms ahead is beyond the 2 ms horizon");
-    // Once the queue has drained, a packet leaves at once.
-    assert_eq!(send(now + 10_000_000), (PASS, now + 10_000_000));
 
-    // The program logged the horizon drop (aya-log), as the daemon forwards it.
-    let records = Records::default();
-    let mut reader =
-        aya_log::EbpfLogger::init_with_logger(&mut harness.ebpf, records.clone()).unwrap();
-    reader.flush();
-    let lines = records.0.lock().unwrap().clone();
-    assert_eq!(
-        lines,
-        vec![format!(
-            "WARN class {id}: departure beyond the 2 ms horizon; packet dropped"
-        )]
+    let start = 7_000_000_000u64;
+    // Eight packets at once: the first six fit the flow's sparseness bucket (four frames
+    // at 1/16 of the rate) and leave now; the rest queue behind the six.
+    for index in 0..8u64 {
+        let (verdict, tstamp, _, _) = send(start, false);
+        let expected = model.packet(start, 1000, false);
+        assert_eq!(
+            (verdict, Some(tstamp)),
+            (expected.verdict, expected.leave_at)
+        );
+        let leave_at = if index < 6 {
+            start
+        } else {
+            start + index * 1_000_000
+        };
+        assert_eq!(tstamp, leave_at, "packet {index}");
+    }
+    // Then 1.25 s at 1.6 times the rate, every other packet ECN-capable.
+    let (mut marks, mut codel_drops, mut cap_drops, mut passed) = (0, 0, 0, 0);
+    let mut now = start + 1_000_000;
+    for index in 0..2000u64 {
+        let ect = index % 2 == 1;
+        let sojourn = sojourn_ns(model.tat, ticks(now), 0);
+        let expected = model.packet(now, 1000, ect);
+        let (verdict, tstamp, _, marked) = send(now, ect);
+        assert_eq!(verdict, expected.verdict, "packet {index} at {now}");
+        assert_eq!(marked, expected.marked, "packet {index} at {now}");
+        if verdict == PASS {
+            assert_eq!(Some(tstamp), expected.leave_at, "packet {index}");
+            passed += 1;
+        } else if sojourn > model.config.codel.cap_ns {
+            cap_drops += 1;
+        } else {
+            codel_drops += 1;
+        }
+        marks += marked as u32;
+        now += 625_000;
+    }
+    println!("EDT + CoDel: passed {passed}, marked {marks}, CoDel drops {codel_drops}, cap drops {cap_drops}");
+    assert!(marks > 10 && codel_drops > 10, "CoDel acted below the cap");
+    assert!(
+        codel::Control::unpack(model.codel.control).count > 4,
+        "the drop rate sped up"
     );
-}
+    // Nothing ever waits beyond the cap.
+    assert!(sojourn_ns(model.tat, ticks(now), 0) <= model.config.codel.cap_ns + 1_000_000);
 
-/// A `log::Log` that keeps what it is given, for checking the eBPF program's records.
-#[derive(Clone, Default)]
-struct Records(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
-
-impl log::Log for Records {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record) {
-        self.0
-            .lock()
-            .unwrap()
-            .push(format!("{} {}", record.level(), record.args()));
-    }
-
-    fn flush(&self) {}
+    // The HTB path: the class's own config again; a fresh flow is sparse at first and goes
+    // to the sparse leaf, then to the bulk leaf.
+    classes.set(id, htb_config, 0).unwrap();
+    let later = now + 10_000_000_000;
+    let leaves: Vec<u32> = (0..8).map(|_| send(later, false).2).collect();
+    assert_eq!(
+        leaves,
+        [
+            [htb_config.sparse_priority; 6].as_slice(),
+            &[htb_config.action_arg; 2]
+        ]
+        .concat()
+    );
 }

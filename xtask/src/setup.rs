@@ -20,6 +20,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("util-linux", "setpriv"),
     ("tcpdump", "tcpdump"),
     ("nftables", "nft"),
+    // Offloads off on the delay line's veths (64 KiB super-frames do not fit a packet socket).
+    ("ethtool", "/usr/sbin/ethtool"),
     // The reference CNI `bandwidth`, `bridge` and `host-local` plugins: the bench's and the
     // CNI tests' side-by-side peer.
     ("containernetworking-plugins", "/usr/lib/cni/bandwidth"),

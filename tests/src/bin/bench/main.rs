@@ -229,6 +229,7 @@ fn udp_class(name: String, dport: u16, scope: Scope) -> ClassSpec {
         action: Default::default(),
         meter: Default::default(),
         exceed: Default::default(),
+        codel: None,
     }
 }
 
