@@ -323,12 +323,21 @@ mod tests {
     #[test]
     fn drop_spacing_speeds_up_as_interval_over_sqrt_count() {
         // The precedence bug (`interval << 16 / sqrt`) would give 100 ms for every count.
+        for count in 1..2000u64 {
+            let exact = 100e6 / (count.min(CONTROL_LAW_COUNTS as u64 - 1) as f64).sqrt();
+            let spacing = drop_spacing_ns(100 * MS, count) as f64;
+            // The table's 2^-24 resolution: one unit of the factor, relative.
+            let resolution =
+                (count.min(CONTROL_LAW_COUNTS as u64 - 1) as f64).sqrt() / 16_777_216.0;
+            assert!(
+                spacing <= exact && exact - spacing <= resolution * exact + 1.0,
+                "{count}: {spacing} vs {exact}"
+            );
+        }
         assert_eq!(drop_spacing_ns(100 * MS, 1), 100 * MS);
         assert_eq!(drop_spacing_ns(100 * MS, 4), 50 * MS);
         assert_eq!(drop_spacing_ns(100 * MS, 16), 25 * MS);
-        assert_eq!(drop_spacing_ns(100 * MS, 100), 10 * MS);
-        let two = drop_spacing_ns(100 * MS, 2) as f64;
-        assert!((two - 100e6 / 2f64.sqrt()).abs() < 100.0, "{two}");
+        assert!(drop_spacing_ns(100 * MS, 100) / 1000 == 9999);
     }
 
     #[test]
@@ -384,7 +393,7 @@ mod tests {
         assert!(gaps.windows(2).all(|w| w[1] <= w[0]), "{gaps:?}");
         // Below target again: the dropping state ends at once.
         let below = above + 601 * MS;
-        assert!(!feed(&mut state, 1 * MS, below, &config));
+        assert!(!feed(&mut state, MS, below, &config));
         assert!(!Control::unpack(state.control).dropping);
         assert_eq!(state.first_above, 0);
     }

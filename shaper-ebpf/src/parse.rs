@@ -21,6 +21,9 @@ const IPPROTO_DSTOPTS: u8 = 60;
 const VLAN_HLEN: usize = 4;
 const MAX_VLAN_TAGS: usize = 2;
 /// What classification needs from a packet. Addresses are raw network-order words.
+/// `repr(C)`: it is also the value of the `SHAPE_PACKET` map (64 bytes, checked by the
+/// contract test).
+#[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct Packet {
     pub(crate) family: u8,

@@ -45,7 +45,7 @@ const fn map(
 
 const U32: usize = size_of::<u32>();
 
-const EXPECTED: [Expected; 10] = [
+const EXPECTED: [Expected; 12] = [
     map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
     map(
         map_names::SHAPES,
@@ -117,6 +117,8 @@ const EXPECTED: [Expected; 10] = [
         size_of::<CodelState>(),
         MAX_CLASSES,
     ),
+    // The packet path's own scratch (shaper-ebpf's `repr(C)` Packet); userspace only pins it.
+    map(map_names::SHAPE_PACKET, PERCPU_ARRAY, U32, 64, 1),
 ];
 
 fn object() -> aya_obj::Object {

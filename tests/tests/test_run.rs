@@ -1174,8 +1174,9 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
         .unwrap()
         .try_into()
         .unwrap();
-    let send = |now: u64, ect: bool| -> (u32, u64, u32, bool) {
-        let data = frame(ect);
+    let send_from = |sport: u16, now: u64, ect: bool| -> (u32, u64, u32, bool) {
+        let mut data = frame(ect);
+        data[34..36].copy_from_slice(&sport.to_be_bytes());
         let mut data_out = vec![0u8; data.len()];
         let mut ctx = vec![0u8; SKB_SIZE];
         ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now.to_ne_bytes());
@@ -1198,6 +1199,7 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
             data_out[15] & 3 == 3,
         )
     };
+    let send = |now: u64, ect: bool| send_from(40_000, now, ect);
 
     let start = 7_000_000_000u64;
     // Eight packets at once: the first six fit the flow's sparseness bucket (four frames
@@ -1246,11 +1248,11 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
     // Nothing ever waits beyond the cap.
     assert!(sojourn_ns(model.tat, ticks(now), 0) <= model.config.codel.cap_ns + 1_000_000);
 
-    // The HTB path: the class's own config again; a fresh flow is sparse at first and goes
-    // to the sparse leaf, then to the bulk leaf.
+    // The HTB path: the class's own config again; a new flow (another source port) is
+    // sparse at first and goes to the sparse leaf, then to the bulk leaf.
     classes.set(id, htb_config, 0).unwrap();
     let later = now + 10_000_000_000;
-    let leaves: Vec<u32> = (0..8).map(|_| send(later, false).2).collect();
+    let leaves: Vec<u32> = (0..8).map(|_| send_from(40_001, later, false).2).collect();
     assert_eq!(
         leaves,
         [
