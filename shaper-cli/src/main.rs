@@ -10,6 +10,14 @@ use clap::Parser as _;
 use shaper::error::{report, EXIT_USAGE};
 
 fn main() {
+    // `shaper stats | head` should end quietly like any Unix tool, not panic on EPIPE.
+    // SAFETY: resetting SIGPIPE to its default before any thread starts.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) if !error.use_stderr() => error.exit(), // --help, --version

@@ -141,6 +141,31 @@ fn bad_inputs_fail_cleanly_and_change_nothing() {
         ("bad protocol", add_x(&["--proto", "sctp"]), 2),
         ("bad scope", add_x(&["--per", "packet"]), 2),
         (
+            "CoDel target on a drop class",
+            add_x(&["--target", "5ms"]),
+            2,
+        ),
+        (
+            "CoDel target not below its interval",
+            add_x(&["--action", "shape", "--target", "100ms"]),
+            2,
+        ),
+        (
+            "bad CoDel duration",
+            add_x(&["--action", "shape", "--interval", "soon"]),
+            2,
+        ),
+        (
+            "CoDel interval above 10 s",
+            add_x(&["--action", "shape", "--interval", "11s"]),
+            2,
+        ),
+        (
+            "CoDel knobs changed on a drop class",
+            ns(&["class", "change", "web", "--dev", r1, "--target", "3ms"]),
+            2,
+        ),
+        (
             "bad class name",
             ns(&["class", "add", "bad/name", "--dev", r1, "--rate", "1mbit"]),
             2,

@@ -681,6 +681,84 @@ fn stats_watch_reports_current_rates() -> Result<()> {
     Ok(())
 }
 
+/// The bfifo limits (bytes) of the HTB leaves shaper made on `dev`.
+fn leaf_limits(ns: &Netns, dev: &str) -> Vec<u64> {
+    let output = ns.run("tc", &["-j", "qdisc", "show", "dev", dev]).unwrap();
+    let qdiscs: Value = serde_json::from_slice(&output.stdout).unwrap();
+    qdiscs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|q| q["kind"] == "bfifo")
+        .map(|q| q["options"]["limit"].as_u64().unwrap())
+        .collect()
+}
+
+/// A shape class's CoDel knobs go from a file to the kernel and back: `class list` and
+/// `export` show them, the HTB leaves' bfifos are sized from them (rate × max(interval,
+/// 4 × target)), and a changed target or interval is applied in place.
+#[test]
+fn codel_knobs_round_trip_and_change_in_place() -> Result<()> {
+    let lab = Lab::new()?;
+    let router = lab.router.clone();
+    let config = |target: &str| {
+        format!(
+            "[[interface]]\ndev = \"r1\"\nnetns = \"{}\"\n\n[[interface.class]]\n\
+             name = \"shaped\"\nrate = \"10mbit\"\naction = \"shape\"\n\
+             target = \"{target}\"\ninterval = \"50ms\"\n",
+            router.name
+        )
+    };
+    let file = ConfigFile::new("codel", &config("3ms"));
+    let output = shaper(&["apply", "-f", file.path()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let row = &router.shaper_json(&["class", "list", "--json"])?[0];
+    assert_eq!(
+        (row["target"].as_str(), row["interval"].as_str()),
+        (Some("3ms"), Some("50ms"))
+    );
+    let id = row["id"].clone();
+    // 50 ms at 10 Mbit/s on the sparse and on the bulk leaf.
+    assert_eq!(leaf_limits(&router, "r1"), vec![62_500, 62_500]);
+    let exported = router.shaper(&["export"])?;
+    assert!(
+        exported.contains("target = \"3ms\"") && exported.contains("interval = \"50ms\""),
+        "{exported}"
+    );
+
+    // A new target: changed in place (same id), nothing else touched.
+    file.write(&config("20ms"));
+    let output = shaper(&["apply", "-f", file.path()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("codel 3ms/50ms -> 20ms/50ms"),
+        "{}",
+        stdout(&output)
+    );
+    let row = &router.shaper_json(&["class", "list", "--json"])?[0];
+    assert_eq!(
+        (row["target"].as_str(), row["id"].clone()),
+        (Some("20ms"), id)
+    );
+    // Now 4 × target (80 ms) is the cap: 100 000 bytes.
+    assert_eq!(leaf_limits(&router, "r1"), vec![100_000, 100_000]);
+
+    // And from the command line.
+    router.shaper(&[
+        "class",
+        "change",
+        "shaped",
+        "--dev",
+        "r1",
+        "--interval",
+        "200ms",
+    ])?;
+    let row = &router.shaper_json(&["class", "list", "--json"])?[0];
+    assert_eq!(row["interval"].as_str(), Some("200ms"));
+    assert_eq!(leaf_limits(&router, "r1"), vec![250_000, 250_000]);
+    Ok(())
+}
+
 /// The daemon forwards the eBPF program's own log records (aya-log) of every attachment:
 /// a UDP flood through a shape class makes CoDel start dropping, and the program's record
 /// of it shows up in the daemon's log.
