@@ -214,6 +214,10 @@ pub struct ClassAddArgs {
     /// start; about the worst-case RTT (default 100ms).
     #[arg(long, value_name = "DURATION")]
     pub interval: Option<String>,
+    /// Shape: `on` (default) CE-marks ECN-capable packets where CoDel would drop them;
+    /// `off` drops them too.
+    #[arg(long, value_name = "on|off")]
+    pub ecn: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -236,6 +240,9 @@ pub struct ClassChangeArgs {
     /// Shape classes: CoDel's interval.
     #[arg(long, value_name = "DURATION")]
     pub interval: Option<String>,
+    /// Shape classes: CE-mark (on) or drop (off) ECN-capable packets.
+    #[arg(long, value_name = "on|off")]
+    pub ecn: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -300,6 +307,7 @@ impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
             violate: args.violate.clone(),
             target: args.target.clone(),
             interval: args.interval.clone(),
+            ecn: args.ecn.clone(),
         }
     }
 }

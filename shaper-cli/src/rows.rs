@@ -27,6 +27,7 @@ pub(crate) fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Ve
                 let extra = json!({
                     "target": format_duration_ns(codel.target_ns),
                     "interval": format_duration_ns(codel.interval_ns),
+                    "ecn": codel.ecn,
                     "queue_delay_us": delay_ns / 1000,
                     "codel_dropping": dropping,
                 });

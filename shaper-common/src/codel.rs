@@ -72,6 +72,9 @@ pub struct CodelConfig {
     pub cap_ns: u64,
     /// One frame at the class rate: with at most this much queued, nothing is dropped.
     pub frame_ns: u64,
+    /// 1: CE-mark ECN-capable packets instead of dropping them (the default, as fq_codel).
+    pub ecn: u32,
+    pub _pad: u32,
 }
 
 impl CodelConfig {
@@ -86,6 +89,16 @@ impl CodelConfig {
             interval_ns,
             cap_ns: interval_ns.max(4 * target_ns),
             frame_ns,
+            ecn: 1,
+            _pad: 0,
+        }
+    }
+
+    /// The same with ECN marking on or off.
+    pub fn with_ecn(self, ecn: bool) -> Self {
+        Self {
+            ecn: ecn as u32,
+            ..self
         }
     }
 }
@@ -406,6 +419,7 @@ mod tests {
             interval_ns: 100 * MS,
             cap_ns: 100 * MS,
             frame_ns: 2 * MS,
+            ..CodelConfig::default()
         };
         let mut state = CodelState::default();
         for step in 0..1000 {

@@ -371,7 +371,9 @@ pub struct ClassMeta {
     pub dst_prefix: u8,
     pub proto: u8,
     pub in_use: u8,
-    pub _pad: [u8; 6],
+    /// Shape classes: 1 when CoDel drops ECN-capable packets too (`ecn = false`).
+    pub codel_no_ecn: u8,
+    pub _pad: [u8; 5],
     /// Shape classes: CoDel's target and interval as the user gave them (ns).
     pub codel_target_ns: u64,
     pub codel_interval_ns: u64,
@@ -400,7 +402,8 @@ impl Default for ClassMeta {
             dst_prefix: 0,
             proto: 0,
             in_use: 0,
-            _pad: [0; 6],
+            codel_no_ecn: 0,
+            _pad: [0; 5],
             codel_target_ns: 0,
             codel_interval_ns: 0,
         }

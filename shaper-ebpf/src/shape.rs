@@ -81,7 +81,7 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
         );
     }
     if congested {
-        if !set_ecn_ce(ctx, packet) {
+        if class.codel.ecn == 0 || !set_ecn_ce(ctx, packet) {
             return count_drop(stats, packet.wire_len);
         }
         marked = true;

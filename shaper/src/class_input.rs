@@ -37,6 +37,8 @@ pub struct ClassInput {
     /// Shape classes: CoDel's target and interval (humantime: `5ms`, `100ms`).
     pub target: Option<String>,
     pub interval: Option<String>,
+    /// Shape classes: `on` (default) CE-marks ECN-capable packets, `off` drops them.
+    pub ecn: Option<String>,
 }
 
 /// One problem with one field (named as in the TOML file: `peak_rate`, `dport`, ...).
@@ -99,6 +101,7 @@ struct Fields {
     violate: Option<ActionSpec>,
     target: Option<u64>,
     interval: Option<u64>,
+    ecn: Option<bool>,
 }
 
 impl ClassInput {
@@ -139,6 +142,7 @@ impl ClassInput {
         let violate = c.optional("violate", &self.violate, ActionSpec::from_str);
         let target = c.optional("target", &self.target, parse_duration_ns);
         let interval = c.optional("interval", &self.interval, parse_duration_ns);
+        let ecn = c.optional("ecn", &self.ecn, parse_switch);
         name?;
         Some(Fields {
             direction: direction?.unwrap_or(Direction::Egress),
@@ -161,6 +165,7 @@ impl ClassInput {
             violate: violate?,
             target: target?,
             interval: interval?,
+            ecn: ecn?,
         })
     }
 
@@ -233,15 +238,15 @@ impl ClassInput {
     /// CoDel's knobs: shape classes only, defaults where left out, target below interval.
     fn codel(&self, f: &Fields, action: Action, c: &mut Checker) -> Option<Option<Codel>> {
         if action != Action::Shape {
-            if f.target.is_some() || f.interval.is_some() {
-                let field = if f.target.is_some() {
-                    "target"
-                } else {
-                    "interval"
-                };
+            let given = [
+                ("target", f.target.is_some()),
+                ("interval", f.interval.is_some()),
+                ("ecn", f.ecn.is_some()),
+            ];
+            if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
                 c.fail(
                     field,
-                    "--target and --interval tune CoDel on --action shape; this class does not shape",
+                    "--target, --interval and --ecn tune CoDel on --action shape; this class does not shape",
                 );
                 return None;
             }
@@ -251,6 +256,7 @@ impl ClassInput {
         let codel = Codel {
             target_ns: f.target.unwrap_or(defaults.target_ns),
             interval_ns: f.interval.unwrap_or(defaults.interval_ns),
+            ecn: f.ecn.unwrap_or(defaults.ecn),
         };
         if codel.target_ns >= codel.interval_ns {
             c.fail(
@@ -318,6 +324,15 @@ pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
         ));
     }
     Ok(ns as u64)
+}
+
+/// An on/off switch: `on`/`off`, `true`/`false`, `yes`/`no`.
+pub fn parse_switch(text: &str) -> Result<bool, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "true" | "on" | "yes" => Ok(true),
+        "false" | "off" | "no" => Ok(false),
+        _ => Err(format!("bad switch '{text}' (expected on or off)")),
+    }
 }
 
 /// The spelling [`parse_duration_ns`] reads back: `5ms`, `1s 500ms`.

@@ -705,7 +705,7 @@ fn codel_knobs_round_trip_and_change_in_place() -> Result<()> {
         format!(
             "[[interface]]\ndev = \"r1\"\nnetns = \"{}\"\n\n[[interface.class]]\n\
              name = \"shaped\"\nrate = \"10mbit\"\naction = \"shape\"\n\
-             target = \"{target}\"\ninterval = \"50ms\"\n",
+             target = \"{target}\"\ninterval = \"50ms\"\necn = false\n",
             router.name
         )
     };
@@ -719,19 +719,19 @@ fn codel_knobs_round_trip_and_change_in_place() -> Result<()> {
     );
     let id = row["id"].clone();
     // 50 ms at 10 Mbit/s on the sparse and on the bulk leaf.
+    assert_eq!(row["ecn"], false);
     assert_eq!(leaf_limits(&router, "r1"), vec![62_500, 62_500]);
     let exported = router.shaper(&["export"])?;
-    assert!(
-        exported.contains("target = \"3ms\"") && exported.contains("interval = \"50ms\""),
-        "{exported}"
-    );
+    for line in ["target = \"3ms\"", "interval = \"50ms\"", "ecn = false"] {
+        assert!(exported.contains(line), "{line} not in {exported}");
+    }
 
     // A new target: changed in place (same id), nothing else touched.
     file.write(&config("20ms"));
     let output = shaper(&["apply", "-f", file.path()]);
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(
-        stdout(&output).contains("codel 3ms/50ms -> 20ms/50ms"),
+        stdout(&output).contains("codel 3ms/50ms noecn -> 20ms/50ms noecn"),
         "{}",
         stdout(&output)
     );
@@ -752,9 +752,12 @@ fn codel_knobs_round_trip_and_change_in_place() -> Result<()> {
         "r1",
         "--interval",
         "200ms",
+        "--ecn",
+        "on",
     ])?;
     let row = &router.shaper_json(&["class", "list", "--json"])?[0];
     assert_eq!(row["interval"].as_str(), Some("200ms"));
+    assert_eq!(row["ecn"], true);
     assert_eq!(leaf_limits(&router, "r1"), vec![250_000, 250_000]);
     Ok(())
 }

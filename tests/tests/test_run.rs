@@ -1095,7 +1095,7 @@ impl ShapeModel {
                 self.codel.control = control;
             }
             if judgement.congested {
-                if !ect {
+                if !ect || self.config.codel.ecn == 0 {
                     return dropped;
                 }
                 marked = true;
@@ -1218,28 +1218,38 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
         };
         assert_eq!(tstamp, leave_at, "packet {index}");
     }
-    // Then 1.25 s at 1.6 times the rate, every other packet ECN-capable.
-    let (mut marks, mut codel_drops, mut cap_drops, mut passed) = (0, 0, 0, 0);
-    let mut now = start + 1_000_000;
-    for index in 0..2000u64 {
-        let ect = index % 2 == 1;
-        let sojourn = sojourn_ns(model.tat, ticks(now), 0);
-        let expected = model.packet(now, 1000, ect);
-        let (verdict, tstamp, _, marked) = send(now, ect);
-        assert_eq!(verdict, expected.verdict, "packet {index} at {now}");
-        assert_eq!(marked, expected.marked, "packet {index} at {now}");
-        if verdict == PASS {
-            assert_eq!(Some(tstamp), expected.leave_at, "packet {index}");
-            passed += 1;
-        } else if sojourn > model.config.codel.cap_ns {
-            cap_drops += 1;
-        } else {
-            codel_drops += 1;
+    // Then 1.25 s at 1.6 times the rate (a packet every 0.625 ms), each packet checked
+    // against the model; returns (passed, marked, CoDel drops, cap drops).
+    let overload = |model: &mut ShapeModel, from: u64, ect: &dyn Fn(u64) -> bool| {
+        let mut counts = [0u32; 4];
+        for index in 0..2000u64 {
+            let now = from + index * 625_000;
+            let ect = ect(index);
+            let sojourn = sojourn_ns(model.tat, ticks(now), 0);
+            let expected = model.packet(now, 1000, ect);
+            let (verdict, tstamp, _, marked) = send(now, ect);
+            assert_eq!(verdict, expected.verdict, "packet {index} at {now}");
+            assert_eq!(marked, expected.marked, "packet {index} at {now}");
+            let kind = if verdict == PASS {
+                assert_eq!(Some(tstamp), expected.leave_at, "packet {index}");
+                0
+            } else if sojourn > model.config.codel.cap_ns {
+                3
+            } else {
+                2
+            };
+            counts[kind] += 1;
+            counts[1] += marked as u32;
         }
-        marks += marked as u32;
-        now += 625_000;
-    }
-    println!("EDT + CoDel: passed {passed}, marked {marks}, CoDel drops {codel_drops}, cap drops {cap_drops}");
+        counts
+    };
+    // Every other packet ECN-capable.
+    let now = start + 1_000_000;
+    let [passed, marks, codel_drops, cap_drops] = overload(&mut model, now, &|i| i % 2 == 1);
+    let now = now + 2000 * 625_000;
+    println!(
+        "EDT + CoDel: passed {passed}, marked {marks}, CoDel drops {codel_drops}, cap drops {cap_drops}"
+    );
     assert!(marks > 10 && codel_drops > 10, "CoDel acted below the cap");
     assert!(
         codel::Control::unpack(model.codel.control).count > 4,
@@ -1247,6 +1257,17 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
     );
     // Nothing ever waits beyond the cap.
     assert!(sojourn_ns(model.tat, ticks(now), 0) <= model.config.codel.cap_ns + 1_000_000);
+
+    // With ECN off (`--ecn off`), ECN-capable packets are dropped, never marked.
+    config.codel = config.codel.with_ecn(false);
+    classes.set(id, config, 0).unwrap();
+    model.config = config;
+    let later = now + 10_000_000_000;
+    let [_, marks, codel_drops, _] = overload(&mut model, later, &|_| true);
+    println!("EDT + CoDel, ECN off: marked {marks}, CoDel drops {codel_drops}");
+    assert_eq!(marks, 0);
+    assert!(codel_drops > 10);
+    let now = later + 2000 * 625_000;
 
     // The HTB path: the class's own config again; a new flow (another source port) is
     // sparse at first and goes to the sparse leaf, then to the bulk leaf.

@@ -5,7 +5,7 @@ use crate::cli::{
 use anyhow::Result;
 use shaper::{
     actions::ActionSpec,
-    class_input::{format_duration_ns, parse_duration_ns, ClassInput},
+    class_input::{format_duration_ns, parse_duration_ns, parse_switch, ClassInput},
     classes::{self, ClassSpec},
     error::{runtime, usage},
     state::{self, Attachment, Direction, Location},
@@ -133,14 +133,21 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
             .map_err(usage)
     };
     let (codel_target_ns, codel_interval_ns) = (duration(&args.target)?, duration(&args.interval)?);
+    let codel_ecn = args
+        .ecn
+        .as_deref()
+        .map(parse_switch)
+        .transpose()
+        .map_err(usage)?;
     if rate.is_none()
         && burst.is_none()
         && action.is_none()
         && codel_target_ns.is_none()
         && codel_interval_ns.is_none()
+        && codel_ecn.is_none()
     {
         return Err(usage(
-            "class change needs --rate, --burst, --action, --target and/or --interval",
+            "class change needs --rate, --burst, --action, --target, --interval and/or --ecn",
         ));
     }
     prepare(&netns)?;
@@ -152,6 +159,7 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
         action,
         codel_target_ns,
         codel_interval_ns,
+        codel_ecn,
     };
     classes::change(&attachment, &args.name, change)?;
     println!(
@@ -178,6 +186,9 @@ fn del(netns: Option<String>, args: ClassDelArgs) -> Result<()> {
 /// The action, with CoDel's target/interval on shape classes: `shape 5ms/100ms`.
 pub(crate) fn action_text(row: &serde_json::Value) -> String {
     match (row["target"].as_str(), row["interval"].as_str()) {
+        (Some(target), Some(interval)) if row["ecn"] == false => {
+            format!("{} {target}/{interval} noecn", text(&row["action"]))
+        }
         (Some(target), Some(interval)) => format!("{} {target}/{interval}", text(&row["action"])),
         _ => text(&row["action"]),
     }

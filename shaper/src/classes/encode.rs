@@ -80,6 +80,7 @@ impl ClassSpec {
                 interval_ns: Some(meta.codel_interval_ns)
                     .filter(|&t| t != 0)
                     .unwrap_or(DEFAULT_INTERVAL_NS),
+                ecn: meta.codel_no_ecn == 0,
             }),
         }
     }
@@ -118,6 +119,7 @@ impl ClassSpec {
             in_use: 1,
             codel_target_ns: self.codel.map_or(0, |c| c.target_ns),
             codel_interval_ns: self.codel.map_or(0, |c| c.interval_ns),
+            codel_no_ecn: self.codel.is_some_and(|c| !c.ecn) as u8,
             ..ClassMeta::default()
         })
     }

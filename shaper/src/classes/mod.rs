@@ -43,6 +43,8 @@ pub struct Codel {
     pub target_ns: u64,
     /// How long the delay may stay above target before drops start; about a worst-case RTT.
     pub interval_ns: u64,
+    /// CE-mark ECN-capable packets instead of dropping them.
+    pub ecn: bool,
 }
 
 impl Default for Codel {
@@ -50,6 +52,7 @@ impl Default for Codel {
         Self {
             target_ns: DEFAULT_TARGET_NS,
             interval_ns: DEFAULT_INTERVAL_NS,
+            ecn: true,
         }
     }
 }
@@ -57,7 +60,7 @@ impl Default for Codel {
 impl Codel {
     /// The packet path's parameters at `rate_bits_per_sec`.
     pub(crate) fn config(self, rate_bits_per_sec: u64) -> CodelConfig {
-        CodelConfig::new(self.target_ns, self.interval_ns, rate_bits_per_sec)
+        CodelConfig::new(self.target_ns, self.interval_ns, rate_bits_per_sec).with_ecn(self.ecn)
     }
 
     /// The HTB leaf's limit: a bounded bfifo of the bytes the class sends in CoDel's hard

@@ -217,6 +217,7 @@ pub struct Change {
     /// Shape classes only: CoDel's target and interval (ns).
     pub codel_target_ns: Option<u64>,
     pub codel_interval_ns: Option<u64>,
+    pub codel_ecn: Option<bool>,
 }
 
 /// Changes rate, burst and/or action in place: the bucket word, counters and classifier
@@ -228,6 +229,7 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         action,
         codel_target_ns,
         codel_interval_ns,
+        codel_ecn,
     } = change;
     let (id, mut meta) = find(attachment, name)?.ok_or_else(|| not_found(attachment, name))?;
     if let Some(rate) = rate_bits_per_sec {
@@ -244,9 +246,10 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             "a class cannot change to or from --action shape; delete it and add it again",
         ));
     }
-    if (codel_target_ns.is_some() || codel_interval_ns.is_some()) && !shaping {
+    if (codel_target_ns.is_some() || codel_interval_ns.is_some() || codel_ecn.is_some()) && !shaping
+    {
         return Err(usage(
-            "--target and --interval tune CoDel on --action shape; this class does not shape",
+            "--target, --interval and --ecn tune CoDel on --action shape; this class does not shape",
         ));
     }
     if shaping {
@@ -264,6 +267,9 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         }
         meta.codel_target_ns = target;
         meta.codel_interval_ns = interval;
+        if let Some(ecn) = codel_ecn {
+            meta.codel_no_ecn = !ecn as u8;
+        }
     }
     if shaping {
         let spec = ClassSpec::from_meta(&meta, &config);

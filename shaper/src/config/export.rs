@@ -48,6 +48,7 @@ fn export_class(direction: Direction, spec: &ClassSpec) -> ExportClass {
         violate: metered.then(|| spec.action.to_string()),
         target: spec.codel.map(|c| format_duration_ns(c.target_ns)),
         interval: spec.codel.map(|c| format_duration_ns(c.interval_ns)),
+        ecn: spec.codel.filter(|c| !c.ecn).map(|_| false),
     }
 }
 

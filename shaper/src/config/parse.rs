@@ -287,6 +287,7 @@ fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), 
         violate: string(&entry.violate),
         target: string(&entry.target),
         interval: string(&entry.interval),
+        ecn: entry.ecn.as_ref().map(|ecn| ecn.get_ref().to_string()),
     };
     input.check().map_err(|errors| {
         errors
@@ -324,6 +325,7 @@ fn field_span(entry: &ClassEntry, field: &str) -> Range<usize> {
         "violate" => text(&entry.violate),
         "target" => text(&entry.target),
         "interval" => text(&entry.interval),
+        "ecn" => entry.ecn.as_ref().map(|ecn| ecn.span()),
         _ => None,
     };
     span.unwrap_or(entry.name.span())

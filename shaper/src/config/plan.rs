@@ -133,6 +133,10 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
             .codel
             .zip(wanted.codel)
             .and_then(|(c, w)| differs(c.interval_ns, w.interval_ns)),
+        codel_ecn: current
+            .codel
+            .zip(wanted.codel)
+            .and_then(|(c, w)| (c.ecn != w.ecn).then_some(w.ecn)),
     };
     let mut what = Vec::new();
     if let Some(rate) = change.rate_bits_per_sec {
@@ -148,12 +152,15 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
     }
     if let (Some(before), Some(after)) = (current.codel, wanted.codel) {
         if before != after {
+            let ecn = |on: bool| if on { "" } else { " noecn" };
             what.push(format!(
-                "codel {}/{} -> {}/{}",
+                "codel {}/{}{} -> {}/{}{}",
                 format_duration_ns(before.target_ns),
                 format_duration_ns(before.interval_ns),
+                ecn(before.ecn),
                 format_duration_ns(after.target_ns),
-                format_duration_ns(after.interval_ns)
+                format_duration_ns(after.interval_ns),
+                ecn(after.ecn)
             ));
         }
     }

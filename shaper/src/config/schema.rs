@@ -66,6 +66,7 @@ pub(super) struct ClassEntry {
     pub(super) violate: Field<String>,
     pub(super) target: Field<String>,
     pub(super) interval: Field<String>,
+    pub(super) ecn: Field<bool>,
 }
 
 // ---- written
@@ -120,4 +121,7 @@ pub(super) struct ExportClass {
     pub(super) target: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) interval: Option<String>,
+    /// Written only when off (on is the default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) ecn: Option<bool>,
 }
