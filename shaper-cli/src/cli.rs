@@ -206,6 +206,13 @@ pub struct ClassAddArgs {
     /// Meters: action on red packets (default drop).
     #[arg(long, value_name = "ACTION")]
     pub violate: Option<String>,
+    #[command(flatten)]
+    pub codel: CodelArgs,
+}
+
+/// CoDel's knobs on a shape class (`class add` and `class change`).
+#[derive(Args, Debug)]
+pub struct CodelArgs {
     /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
     /// 1.5 frame times at low rates).
     #[arg(long, value_name = "DURATION")]
@@ -234,15 +241,8 @@ pub struct ClassChangeArgs {
     pub burst: Option<String>,
     #[arg(long)]
     pub action: Option<String>,
-    /// Shape classes: CoDel's target.
-    #[arg(long, value_name = "DURATION")]
-    pub target: Option<String>,
-    /// Shape classes: CoDel's interval.
-    #[arg(long, value_name = "DURATION")]
-    pub interval: Option<String>,
-    /// Shape classes: CE-mark (on) or drop (off) ECN-capable packets.
-    #[arg(long, value_name = "on|off")]
-    pub ecn: Option<String>,
+    #[command(flatten)]
+    pub codel: CodelArgs,
 }
 
 #[derive(Args, Debug)]
@@ -305,9 +305,9 @@ impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
             peak_burst: args.peak_burst.clone(),
             exceed: args.exceed.clone(),
             violate: args.violate.clone(),
-            target: args.target.clone(),
-            interval: args.interval.clone(),
-            ecn: args.ecn.clone(),
+            target: args.codel.target.clone(),
+            interval: args.codel.interval.clone(),
+            ecn: args.codel.ecn.clone(),
         }
     }
 }

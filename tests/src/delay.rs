@@ -9,19 +9,17 @@
 //! ```
 
 use crate::{
-    process::{delay_line_bin, output_bounded, wait_bounded},
+    process::{delay_line_bin, lines_of, output_bounded, wait_bounded},
     topology::Netns,
 };
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use std::{
-    io::{BufRead as _, BufReader},
     process::{Child, Command, Stdio},
     sync::{
-        mpsc::{self, Receiver, RecvTimeoutError},
+        mpsc::{Receiver, RecvTimeoutError},
         Mutex,
     },
-    thread,
     time::{Duration, Instant},
 };
 
@@ -68,15 +66,7 @@ impl DelayLine {
             .spawn()
             .context("cannot start the delay line")?;
         let stdout = child.stdout.take().context("no delay line stdout")?;
-        let (sender, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if sender.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(stdout);
         let mut line = Self {
             to_server,
             to_router,

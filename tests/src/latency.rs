@@ -3,17 +3,15 @@
 //! idle one in steady state ([`AddedRtt`]). Percentiles are nearest-rank.
 
 use crate::{
-    process::{output_bounded, wait_bounded},
+    process::{lines_of, output_bounded, wait_bounded},
     topology::Netns,
 };
 use anyhow::{bail, ensure, Context as _, Result};
 use std::{
     collections::BTreeMap,
     fmt,
-    io::{BufRead as _, BufReader},
     process::{Child, Command, Stdio},
-    sync::mpsc::{self, Receiver},
-    thread,
+    sync::mpsc::Receiver,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -137,15 +135,7 @@ impl LatencyProbe {
             .spawn()
             .context("cannot start ping")?;
         let stdout = child.stdout.take().context("no ping stdout")?;
-        let (sender, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if sender.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(stdout);
         Ok(Self {
             child: Some(child),
             lines,

@@ -64,39 +64,40 @@ fn check(what: &str, run: &LoadedRun, rate_bps: f64, goodput: f64, p50: f64, p99
     assert!(run.added.samples >= 300, "{what}: too few probes answered");
 }
 
+/// A lab (with `one_way` delay each way, or the µs lab), one shape class at `rate` on the
+/// router, `flows` Cubic flows under the probe.
+fn run(one_way: Option<Duration>, rate: &str, flows: u32) -> LoadedRun {
+    let mut lab = match one_way {
+        Some(delay) => Lab::with_delay(delay),
+        None => Lab::new(),
+    }
+    .unwrap();
+    lab.router.attach("r1", &[]).unwrap();
+    shape_class(&lab, rate);
+    tcp_under_probe(&mut lab, &cubic(flows), STEADY_FROM).unwrap()
+}
+
 #[test]
 fn shape_at_10mbit_keeps_a_cubic_flows_neighbours_within_5ms() {
-    let mut lab = Lab::new().unwrap();
-    lab.router.attach("r1", &[]).unwrap();
-    shape_class(&lab, "10mbit");
-    let run = tcp_under_probe(&mut lab, &cubic(1), STEADY_FROM).unwrap();
+    let run = run(None, "10mbit", 1);
     check("10 Mbit/s, 1 cubic", &run, 10e6, 0.93, 5.0, 15.0);
 }
 
 #[test]
 fn shape_at_100mbit_with_four_cubic_flows_stays_within_5ms() {
-    let mut lab = Lab::new().unwrap();
-    lab.router.attach("r1", &[]).unwrap();
-    shape_class(&lab, "100mbit");
-    let run = tcp_under_probe(&mut lab, &cubic(4), STEADY_FROM).unwrap();
+    let run = run(None, "100mbit", 4);
     check("100 Mbit/s, 4 cubic", &run, 100e6, 0.93, 5.0, 15.0);
 }
 
 #[test]
 fn shape_at_20mbit_over_a_40ms_path_keeps_goodput_and_latency() {
-    let mut lab = Lab::with_delay(Duration::from_millis(20)).unwrap();
-    lab.router.attach("r1", &[]).unwrap();
-    shape_class(&lab, "20mbit");
-    let run = tcp_under_probe(&mut lab, &cubic(4), STEADY_FROM).unwrap();
+    let run = run(Some(Duration::from_millis(20)), "20mbit", 4);
     check("40 ms RTT, 20 Mbit/s, 4 cubic", &run, 20e6, 0.93, 6.0, 15.0);
 }
 
 #[test]
 fn shape_at_20mbit_over_an_80ms_path_keeps_one_cubic_flow_busy() {
-    let mut lab = Lab::with_delay(Duration::from_millis(40)).unwrap();
-    lab.router.attach("r1", &[]).unwrap();
-    shape_class(&lab, "20mbit");
-    let run = tcp_under_probe(&mut lab, &cubic(1), STEADY_FROM).unwrap();
+    let run = run(Some(Duration::from_millis(40)), "20mbit", 1);
     check("80 ms RTT, 20 Mbit/s, 1 cubic", &run, 20e6, 0.90, 6.0, 15.0);
 }
 

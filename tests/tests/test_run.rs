@@ -1121,7 +1121,7 @@ impl ShapeModel {
 /// Then the HTB path: bulk and sparse packets are steered to their leaves.
 #[test]
 fn shaping_with_codel_matches_the_model_packet_by_packet() {
-    let mut harness = Harness::new(&[&[
+    let harness = Harness::new(&[&[
         "bulk",
         "--proto",
         "udp",

@@ -132,8 +132,12 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
             .transpose()
             .map_err(usage)
     };
-    let (codel_target_ns, codel_interval_ns) = (duration(&args.target)?, duration(&args.interval)?);
+    let (codel_target_ns, codel_interval_ns) = (
+        duration(&args.codel.target)?,
+        duration(&args.codel.interval)?,
+    );
     let codel_ecn = args
+        .codel
         .ecn
         .as_deref()
         .map(parse_switch)
