@@ -233,6 +233,22 @@ impl BoundedCommand for Command {
     }
 }
 
+/// A child's output lines, read on a thread of their own so a caller can wait on them with
+/// a timeout; the channel closes when the output does.
+pub fn lines_of(output: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let (sender, lines) = mpsc::channel();
+    thread::spawn(move || {
+        for line in std::io::BufReader::new(output).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,20 +281,4 @@ mod tests {
             (&b"out\n"[..], &b"err\n"[..])
         );
     }
-}
-
-/// A child's output lines, read on a thread of their own so a caller can wait on them with
-/// a timeout; the channel closes when the output does.
-pub fn lines_of(output: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
-    use std::io::BufRead as _;
-    let (sender, lines) = mpsc::channel();
-    thread::spawn(move || {
-        for line in std::io::BufReader::new(output).lines() {
-            let Ok(line) = line else { break };
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    lines
 }

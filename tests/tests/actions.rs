@@ -299,7 +299,9 @@ fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
         goodput / 1e6,
         goodput / 1e7 * 100.0
     );
-    assert_goodput_fraction("cubic at 10mbit, shape", goodput / 10e6, 0.95);
+    // CoDel trades about 1.5 % of goodput for a short queue (96.1 % with HTB's
+    // 1000-packet leaf and 1.2 s of queue, 94.5 % now): the shaping target is 0.93.
+    assert_goodput_fraction("cubic at 10mbit, shape", goodput / 10e6, 0.93);
     let udp = lab
         .udp(&Udp {
             seconds: 5,

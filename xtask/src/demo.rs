@@ -1,20 +1,28 @@
 //! `cargo xtask demo`: the lab (client → router → server), UDP and TCP without shaper,
 //! then through 10 Mbit/s classes with each action, side by side with tc's tbf on the
-//! same link, and with the policer on the sending host's own egress.
+//! same link, and with the policer on the sending host's own egress. Beside every run a
+//! 20 Hz ping from the client to the server measures the RTT the traffic adds.
 
 use anyhow::Result;
 use comfy_table::Table;
-use shaper_tests::{Lab, Netns, Udp, CLIENT_DEV, ROUTER_TO_SERVER};
-use std::path::Path;
+use shaper_tests::{
+    latency::{idle_rtt_ms, LatencyProbe, PROBE_HZ},
+    Lab, Netns, Udp, CLIENT_DEV, ROUTER_TO_SERVER, SERVER_V4,
+};
+use std::{path::Path, time::Duration};
 
 /// The issue-3 TCP targets are stated for 10 s runs; the initial burst weighs less.
 const SECONDS: u32 = 10;
 const RATE_BPS: f64 = 10e6;
+/// The probe's figures leave out the start of each run (slow start, the initial burst).
+const PROBE_STEADY_FROM: Duration = Duration::from_secs(2);
 
 struct Row {
     setup: String,
     traffic: &'static str,
     measured_bps: f64,
+    /// The probe's added RTT, "p50 / p99" in ms.
+    added_rtt: String,
     dropped: String,
 }
 
@@ -34,7 +42,26 @@ impl Traffic {
     }
 }
 
-fn measure(lab: &mut Lab, traffic: &Traffic) -> Result<f64> {
+/// Runs `traffic` with the probe beside it: the rate, and the probe's added RTT over the
+/// idle RTT ("p50 / p99" ms; what went wrong when no probe came back).
+fn measure(lab: &mut Lab, traffic: &Traffic) -> Result<(f64, String)> {
+    let idle = idle_rtt_ms(&lab.client, SERVER_V4)?;
+    let probe = LatencyProbe::start(&lab.client, SERVER_V4, PROBE_HZ)?;
+    let measured = run_traffic(lab, traffic);
+    let samples = probe.finish()?;
+    let measured = measured?;
+    let added = match samples.added_rtt(PROBE_STEADY_FROM, idle) {
+        Ok(added) if added.lost > 0 => format!(
+            "{:.1} / {:.1} ({} lost)",
+            added.p50_ms, added.p99_ms, added.lost
+        ),
+        Ok(added) => format!("{:.1} / {:.1}", added.p50_ms, added.p99_ms),
+        Err(error) => format!("- ({error})"),
+    };
+    Ok((measured, added))
+}
+
+fn run_traffic(lab: &mut Lab, traffic: &Traffic) -> Result<f64> {
     match traffic {
         Traffic::Udp => Ok(lab
             .udp(&Udp {
@@ -71,11 +98,12 @@ fn with_shaper(
     ])?;
     for traffic in traffics {
         let before = dropped(ns)?;
-        let measured_bps = measure(lab, traffic)?;
+        let (measured_bps, added_rtt) = measure(lab, traffic)?;
         rows.push(Row {
             setup: label.to_string(),
             traffic: traffic.label(),
             measured_bps,
+            added_rtt,
             dropped: (dropped(ns)? - before).to_string(),
         });
     }
@@ -94,11 +122,12 @@ pub fn run(shaper: &Path) -> Result<()> {
 
     println!("[demo] without shaper, {SECONDS} s per run");
     for traffic in [Traffic::Udp, Traffic::Tcp("cubic")] {
-        let measured_bps = measure(&mut lab, &traffic)?;
+        let (measured_bps, added_rtt) = measure(&mut lab, &traffic)?;
         rows.push(Row {
             setup: "no shaper".into(),
             traffic: traffic.label(),
             measured_bps,
+            added_rtt,
             dropped: "-".into(),
         });
     }
@@ -163,11 +192,12 @@ pub fn run(shaper: &Path) -> Result<()> {
         ],
     )?;
     for traffic in both {
-        let measured_bps = measure(&mut lab, &traffic)?;
+        let (measured_bps, added_rtt) = measure(&mut lab, &traffic)?;
         rows.push(Row {
             setup: "tc tbf (router)".into(),
             traffic: traffic.label(),
             measured_bps,
+            added_rtt,
             dropped: "-".into(),
         });
     }
@@ -179,6 +209,7 @@ pub fn run(shaper: &Path) -> Result<()> {
         "traffic",
         "measured Mbit/s",
         "of the rate",
+        "added RTT p50 / p99 ms",
         "packets dropped by shaper",
     ]);
     for row in &rows {
@@ -192,11 +223,16 @@ pub fn run(shaper: &Path) -> Result<()> {
             row.traffic.to_string(),
             format!("{:.3}", row.measured_bps / 1e6),
             fraction,
+            row.added_rtt.clone(),
             row.dropped.clone(),
         ]);
     }
     println!("{table}");
     println!("Default bursts: drop/ecn 250 ms at the rate (see README, Choosing an action), shape 64 KiB.");
+    println!(
+        "Added RTT: a {PROBE_HZ:.0} Hz ping from the client to the server beside each run, minus the idle RTT measured just before, from {} s into the run.",
+        PROBE_STEADY_FROM.as_secs()
+    );
     println!("[demo] cleaning up the lab");
     Ok(())
 }

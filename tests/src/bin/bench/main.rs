@@ -1,9 +1,12 @@
 //! `cargo xtask bench`: shaper measured side by side with its peers in one run, on the
 //! namespace lab. Every figure is a ratio of two measurements taken in the same run.
 //!
-//! Usage: shaper-bench [--quick] [--json FILE] [--report FILE]
+//! Usage: shaper-bench [--quick] [--only latency] [--json FILE] [--report FILE]
+//! (`--only latency` runs the latency section alone, for a quick look; its report and
+//! JSON hold that section only and its targets are the only ones checked.)
 //! (plots go to `bench/` beside the report).
 
+mod latency;
 mod plots;
 mod traffic;
 
@@ -29,6 +32,8 @@ use traffic::{AccuracyKey, Peer, TrafficEffort};
 
 struct Options {
     quick: bool,
+    /// Only this section (`latency`).
+    only: Option<String>,
     json: Option<PathBuf>,
     report: Option<PathBuf>,
 }
@@ -36,6 +41,7 @@ struct Options {
 fn options() -> Result<Options> {
     let mut options = Options {
         quick: false,
+        only: None,
         json: None,
         report: None,
     };
@@ -43,12 +49,19 @@ fn options() -> Result<Options> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
+            "--only" => {
+                let section = args.next().context("--only needs a section")?;
+                if section != "latency" {
+                    bail!("--only {section}: the only section that runs alone is latency");
+                }
+                options.only = Some(section);
+            }
             "--json" => options.json = Some(args.next().context("--json needs a file")?.into()),
             "--report" => {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency, --json FILE, --report FILE)")
             }
         }
     }
@@ -62,6 +75,7 @@ struct Effort {
     live_flows: u32,
     classes: u16,
     traffic: TrafficEffort,
+    latency: latency::LatencyEffort,
 }
 
 /// How much a run does: `--quick` (CI) or the full run.
@@ -87,6 +101,7 @@ fn effort(quick: bool) -> Effort {
                     Peer::ShaperCni,
                 ],
             },
+            latency: latency::effort(true),
         }
     } else {
         Effort {
@@ -113,6 +128,7 @@ fn effort(quick: bool) -> Effort {
                     Peer::ShaperCni,
                 ],
             },
+            latency: latency::effort(false),
         }
     }
 }
@@ -121,6 +137,9 @@ fn main() -> Result<()> {
     let options = options()?;
     let effort = effort(options.quick);
     let started = Instant::now();
+    if options.only.is_some() {
+        return latency_only(&options, &effort, started);
+    }
     let lab = Lab::new()?;
     println!(
         "== per-packet cost (BPF_PROG_TEST_RUN, repeat {}, {} runs)",
@@ -140,10 +159,15 @@ fn main() -> Result<()> {
     let mut series = traffic::Plots::default();
     let accuracy = traffic::accuracy(&mut lab, &effort.traffic, &mut series)?;
     drop(lab);
-    let plot_files = match &options.report {
+    println!("== latency under load (a 20 Hz probe beside bulk TCP; each row a fresh lab)");
+    let (latency_rows, rtt_series) = latency::latency(&effort.latency)?;
+    let mut plot_files = match &options.report {
         Some(report) => draw_plots(report, &series, &scaling, &per_packet)?,
         None => Vec::new(),
     };
+    if let Some(report) = &options.report {
+        plot_files.extend(draw_latency_plot(report, &rtt_series)?);
+    }
     let report = json!({
         "date": date(),
         "machine": machine(),
@@ -156,6 +180,7 @@ fn main() -> Result<()> {
         "throughput": throughput,
         "sender_max_udp_bps": accuracy["sender_max_udp_bps"],
         "accuracy": accuracy["rows"],
+        "latency": latency_rows,
         "plots": plot_files,
     });
     if let Some(path) = &options.json {
@@ -455,6 +480,65 @@ fn draw_plots(
     Ok(files)
 }
 
+/// The probe's added RTT over time for rows a–d (40 ms), into `bench/` beside the report.
+fn draw_latency_plot(report: &std::path::Path, series: &latency::RttSeries) -> Result<Vec<String>> {
+    if series.is_empty() {
+        return Ok(Vec::new());
+    }
+    let dir = report
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let name = "latency-40ms.png";
+    plots::rtt_over_time(
+        &dir.join(name),
+        "Probe's added RTT, one cubic flow through 20 Mbit/s, 40 ms base RTT",
+        series,
+    )?;
+    println!("wrote {}", dir.join(name).display());
+    Ok(vec![format!("bench/{name}")])
+}
+
+/// `--only latency`: the latency section alone, its report, JSON and targets.
+fn latency_only(options: &Options, effort: &Effort, started: Instant) -> Result<()> {
+    println!("== latency under load (a 20 Hz probe beside bulk TCP; each row a fresh lab)");
+    let (rows, series) = latency::latency(&effort.latency)?;
+    let plot_files = match &options.report {
+        Some(report) => {
+            plots::register_font()?;
+            draw_latency_plot(report, &series)?
+        }
+        None => Vec::new(),
+    };
+    let report = json!({
+        "date": date(),
+        "machine": machine(),
+        "quick": options.quick,
+        "only": options.only,
+        "seconds": started.elapsed().as_secs_f64(),
+        "latency": rows,
+        "plots": plot_files,
+    });
+    if let Some(path) = &options.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(path) = &options.report {
+        std::fs::write(path, latency::markdown(&report))?;
+        println!("wrote {}", path.display());
+    }
+    let broken = latency::check(&report, &latency::expected(&effort.latency));
+    if broken.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{} measurement(s) missing or absurd:\n  {}",
+        broken.len(),
+        broken.join("\n  ")
+    )
+}
+
 fn program<'a>(ebpf: &'a aya::Ebpf, name: &str) -> Result<&'a SchedClassifier> {
     Ok(ebpf.program(name).context("program missing")?.try_into()?)
 }
@@ -700,6 +784,7 @@ fn markdown(report: &Value) -> String {
         control["rate_change_seconds"]["shaper"].as_f64().unwrap_or(0.0) / control["rate_change_seconds"]["tc_class_change"].as_f64().unwrap_or(1.0),
     ));
     out.push_str(&traffic_markdown(report));
+    out.push_str(&latency::markdown(report));
     out
 }
 
@@ -785,6 +870,7 @@ struct Expected {
     control_plane_classes: u16,
     throughput: Vec<String>,
     accuracy: Vec<AccuracyKey>,
+    latency: Vec<String>,
 }
 
 impl Expected {
@@ -805,6 +891,7 @@ impl Expected {
             control_plane_classes: effort.classes,
             throughput: traffic::expected_throughput(&effort.traffic),
             accuracy: traffic::expected_accuracy(&effort.traffic),
+            latency: latency::expected(&effort.latency),
         }
     }
 }
@@ -1027,6 +1114,9 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
         }
     }
 
+    // Latency under load.
+    broken.extend(latency::check(report, &expected.latency));
+
     if broken.is_empty() {
         return Ok(());
     }
@@ -1093,6 +1183,15 @@ mod tests {
                 "ratio": 0.99,
                 "command": "-",
                 "note": "",
+            })).collect::<Vec<_>>(),
+            "latency": expected.latency.iter().map(|setup| json!({
+                "setup": setup,
+                "goodput_ratio": 0.95,
+                "added_p50_ms": 3.0,
+                "added_p99_ms": 9.0,
+                "probes": 400,
+                "probes_lost": 0,
+                "sender_rtt_ms": 45.0,
             })).collect::<Vec<_>>(),
         })
     }
@@ -1186,6 +1285,26 @@ mod tests {
         let mut report = sane.clone();
         report["per_packet"][4]["ratio_to_floor"] = json!(8.5);
         check_targets(&report, &expected).unwrap();
+
+        // Latency: rows a–d at 40 ms; one missing, a goodput of zero, a NaN p99.
+        assert_eq!(expected.latency.len(), 4);
+        let mut report = sane.clone();
+        report["latency"].as_array_mut().unwrap().remove(1);
+        rejected(
+            &report,
+            &expected,
+            "latency row missing: tbf, 20 Mbit/s, 40 ms RTT",
+        );
+        let mut report = sane.clone();
+        report["latency"][0]["goodput_ratio"] = json!(0.0);
+        rejected(
+            &report,
+            &expected,
+            "shaper shape, 20 Mbit/s, 40 ms RTT, 1 cubic: goodput",
+        );
+        let mut report = sane.clone();
+        report["latency"][3]["added_p99_ms"] = json!(f64::NAN);
+        rejected(&report, &expected, "added_p99_ms is null");
     }
 
     #[test]

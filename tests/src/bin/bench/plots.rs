@@ -157,3 +157,52 @@ pub fn cost_vs_scale(
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// The probe's added RTT over time, one line per setup (ms over the idle RTT).
+pub fn rtt_over_time(path: &Path, title: &str, series: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
+    let end = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let top = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.1))
+        .fold(10.0, f64::max)
+        * 1.1;
+    let bottom = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.1))
+        .fold(0.0, f64::min);
+    let root = BitMapBackend::new(path, (1000, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..end, bottom..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s) since the probe started")
+        .y_desc("probe's added RTT (ms)")
+        .draw()
+        .map_err(err)?;
+    for (index, (label, points)) in series.iter().enumerate() {
+        let colour = COLOURS[index % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(1)))
+            .map_err(err)?
+            .label(label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
