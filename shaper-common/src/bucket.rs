@@ -166,9 +166,7 @@ pub fn ticks(now_ns: u64) -> u64 {
 /// packet conforms and `None` when it exceeds the bucket (state unchanged).
 #[inline(always)]
 pub fn conform(tat: u64, now_ns: u64, bytes: u64, cost: &ByteCost) -> Option<u64> {
-    let now = ticks(now_ns);
-    let start = if tat > now { tat } else { now };
-    let next = start + cost.ticks_for(bytes);
+    let (now, _, next) = advance(tat, now_ns, bytes, cost);
     if next - now <= cost.tolerance_ticks {
         Some(next)
     } else {
@@ -188,12 +186,20 @@ pub fn departure(
     cost: &ByteCost,
     horizon_ticks: u64,
 ) -> Option<(u64, u64)> {
-    let now = ticks(now_ns);
-    let start = if tat > now { tat } else { now };
+    let (now, start, next) = advance(tat, now_ns, bytes, cost);
     if start - now > horizon_ticks {
         return None;
     }
-    Some((start + cost.ticks_for(bytes), start >> TICK_BITS))
+    Some((next, start >> TICK_BITS))
+}
+
+/// The one GCRA step every use of a bucket word shares: `now` in ticks, the packet's
+/// start `max(tat, now)`, and the word after it, `start + bytes / rate`.
+#[inline(always)]
+pub fn advance(tat: u64, now_ns: u64, bytes: u64, cost: &ByteCost) -> (u64, u64, u64) {
+    let now = ticks(now_ns);
+    let start = if tat > now { tat } else { now };
+    (now, start, start + cost.ticks_for(bytes))
 }
 
 #[cfg(test)]

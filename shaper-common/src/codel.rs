@@ -55,9 +55,7 @@ pub fn sparse_cost(rate_bits_per_sec: u64) -> crate::ByteCost {
 /// until it has been quiet for a long while.
 #[inline(always)]
 pub fn sparse(tat: u64, now_ns: u64, bytes: u64, cost: &crate::ByteCost) -> (bool, u64) {
-    let now = crate::bucket::ticks(now_ns);
-    let start = if tat > now { tat } else { now };
-    let next = start + cost.ticks_for(bytes);
+    let (now, _, next) = crate::bucket::advance(tat, now_ns, bytes, cost);
     (next - now <= cost.tolerance_ticks, next)
 }
 

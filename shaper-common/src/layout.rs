@@ -269,6 +269,20 @@ pub struct ClassConfig {
     pub _pad2: u32,
 }
 
+impl ClassConfig {
+    /// A shape class's queue drains through HTB's token bucket, which sends the class's
+    /// burst ahead of the rate (its virtual queue starts beyond it); EDT pacing has no
+    /// burst. In bucket ticks.
+    #[inline(always)]
+    pub fn shape_burst_ticks(&self) -> u64 {
+        if self.action_arg != 0 {
+            self.cost.tolerance_ticks
+        } else {
+            0
+        }
+    }
+}
+
 /// One CPU's prepaid credit on a class-scoped bucket: bytes already charged to the
 /// shared bucket that this CPU may still send. Valid for one class generation and epoch.
 #[repr(C)]

@@ -55,13 +55,7 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     let packet = unsafe { &*packet };
     let word = unsafe { &raw mut (*bucket).tat };
     let tat = unsafe { core::ptr::read_volatile(word) };
-    // HTB sends its burst ahead of the rate; EDT departures are paced with no burst.
-    let burst = if class.action_arg != 0 {
-        class.cost.tolerance_ticks
-    } else {
-        0
-    };
-    let sojourn = sojourn_ns(tat, ticks(now), burst);
+    let sojourn = sojourn_ns(tat, ticks(now), class.shape_burst_ticks());
     // Sparse flows queue apart (their own bounded leaf, or no wait under EDT): the cap
     // and CoDel guard the bulk queue.
     let sparse = is_sparse(class_id, class, packet, now);
@@ -88,7 +82,7 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     }
     // The cap was checked above; only a racing CPU can push the start further, so the
     // horizon here is unbounded.
-    let Some(leave_at) = enqueue(word, now, packet.wire_len, class) else {
+    let Some(leave_at) = enqueue(word, tat, now, packet.wire_len, class) else {
         return count_drop(stats, packet.wire_len);
     };
     if class.action_arg != 0 {
@@ -158,15 +152,16 @@ fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> b
     }
 }
 
-/// Advances the virtual queue by the packet; its departure time (ns) from the queue.
+/// Advances the virtual queue by the packet, starting from `tat` as already read (a
+/// racing CPU makes the swap fail and the word is read again); its departure time (ns).
 #[inline(always)]
-fn enqueue(word: *mut u64, now: u64, bytes: u64, class: &ClassConfig) -> Option<u64> {
+fn enqueue(word: *mut u64, mut tat: u64, now: u64, bytes: u64, class: &ClassConfig) -> Option<u64> {
     for _ in 0..ENQUEUE_ATTEMPTS {
-        let tat = unsafe { core::ptr::read_volatile(word) };
         let (next, leave_at) = departure(tat, now, bytes, &class.cost, u64::MAX)?;
         if swap(word, tat, next) {
             return Some(leave_at);
         }
+        tat = unsafe { core::ptr::read_volatile(word) };
     }
     None
 }

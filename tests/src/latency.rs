@@ -417,15 +417,11 @@ pub fn tcp_under_probe(
     let samples = probe.finish()?;
     let run = run?;
     let from = steady_from.as_secs_f64();
-    let steady: Vec<(f64, f64)> = run
-        .intervals
-        .windows(2)
-        .filter(|w| w[0].0 >= from - 0.01)
-        .map(|w| (w[1].0 - w[0].0, w[1].1))
-        .collect();
-    let seconds: f64 = steady.iter().map(|(s, _)| s).sum();
-    let bits: f64 = steady.iter().map(|(_, b)| b).sum();
-    ensure!(seconds > 0.0, "no goodput interval after {from} s");
+    let steady_goodput_bps = run.steady_bps_from(from);
+    ensure!(
+        steady_goodput_bps > 0.0,
+        "no goodput interval after {from} s"
+    );
     let rtts: Vec<f64> = run
         .rtt_intervals
         .iter()
@@ -433,7 +429,7 @@ pub fn tcp_under_probe(
         .map(|(_, ms)| *ms)
         .collect();
     Ok(LoadedRun {
-        steady_goodput_bps: bits / seconds,
+        steady_goodput_bps,
         added: samples.added_rtt(steady_from, idle)?,
         sender_rtt_ms: (!rtts.is_empty()).then(|| rtts.iter().sum::<f64>() / rtts.len() as f64),
         sender_rtt_series: run.rtt_intervals.clone(),

@@ -78,9 +78,15 @@ impl TcpResult {
     /// Goodput (bit/s) over the intervals after the first second: the initial burst a
     /// policer grants lands in the first second, so this is what the rate alone allows.
     pub fn steady_bps(&self) -> f64 {
+        self.steady_bps_from(1.0)
+    }
+
+    /// Goodput (bit/s) over the intervals (of at least half a second) that start at
+    /// `from` seconds or later.
+    pub fn steady_bps_from(&self, from: f64) -> f64 {
         let (mut bits, mut seconds, mut previous_end) = (0.0, 0.0, 0.0);
         for &(end, interval_bits) in &self.intervals {
-            if previous_end >= 0.999 && end - previous_end >= 0.5 {
+            if previous_end >= from - 0.001 && end - previous_end >= 0.5 {
                 bits += interval_bits;
                 seconds += end - previous_end;
             }

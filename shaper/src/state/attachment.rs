@@ -108,12 +108,7 @@ impl Attachment {
     /// A shape class's virtual queue now: its predicted queueing delay (ns) and whether
     /// CoDel is in its dropping state.
     pub fn shape_queue(&self, class_id: u32) -> Result<(u64, bool)> {
-        let config = self.classes()?.get(&class_id, 0)?;
-        let burst = if config.action_arg != 0 {
-            config.cost.tolerance_ticks
-        } else {
-            0
-        };
+        let burst = self.classes()?.get(&class_id, 0)?.shape_burst_ticks();
         let tat = self.class_buckets()?.get(&class_id, 0)?.tat;
         let control = self.codel()?.get(&class_id, 0)?.control;
         let delay = sojourn_ns(tat, shaper_common::bucket::ticks(monotonic_ns()), burst);
