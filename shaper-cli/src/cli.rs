@@ -11,8 +11,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub struct Cli {
     /// Operate on an interface inside this named network namespace (ip netns); pins stay
     /// in the host's bpffs.
-    #[arg(long, global = true, value_name = "NAME")]
+    #[arg(long, global = true, value_name = "NAME", value_parser = netns_name)]
     pub netns: Option<String>,
+    /// Wait at most SECONDS for another shaper command that holds the state lock (as
+    /// `iptables -w`), then fail naming it; 0 fails at once.
+    #[arg(long, global = true, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub wait: u64,
     /// More log output on stderr: -v debug, -vv trace (also `RUST_LOG`).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -65,7 +70,7 @@ pub struct ApplyArgs {
 #[derive(Args, Debug)]
 pub struct ExportArgs {
     /// Only this interface.
-    #[arg(long)]
+    #[arg(long, value_parser = interface_name)]
     pub dev: Option<String>,
 }
 
@@ -126,6 +131,7 @@ pub enum AttachModeArg {
 #[derive(Args, Debug)]
 pub struct AttachArgs {
     /// Interface name.
+    #[arg(value_parser = interface_name)]
     pub dev: String,
     #[arg(long, value_enum, default_value = "egress")]
     pub direction: DirectionArg,
@@ -139,6 +145,7 @@ pub struct AttachArgs {
 
 #[derive(Args, Debug)]
 pub struct DetachArgs {
+    #[arg(value_parser = interface_name)]
     pub dev: String,
     /// Default: every direction shaper is attached to.
     #[arg(long, value_enum)]
@@ -160,7 +167,7 @@ pub enum ClassCommand {
 #[derive(Args, Debug)]
 pub struct ClassAddArgs {
     pub name: String,
-    #[arg(long)]
+    #[arg(long, value_parser = interface_name)]
     pub dev: String,
     #[arg(long, value_enum, default_value = "egress")]
     pub direction: SingleDirection,
@@ -230,7 +237,7 @@ pub struct CodelArgs {
 #[derive(Args, Debug)]
 pub struct ClassChangeArgs {
     pub name: String,
-    #[arg(long)]
+    #[arg(long, value_parser = interface_name)]
     pub dev: String,
     /// Needed only when the name exists in both directions.
     #[arg(long, value_enum)]
@@ -248,7 +255,7 @@ pub struct ClassChangeArgs {
 #[derive(Args, Debug)]
 pub struct ClassDelArgs {
     pub name: String,
-    #[arg(long)]
+    #[arg(long, value_parser = interface_name)]
     pub dev: String,
     #[arg(long, value_enum)]
     pub direction: Option<SingleDirection>,
@@ -256,7 +263,7 @@ pub struct ClassDelArgs {
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
-    #[arg(long)]
+    #[arg(long, value_parser = interface_name)]
     pub dev: Option<String>,
     #[arg(long)]
     pub json: bool,
@@ -264,7 +271,7 @@ pub struct ListArgs {
 
 #[derive(Args, Debug)]
 pub struct StatsArgs {
-    #[arg(long)]
+    #[arg(long, value_parser = interface_name)]
     pub dev: Option<String>,
     /// JSON: an array, or with --watch one object per line.
     #[arg(long)]
@@ -319,4 +326,18 @@ impl From<SingleDirection> for shaper::state::Direction {
             SingleDirection::Ingress => Self::Ingress,
         }
     }
+}
+
+/// An interface name as the kernel takes it (checked before it becomes a path).
+fn interface_name(text: &str) -> Result<String, String> {
+    shaper::netns::check_ifname(text)
+        .map(|()| text.to_string())
+        .map_err(|error| error.to_string())
+}
+
+/// A network namespace name `ip netns` could have made.
+fn netns_name(text: &str) -> Result<String, String> {
+    shaper::netns::check_netns_name(text)
+        .map(|()| text.to_string())
+        .map_err(|error| error.to_string())
 }

@@ -13,6 +13,7 @@ use shaper::{
 
 /// Every class of every selected attachment, as JSON objects (shared with `stats`).
 pub(crate) fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Vec<Value>> {
+    shaper::netns::check_netns_known(netns)?;
     let filter = netns.as_ref().map(|n| Some(n.clone()));
     let mut rows = Vec::new();
     for location in state::list_locations(filter.as_ref())? {

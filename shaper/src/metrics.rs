@@ -30,6 +30,8 @@ pub struct Health {
     pub interfaces_configured: usize,
     pub interfaces_missing: usize,
     pub apply_errors: u64,
+    /// Ticks skipped because another shaper held the state lock.
+    pub lock_busy: u64,
 }
 
 struct Families {
@@ -274,5 +276,12 @@ fn register_daemon_health(registry: &mut Registry, health: &Health) {
         "shaper_daemon_apply_errors",
         "Plans that failed to apply",
         apply_errors,
+    );
+    let lock_busy: Counter = Counter::default();
+    lock_busy.inc_by(health.lock_busy);
+    registry.register(
+        "shaper_daemon_lock_busy",
+        "Checks skipped because another shaper command held the state lock",
+        lock_busy,
     );
 }

@@ -10,18 +10,71 @@ use anyhow::Result;
 use nix::sched::{setns, CloneFlags};
 use std::fs::File;
 
-pub fn enter(name: &str) -> Result<()> {
-    if name.is_empty() || name.contains('/') {
+/// Named namespaces live here (`ip netns add`).
+const NETNS_RUN_DIR: &str = "/run/netns";
+
+/// Whether the named network namespace exists.
+pub fn netns_exists(name: &str) -> bool {
+    check_netns_name(name).is_ok() && std::path::Path::new(NETNS_RUN_DIR).join(name).exists()
+}
+
+/// A namespace name a read command (`status`, `class list`, `stats`, `export`) was given
+/// must exist, or at least have pins left from when it did: a typo is an error, not "not
+/// attached anywhere".
+pub fn check_netns_known(netns: &Option<String>) -> Result<()> {
+    let Some(name) = netns else {
+        return Ok(());
+    };
+    check_netns_name(name)?;
+    if netns_exists(name) || !crate::state::list_locations(Some(netns))?.is_empty() {
+        return Ok(());
+    }
+    Err(runtime(format!(
+        "network namespace '{name}' not found (no {NETNS_RUN_DIR}/{name})"
+    )))
+}
+
+/// A name `ip netns` could have made: not empty, no `/`, not `.` or `..`.
+pub fn check_netns_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.len() > 255 {
         return Err(crate::error::usage(format!(
             "bad network namespace name '{name}'"
         )));
     }
-    let path = format!("/run/netns/{name}");
+    Ok(())
+}
+
+pub fn enter(name: &str) -> Result<()> {
+    check_netns_name(name)?;
+    let path = format!("{NETNS_RUN_DIR}/{name}");
     let file = File::open(&path)
         .map_err(|_| runtime(format!("network namespace '{name}' not found (no {path})")))?;
     setns(file, CloneFlags::CLONE_NEWNET)
         .map_err(|e| runtime(format!("cannot enter network namespace '{name}': {e}")))?;
     Ok(())
+}
+
+/// The longest interface name Linux takes (IFNAMSIZ - 1).
+pub const IFNAME_MAX: usize = 15;
+
+/// Checks an interface name as the kernel's `dev_valid_name` does: 1-15 bytes, not `.` or
+/// `..`, no `/`, `:` or white space. Interface names become paths under the pin root, so
+/// every command checks them before anything touches the filesystem.
+pub fn check_ifname(name: &str) -> Result<()> {
+    let valid = !name.is_empty()
+        && name.len() <= IFNAME_MAX
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+    if valid {
+        Ok(())
+    } else {
+        Err(crate::error::usage(format!(
+            "'{name}' is not an interface name (1-{IFNAME_MAX} characters, no '/', ':' or spaces)"
+        )))
+    }
 }
 
 /// The interface's index in the current namespace, or a one-line error.

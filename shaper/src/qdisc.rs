@@ -1,8 +1,8 @@
 //! The qdisc shaper owns for `--action shape`: an HTB root (handle 5348:) whose classes
 //! 5348:<class id + 1> carry each shaping class's rate and burst. The eBPF program steers
 //! packets into them by setting skb->priority to the class handle, so no tc filter runs
-//! and classification stays shaper's own. Only a default root qdisc (noqueue, pfifo_fast,
-//! mq, …) is ever replaced; deleting shaper's root brings the kernel's default back.
+//! and classification stays shaper's own. Only a root qdisc the kernel installed itself (noqueue,
+//! pfifo_fast, mq, … with handle 0:) is ever replaced; deleting shaper's root brings the kernel's default back.
 //!
 //! Where the kernel has `fq`, shaper's root is fq instead and the program paces shape
 //! classes by earliest departure time (skb->tstamp); [`ensure_root`] probes for it once,
@@ -19,8 +19,12 @@ use std::process::Command;
 
 /// "SH": the major handle of shaper's HTB root.
 pub(crate) const HTB_MAJOR: u32 = 0x5348;
-/// Root qdiscs the kernel installs by itself: replacing them loses nothing.
+/// Root qdiscs the kernel installs by itself (`net.core.default_qdisc` can name several).
+/// The kernel's own always have handle 0:, a user's never do (tc gives them 8001: and up),
+/// so only a root of one of these kinds *and* handle 0: is replaced: it loses nothing,
+/// and deleting shaper's root brings it back.
 const DEFAULT_ROOTS: &[&str] = &["noqueue", "pfifo_fast", "mq", "fq_codel", "pfifo", "noop"];
+const KERNEL_HANDLE: &str = "0:";
 
 fn tc(args: &[&str]) -> Result<String> {
     let output = Command::new("tc")
@@ -35,6 +39,19 @@ fn tc(args: &[&str]) -> Result<String> {
         )));
     }
     Ok(String::from_utf8_lossy(&output.stdout).to_string())
+}
+
+/// Ids of the BPF programs in the clsact hook of `dev` (`direction`: egress or ingress).
+pub(crate) fn clsact_program_ids(dev: &str, direction: &str) -> Result<Vec<u32>> {
+    let text = tc(&["-j", "filter", "show", "dev", dev, direction])?;
+    let json: Value = serde_json::from_str(text.trim()).unwrap_or(Value::Null);
+    Ok(json
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|filter| filter["options"]["prog"]["id"].as_u64())
+        .map(|id| id as u32)
+        .collect())
 }
 
 /// Minor-number blocks of shaper's HTB tree: shape class `id` is the inner class
@@ -103,10 +120,12 @@ pub(crate) fn ensure_root(dev: &str) -> Result<Backend> {
     if let Some(backend) = ours(&current) {
         return Ok(backend);
     }
-    if let Some((kind, _)) = &current {
-        if !DEFAULT_ROOTS.contains(&kind.as_str()) {
+    if let Some((kind, handle)) = &current {
+        if !DEFAULT_ROOTS.contains(&kind.as_str()) || handle != KERNEL_HANDLE {
             return Err(runtime(format!(
-                "{dev} has a root qdisc '{kind}' that shaper did not create; --action shape needs the root: remove it first"
+                "{dev} has a root qdisc that shaper did not create ({kind} {handle}); \
+                 --action shape needs the root: remove it (tc qdisc del dev {dev} root) \
+                 or use --action drop or mark"
             )));
         }
     }

@@ -12,6 +12,7 @@
 //! | [`cli`] | shaper commands: [`Netns::shaper`], [`Netns::class_add`], [`Netns::stats_row`] |
 //! | [`assertions`] | rates within a tolerance, TCP goodput bounds, programs unloaded |
 //! | [`process`] | bounded waits on every child ([`wait_bounded`], [`output_bounded`]), [`shaper_bin`], [`delay_line_bin`] |
+//! | [`state_lock`] | holding shaper's state lock from outside ([`StateLockHolder`]) |
 //! | [`cni`] | what CNI plugin runs leave behind ([`CniLeftovers`]) |
 //! | [`cleanup`] | removing a lab on drop, and what crashed runs left ([`Lab::new`] sweeps it) |
 //!
@@ -26,6 +27,7 @@ pub mod delay;
 pub mod iperf;
 pub mod latency;
 pub mod process;
+pub mod state_lock;
 pub mod topology;
 pub mod traffic;
 
@@ -48,6 +50,7 @@ pub use process::{
     delay_line_bin, output_bounded, shaper_bin, wait_bounded, wait_with_output_bounded,
     BoundedCommand, COMMAND_LIMIT,
 };
+pub use state_lock::{StateLockHolder, STATE_LOCK_FILE};
 pub use topology::{
     Lab, Netns, CLIENT_DEV, CLIENT_V4, CLIENT_V6, ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,
     SERVER_V4, SERVER_V6,

@@ -89,6 +89,33 @@ fn bad_inputs_fail_cleanly_and_change_nothing() {
             1,
         ),
         (
+            "status of an unknown namespace",
+            owned(&["--netns", "shp-no-such-ns", "status"]),
+            1,
+        ),
+        (
+            "class list of an unknown namespace",
+            owned(&["--netns", "shp-no-such-ns", "class", "list"]),
+            1,
+        ),
+        (
+            "stats of an unknown namespace",
+            owned(&["--netns", "shp-no-such-ns", "stats"]),
+            1,
+        ),
+        (
+            "export of an unknown namespace",
+            owned(&["--netns", "shp-no-such-ns", "export"]),
+            1,
+        ),
+        ("a path as the interface", ns(&["detach", "/tmp"]), 2),
+        (
+            "interface name too long",
+            ns(&["attach", "sixteen-chars-xx"]),
+            2,
+        ),
+        ("bad --wait", ns(&["--wait", "forever", "attach", r1]), 2),
+        (
             "bad attach mode",
             ns(&["attach", r1, "--attach-mode", "xdp"]),
             2,

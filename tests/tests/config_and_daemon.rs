@@ -6,7 +6,7 @@ use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use shaper_tests::{
     assert_within, shaper, shaper_bin, stderr, stdout, wait_bounded, wait_with_output_bounded,
-    BoundedCommand, Lab, Netns, Udp, COMMAND_LIMIT,
+    BoundedCommand, Lab, Netns, StateLockHolder, Udp, COMMAND_LIMIT,
 };
 use std::{
     io::{Read as _, Write as _},
@@ -794,6 +794,67 @@ fn daemon_forwards_the_programs_log_records() -> Result<()> {
         Ok(daemon.log().contains(&expected))
     })?;
     assert!(daemon.stop()?.success());
+    Ok(())
+}
+
+/// While another program holds shaper's state lock, the daemon keeps answering /healthz
+/// and /metrics and stops on SIGTERM (it never waits on the lock), counts the checks it
+/// skipped, and applies the file once the lock is free.
+#[test]
+fn daemon_serves_and_stops_while_another_program_holds_the_lock() -> Result<()> {
+    let lab = Lab::new()?;
+    let router = lab.router.clone();
+    // Any shaper run creates the lock's directory.
+    router.shaper(&["status"])?;
+    let holder = StateLockHolder::take()?;
+    let config = format!(
+        "[[interface]]\ndev = \"r1\"\nnetns = \"{}\"\n\n[[interface.class]]\nname = \"bulk\"\nrate = \"10mbit\"\n",
+        router.name
+    );
+    let file = ConfigFile::new("locked", &config);
+    let daemon = Daemon::start(&router, &file, &[])?;
+    let mut busy = 0.0;
+    wait_for(
+        "the daemon to count busy checks",
+        Duration::from_secs(10),
+        || {
+            // Connection refused until the daemon listens.
+            let Ok((status, metrics)) = http_get(&router, "/metrics") else {
+                return Ok(false);
+            };
+            busy = sample(&metrics, "shaper_daemon_lock_busy_total", &[]).unwrap_or(0.0);
+            Ok(status == 200 && busy >= 3.0)
+        },
+    )?;
+    println!("checks skipped while the lock was held: {busy}");
+    // Healthy means applied: not yet.
+    assert_eq!(http_get(&router, "/healthz")?.0, 503);
+    assert!(router
+        .shaper_json(&["status", "--json"])?
+        .as_array()
+        .unwrap()
+        .is_empty());
+    drop(holder);
+    wait_for(
+        "the daemon to apply once the lock is free",
+        Duration::from_secs(10),
+        || {
+            Ok(router
+                .shaper_json(&["class", "list", "--json"])?
+                .as_array()
+                .is_some_and(|c| c.len() == 1))
+        },
+    )?;
+    assert_eq!(http_get(&router, "/healthz")?.0, 200);
+    // And it stops promptly on SIGTERM while somebody holds the lock again.
+    let _holder = StateLockHolder::take()?;
+    let started = Instant::now();
+    assert!(daemon.stop()?.success());
+    println!(
+        "stopped {:?} after SIGTERM with the lock held",
+        started.elapsed()
+    );
+    router.shaper(&["--wait", "0", "status"])?;
     Ok(())
 }
 

@@ -90,9 +90,17 @@ impl Daemon {
             .collect()
     }
 
-    /// Plans against `desired` and carries the plan out, logging each step.
-    fn converge(&mut self, prune: Prune) -> Result<()> {
-        let _lock = state::lock()?;
+    /// Plans against `desired` and carries the plan out, logging each step. Never waits
+    /// for the state lock (metrics and signals are served on this thread): when another
+    /// shaper holds it, this check is skipped and `Ok(false)` returned.
+    fn converge(&mut self, prune: Prune) -> Result<bool> {
+        let Some(_lock) = state::try_lock()? else {
+            self.health.lock_busy += 1;
+            log::warn!(
+                "another shaper command holds the state lock; checking again at the next tick"
+            );
+            return Ok(false);
+        };
         let plan = config::plan(&self.desired, prune)?;
         for step in &plan.steps {
             log::info!("{step}");
@@ -115,7 +123,7 @@ impl Daemon {
                 plan.unchanged
             );
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Reads and applies the file; on a bad file keeps the last good configuration.
@@ -152,10 +160,15 @@ impl Daemon {
                 let before = Self::interfaces(&self.desired);
                 let after = Self::interfaces(&desired);
                 let dropped: Vec<_> = before.into_iter().filter(|i| !after.contains(i)).collect();
-                self.desired = desired;
+                let previous = std::mem::replace(&mut self.desired, desired);
                 self.health.interfaces_configured = self.desired.interfaces.len();
                 match self.converge(Prune::These(&dropped)) {
-                    Ok(()) => {
+                    Ok(false) => {
+                        // Not applied yet: the next tick sees a changed file and retries.
+                        self.desired = previous;
+                        self.last_text = None;
+                    }
+                    Ok(true) => {
                         self.health.reloads_ok += 1;
                         self.health.config_valid = true;
                         self.health.last_success_unix = unix_now();
@@ -213,6 +226,7 @@ impl Daemon {
     fn cleanup(&mut self) {
         let empty = Desired::default();
         let everything = Self::interfaces(&self.desired);
+        // On the way out a bounded wait (--wait) for the lock is fine.
         let result = state::lock().and_then(|_lock| {
             let plan = config::plan(&empty, Prune::These(&everything))?;
             for step in &plan.steps {
@@ -247,7 +261,9 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
         let mut state = daemon.borrow_mut();
         state.health.interfaces_configured = state.desired.interfaces.len();
         match state.converge(Prune::Nothing) {
-            Ok(()) => {
+            // The lock was busy: the first tick reloads the file as if it had changed.
+            Ok(false) => state.last_text = None,
+            Ok(true) => {
                 state.health.reloads_ok = 1;
                 state.health.config_valid = true;
                 state.health.last_success_unix = unix_now();

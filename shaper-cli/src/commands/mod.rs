@@ -15,6 +15,7 @@ use shaper::state::Direction;
 
 pub fn run(cli: Cli) -> Result<()> {
     let netns = cli.netns;
+    shaper::state::set_lock_wait(std::time::Duration::from_secs(cli.wait));
     match cli.command {
         Command::Attach(args) => attach::run(netns, args),
         Command::Detach(args) => detach::run(netns, args),

@@ -2,19 +2,25 @@ use super::{prepare, print_rows, text};
 use crate::cli::StatusArgs;
 use anyhow::Result;
 use serde_json::json;
-use shaper::state::{list_locations, Attachment};
+use shaper::{
+    netns::{check_netns_known, netns_exists},
+    state::{list_locations, Attachment},
+};
 
 pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
     prepare(&None)?;
+    check_netns_known(&netns)?;
     let mut rows = Vec::new();
     for location in list_locations(netns.as_ref().map(|n| Some(n.clone())).as_ref())? {
-        // Interface lookups happen in the attachment's own namespace.
-        let status = shaper::netns::in_namespace(&location.netns, || {
-            let attachment = Attachment::open(&location)?;
-            let status = attachment.status()?;
-            Ok((status, shaper::classes::read_classes(&attachment)?.len()))
-        });
-        let (status, classes) = status?;
+        let attachment = Attachment::open(&location)?;
+        let classes = shaper::classes::read_classes(&attachment)?.len();
+        // Interface lookups happen in the attachment's own namespace; one whose namespace
+        // was deleted is shown as stale, with the command that clears it.
+        let status = if location.netns.as_ref().is_some_and(|ns| !netns_exists(ns)) {
+            attachment.status_without_namespace()?
+        } else {
+            shaper::netns::in_namespace(&location.netns, || attachment.status())?
+        };
         rows.push(json!({
             "dev": location.dev,
             "netns": location.netns,
@@ -22,6 +28,7 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
             "attach_mode": status.mode.name(),
             "program_id": status.program_id,
             "live": status.live,
+            "problem": status.problem,
             "classes": classes,
             "flow_table_size": status.flow_table_size,
         }));
@@ -41,10 +48,9 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
         "FLOW TABLE",
     ];
     print_rows(&rows, args.json, &header, |row| {
-        let state = if row["live"].as_bool() == Some(true) {
-            "attached"
-        } else {
-            "stale (interface gone?)"
+        let state = match row["problem"].as_str() {
+            None => "attached".to_string(),
+            Some(problem) => format!("stale ({problem})"),
         };
         vec![
             text(&row["dev"]),
@@ -52,7 +58,7 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
             text(&row["direction"]),
             text(&row["attach_mode"]),
             text(&row["program_id"]),
-            state.to_string(),
+            state,
             text(&row["classes"]),
             text(&row["flow_table_size"]),
         ]

@@ -143,9 +143,8 @@ impl FileChecker<'_> {
     /// One `[[interface]]`: its own fields, then its classes.
     fn interface(&mut self, entry: &InterfaceEntry) -> DesiredInterface {
         let dev = entry.dev.get_ref().clone();
-        if dev.is_empty() || dev.len() > 15 || dev.contains(['/', ' ']) {
-            let message = format!("'{dev}' is not an interface name");
-            self.report(entry.dev.span(), "dev", message);
+        if let Err(error) = crate::netns::check_ifname(&dev) {
+            self.report(entry.dev.span(), "dev", error.to_string());
         }
         let netns = entry.netns.as_ref().map(|n| n.get_ref().clone());
         if let Some(name) = &entry.netns {

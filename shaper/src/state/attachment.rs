@@ -22,6 +22,9 @@ pub struct AttachmentStatus {
     pub program_id: u32,
     /// The program is still hooked to an interface with the index it was attached to.
     pub live: bool,
+    /// Why it is not live: "interface gone", "interface re-created", "program unhooked",
+    /// "namespace gone".
+    pub problem: Option<&'static str>,
     pub flow_table_size: u32,
 }
 
@@ -185,27 +188,53 @@ impl Attachment {
         Ok(sum)
     }
 
+    /// Where the attachment stands. Run inside the attachment's network namespace: the
+    /// interface and its hooks are looked up there.
     pub fn status(&self) -> Result<AttachmentStatus> {
         let globals = self.globals()?;
         let mode = AttachMode::from_globals(globals.attach_mode);
-        let program = aya::programs::ProgramInfo::from_pin(self.dir.join(PROG_PIN))?;
-        let program_id = program.id();
+        let program_id = self.program_id()?;
         let flow_table_size = self.flow_table_size()?;
-        let live = crate::netns::ifindex(&self.location.dev).ok() == Some(globals.ifindex)
-            && match mode {
-                AttachMode::Tcx => {
-                    SchedClassifier::query_tcx(&self.location.dev, self.location.direction.tc())
-                        .map(|(_, programs)| programs.iter().any(|p| p.id() == program_id))
-                        .unwrap_or(false)
-                }
-                AttachMode::Clsact => true,
-            };
+        let dev = &self.location.dev;
+        let problem = match crate::netns::ifindex(dev).ok() {
+            None => Some("interface gone"),
+            Some(index) if index != globals.ifindex => Some("interface re-created"),
+            Some(_) if !self.hooked(mode, program_id) => Some("program unhooked"),
+            Some(_) => None,
+        };
         Ok(AttachmentStatus {
             mode,
             program_id,
-            live,
+            live: problem.is_none(),
+            problem,
             flow_table_size,
         })
+    }
+
+    /// The status of an attachment whose network namespace is gone (with its interfaces
+    /// and hooks): only the pins are left; `shaper detach DEV --netns NAME` clears them.
+    pub fn status_without_namespace(&self) -> Result<AttachmentStatus> {
+        Ok(AttachmentStatus {
+            mode: AttachMode::from_globals(self.globals()?.attach_mode),
+            program_id: self.program_id()?,
+            live: false,
+            problem: Some("namespace gone"),
+            flow_table_size: self.flow_table_size()?,
+        })
+    }
+
+    /// Whether the pinned program is really in the interface's hook: a TCX link can be
+    /// detached and a clsact qdisc deleted (`tc qdisc del dev X clsact`) behind our back.
+    fn hooked(&self, mode: AttachMode, program_id: u32) -> bool {
+        let (dev, direction) = (&self.location.dev, self.location.direction);
+        match mode {
+            AttachMode::Tcx => SchedClassifier::query_tcx(dev, direction.tc())
+                .map(|(_, programs)| programs.iter().any(|p| p.id() == program_id))
+                .unwrap_or(false),
+            AttachMode::Clsact => crate::qdisc::clsact_program_ids(dev, direction.name())
+                .map(|ids| ids.contains(&program_id))
+                .unwrap_or(false),
+        }
     }
 
     /// Capacity of the per-key bucket table, fixed at attach time.

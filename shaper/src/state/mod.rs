@@ -4,7 +4,8 @@
 //! one pin per map (named as in the object), `prog` (the attached program) and, in TCX
 //! mode, `link` (the TCX link; unpinning it detaches the program). Every invocation
 //! rebuilds its view from these pins. Mutations take an exclusive `flock` on
-//! `/run/lock/shaper.lock`, so two invocations at once never interleave.
+//! `/run/shaper/lock` (a root-only directory), so two invocations at once never interleave;
+//! a command waits up to `--wait` for another one, then fails naming the holder.
 
 use anyhow::{Context as _, Result};
 use aya::programs::TcAttachType;
@@ -23,13 +24,15 @@ pub use attachment::{Attachment, AttachmentStatus};
 pub use loader::{attach_fresh, detach, forget, load_object, load_program, reattach};
 pub use names::decode_name;
 pub(crate) use names::encode_name;
-pub use pins::{lock, StateLock};
+pub use pins::{lock, set_lock_wait, try_lock, StateLock, DEFAULT_LOCK_WAIT};
 
 pub(crate) const BPFFS: &str = "/sys/fs/bpf";
 pub const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-const LOCK_DIR: &str = "/run/lock";
-const LOCK_FILE: &str = "/run/lock/shaper.lock";
+/// Root-only (0700): the state lock and the CNI plugin's records.
+pub(crate) const RUN_DIR: &str = "/run/shaper";
+const LOCK_DIR: &str = RUN_DIR;
+const LOCK_FILE: &str = "/run/shaper/lock";
 const HOST_NAMESPACE_DIR: &str = "host";
 const NETNS_DIR_PREFIX: &str = "netns-";
 const PROG_PIN: &str = "prog";
@@ -156,12 +159,18 @@ pub(crate) fn monotonic_ns() -> u64 {
 }
 
 /// bpffs reserves dots in names (EPERM), yet interface names like `eth0.100` have them.
+/// A `/` is escaped too, so no name can lead out of the pin root (names are checked
+/// before they get here; this is the second wall).
 fn escape(name: &str) -> String {
-    name.replace('%', "%25").replace('.', "%2E")
+    name.replace('%', "%25")
+        .replace('.', "%2E")
+        .replace('/', "%2F")
 }
 
 fn unescape(name: &str) -> String {
-    name.replace("%2E", ".").replace("%25", "%")
+    name.replace("%2F", "/")
+        .replace("%2E", ".")
+        .replace("%25", "%")
 }
 
 /// Every attachment pinned under the root, optionally only those of one namespace.

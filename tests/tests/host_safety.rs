@@ -1,0 +1,404 @@
+//! Safety of the host (issue 11, items 6-10): the state lock is root-only and waits a
+//! bounded time, interface names never become paths outside the pin root, the pin root
+//! must be root's, a root qdisc the user made is never replaced, and a program unhooked
+//! behind shaper's back is shown stale and repaired.
+
+use anyhow::{ensure, Result};
+use serde_json::Value;
+use shaper_tests::{
+    assert_within, counter, shaper, stderr, Lab, Netns, StateLockHolder, Udp, ROUTER_TO_SERVER,
+    STATE_LOCK_FILE as LOCK_FILE,
+};
+use std::{
+    os::unix::fs::{MetadataExt, PermissionsExt},
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+const RUN_DIR: &str = "/run/shaper";
+const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
+
+fn classes(ns: &Netns) -> Result<Vec<Value>> {
+    Ok(ns
+        .shaper_json(&["class", "list", "--json"])?
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
+}
+
+#[test]
+fn the_state_lock_is_root_only_waits_a_bounded_time_and_names_its_holder() -> Result<()> {
+    let lab = Lab::new()?;
+    lab.router.attach(ROUTER_TO_SERVER, &[])?;
+    let dir = std::fs::metadata(RUN_DIR)?;
+    let file = std::fs::metadata(LOCK_FILE)?;
+    println!(
+        "{RUN_DIR}: uid {} mode {:o}; {LOCK_FILE}: mode {:o}",
+        dir.uid(),
+        dir.permissions().mode() & 0o7777,
+        file.permissions().mode() & 0o7777
+    );
+    ensure!(dir.uid() == 0 && dir.permissions().mode() & 0o077 == 0);
+    ensure!(file.permissions().mode() & 0o077 == 0);
+
+    // An unprivileged user cannot even open the lock (the reported denial of service).
+    let nobody = Command::new("setpriv")
+        .args(["--reuid", "nobody", "--regid", "nogroup", "--clear-groups"])
+        .args(["flock", "--nonblock", LOCK_FILE, "true"])
+        .stderr(Stdio::null())
+        .status()?;
+    ensure!(!nobody.success(), "nobody could take {LOCK_FILE}");
+
+    // Root's own long-running holder: a write waits --wait seconds, then one line.
+    let holder = StateLockHolder::take()?;
+    let started = Instant::now();
+    let output = lab.router.shaper_output(&[
+        "--wait",
+        "1",
+        "class",
+        "add",
+        "x",
+        "--dev",
+        ROUTER_TO_SERVER,
+        "--rate",
+        "1mbit",
+    ]);
+    let waited = started.elapsed();
+    let message = stderr(&output);
+    println!(
+        "with the lock held: exit {:?} after {waited:?}: {message}",
+        output.status.code()
+    );
+    ensure!(
+        output.status.code() == Some(1),
+        "exit {:?}",
+        output.status.code()
+    );
+    let holder_pid = format!("pid {}", holder.0.id());
+    ensure!(
+        message.lines().count() == 1 && message.contains(&holder_pid),
+        "{message}"
+    );
+    ensure!(message.contains("--wait"), "{message}");
+    ensure!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        "waited {waited:?} for a 1 s --wait"
+    );
+    ensure!(
+        classes(&lab.router)?.is_empty(),
+        "the class was added anyway"
+    );
+    // Read commands never take the lock.
+    ensure!(lab.router.shaper_output(&["status"]).status.success());
+
+    // Released while a writer waits: the writer goes on.
+    let waiter = std::thread::spawn({
+        let router = lab.router.clone();
+        move || {
+            router.shaper_output(&[
+                "--wait",
+                "10",
+                "class",
+                "add",
+                "x",
+                "--dev",
+                ROUTER_TO_SERVER,
+                "--rate",
+                "1mbit",
+            ])
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    drop(holder);
+    let output = waiter.join().expect("waiter thread");
+    ensure!(output.status.success(), "{}", stderr(&output));
+    ensure!(classes(&lab.router)?.len() == 1);
+    Ok(())
+}
+
+#[test]
+fn interface_names_never_become_paths_outside_the_pin_root() -> Result<()> {
+    let victim = std::env::temp_dir().join(format!("shaper-victim-{}", std::process::id()));
+    std::fs::create_dir_all(victim.join("inner"))?;
+    std::fs::write(victim.join("inner/keep"), "keep")?;
+    let victim_text = victim.to_string_lossy().to_string();
+    let relative = format!("../../../..{victim_text}");
+    let gone_ns = format!("shp-gone-{}", std::process::id());
+    let mut failures = Vec::new();
+    for args in [
+        // The reported case: a deleted namespace and an absolute path as the device.
+        vec!["--netns", gone_ns.as_str(), "detach", victim_text.as_str()],
+        vec!["--netns", gone_ns.as_str(), "detach", relative.as_str()],
+        vec!["detach", victim_text.as_str()],
+        vec!["attach", ".."],
+        vec!["attach", "sixteen-chars-xx"],
+        vec!["class", "add", "x", "--dev", "a/b", "--rate", "1mbit"],
+        vec!["--netns", "../x", "status"],
+    ] {
+        let output = shaper(&args);
+        let message = stderr(&output);
+        println!(
+            "{args:?}: exit {:?}: {}",
+            output.status.code(),
+            message.trim()
+        );
+        if output.status.code() != Some(2) || message.lines().count() != 1 {
+            failures.push(format!(
+                "{args:?}: exit {:?} {message}",
+                output.status.code()
+            ));
+        }
+    }
+    let kept = std::fs::read_to_string(victim.join("inner/keep")).ok();
+    let _ = std::fs::remove_dir_all(&victim);
+    ensure!(
+        kept.as_deref() == Some("keep"),
+        "the victim directory was removed"
+    );
+    ensure!(failures.is_empty(), "{failures:#?}");
+    Ok(())
+}
+
+/// Gives the pin root back to root (mode 0700) even when the test fails.
+struct PinRootOwner;
+
+impl Drop for PinRootOwner {
+    fn drop(&mut self) {
+        let _ = Command::new("chown").args(["0:0", PIN_ROOT]).status();
+        let _ = std::fs::set_permissions(PIN_ROOT, std::fs::Permissions::from_mode(0o700));
+    }
+}
+
+#[test]
+fn the_pin_root_must_be_roots_and_private() -> Result<()> {
+    let lab = Lab::new()?;
+    lab.router.attach(ROUTER_TO_SERVER, &[])?;
+    let root = std::fs::metadata(PIN_ROOT)?;
+    println!(
+        "{PIN_ROOT}: uid {} mode {:o}",
+        root.uid(),
+        root.mode() & 0o7777
+    );
+    ensure!(
+        root.uid() == 0 && root.mode() & 0o077 == 0,
+        "pin root is not private"
+    );
+
+    // Someone else's pin root is refused: a user could otherwise plant pins.
+    let _restore = PinRootOwner;
+    ensure!(Command::new("chown")
+        .args(["65534", PIN_ROOT])
+        .status()?
+        .success());
+    let output = lab.router.shaper_output(&[
+        "class",
+        "add",
+        "x",
+        "--dev",
+        ROUTER_TO_SERVER,
+        "--rate",
+        "1mbit",
+    ]);
+    let message = stderr(&output);
+    println!(
+        "foreign pin root: exit {:?}: {}",
+        output.status.code(),
+        message.trim()
+    );
+    ensure!(output.status.code() == Some(1) && message.contains("owned by uid 65534"));
+    ensure!(Command::new("chown")
+        .args(["0", PIN_ROOT])
+        .status()?
+        .success());
+
+    // A loose mode of our own is tightened.
+    std::fs::set_permissions(PIN_ROOT, std::fs::Permissions::from_mode(0o777))?;
+    lab.router
+        .class_add("x", ROUTER_TO_SERVER, &["--rate", "1mbit"])?;
+    let mode = std::fs::metadata(PIN_ROOT)?.mode() & 0o7777;
+    ensure!(mode == 0o700, "pin root left at mode {mode:o}");
+    Ok(())
+}
+
+/// The root qdisc of `dev` in `ns`: (kind, handle, limit).
+fn root_qdisc(ns: &Netns, dev: &str) -> Result<(String, String, Option<u64>)> {
+    let out = ns.run("tc", &["-j", "qdisc", "show", "dev", dev, "root"])?;
+    let json: Value = serde_json::from_slice(&out.stdout)?;
+    let root = &json[0];
+    Ok((
+        root["kind"].as_str().unwrap_or_default().to_string(),
+        root["handle"].as_str().unwrap_or_default().to_string(),
+        root["options"]["limit"].as_u64(),
+    ))
+}
+
+#[test]
+fn shape_never_replaces_a_root_qdisc_the_user_made() -> Result<()> {
+    let lab = Lab::new()?;
+    let dev = ROUTER_TO_SERVER;
+    lab.router.run(
+        "tc",
+        &["qdisc", "add", "dev", dev, "root", "pfifo", "limit", "50"],
+    )?;
+    let before = root_qdisc(&lab.router, dev)?;
+    println!("the user's root: {before:?}");
+    ensure!(before.0 == "pfifo" && before.2 == Some(50));
+    lab.router.attach(dev, &[])?;
+    let output = lab.router.shaper_output(&[
+        "class", "add", "s", "--dev", dev, "--rate", "10mbit", "--action", "shape",
+    ]);
+    let message = stderr(&output);
+    println!(
+        "shape class: exit {:?}: {}",
+        output.status.code(),
+        message.trim()
+    );
+    ensure!(output.status.code() == Some(1) && message.lines().count() == 1);
+    ensure!(message.contains("pfifo"), "{message}");
+    ensure!(
+        root_qdisc(&lab.router, dev)? == before,
+        "the user's root changed"
+    );
+    ensure!(classes(&lab.router)?.is_empty());
+    // A drop class does not need the root and works beside it.
+    lab.router.class_add("d", dev, &["--rate", "10mbit"])?;
+    lab.router.shaper(&["detach", dev])?;
+    ensure!(
+        root_qdisc(&lab.router, dev)? == before,
+        "detach changed the user's root"
+    );
+
+    // The kernel's own root (noqueue 0: on a veth) is replaced, and comes back on detach.
+    lab.router
+        .run("tc", &["qdisc", "del", "dev", dev, "root"])?;
+    let kernel = root_qdisc(&lab.router, dev)?;
+    println!("the kernel's root: {kernel:?}");
+    ensure!(kernel.1 == "0:");
+    lab.router.attach(dev, &[])?;
+    lab.router
+        .class_add("s", dev, &["--rate", "10mbit", "--action", "shape"])?;
+    ensure!(root_qdisc(&lab.router, dev)?.1 == "5348:");
+    lab.router.shaper(&["detach", dev])?;
+    ensure!(root_qdisc(&lab.router, dev)? == kernel);
+    Ok(())
+}
+
+/// UDP at 10 Mbit/s through a 1 Mbit/s drop class for 2 s: the L2 rate delivered.
+fn udp_delivered(lab: &mut Lab) -> Result<f64> {
+    let run = lab.udp(&Udp {
+        length: 1200,
+        ..Udp::at("10M", 3)
+    })?;
+    Ok(run.l2_bps_between(1.0, 3.0))
+}
+
+fn state_of(ns: &Netns) -> Result<Value> {
+    let rows = ns.shaper_json(&["status", "--json"])?;
+    Ok(rows[0].clone())
+}
+
+#[test]
+fn an_unhooked_clsact_program_is_shown_stale_and_repaired() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let dev = ROUTER_TO_SERVER;
+    lab.router.attach(dev, &["--attach-mode", "clsact"])?;
+    lab.router
+        .class_add("udp", dev, &["--rate", "1mbit", "--proto", "udp"])?;
+    let policed = udp_delivered(&mut lab)?;
+    assert_within("policed", policed, 1e6, 0.05);
+
+    // Someone deletes the clsact qdisc: the program is no longer in the path.
+    lab.router
+        .run("tc", &["qdisc", "del", "dev", dev, "clsact"])?;
+    let state = state_of(&lab.router)?;
+    println!("after tc qdisc del clsact: {state}");
+    ensure!(state["live"] == false && state["problem"] == "program unhooked");
+    let unpoliced = udp_delivered(&mut lab)?;
+    println!("unhooked: {:.2} Mbit/s delivered", unpoliced / 1e6);
+    ensure!(unpoliced > 5e6, "traffic was still policed: {unpoliced}");
+    let passed_before = counter(&lab.router.stats_row("udp")?, "passed_packets");
+
+    // `attach` repairs it, keeping the class and its counters.
+    let out = lab.router.attach(dev, &[])?;
+    ensure!(out.contains("re-attached"), "{out}");
+    ensure!(state_of(&lab.router)?["live"] == true);
+    assert_within("policed again", udp_delivered(&mut lab)?, 1e6, 0.05);
+    ensure!(counter(&lab.router.stats_row("udp")?, "passed_packets") > passed_before);
+
+    // `apply` (the daemon's plan, run every tick) repairs it too.
+    let exported = lab.router.shaper(&["export"])?;
+    lab.router
+        .run("tc", &["qdisc", "del", "dev", dev, "clsact"])?;
+    ensure!(state_of(&lab.router)?["live"] == false);
+    let file = std::env::temp_dir().join(format!("shaper-clsact-{}.toml", std::process::id()));
+    std::fs::write(&file, exported)?;
+    let applied = shaper(&["apply", "-f", &file.to_string_lossy()]);
+    let _ = std::fs::remove_file(&file);
+    let plan = String::from_utf8_lossy(&applied.stdout).to_string();
+    println!("apply: {plan}");
+    ensure!(
+        applied.status.success() && plan.contains("reattach"),
+        "{}",
+        stderr(&applied)
+    );
+    ensure!(state_of(&lab.router)?["live"] == true);
+    assert_within("policed after apply", udp_delivered(&mut lab)?, 1e6, 0.05);
+    Ok(())
+}
+
+#[test]
+fn an_attachment_in_a_deleted_namespace_is_stale_not_an_error() -> Result<()> {
+    let lab = Lab::new()?;
+    // Named like the lab's namespaces, so a crashed run's leftovers are swept too.
+    let ns = format!("{}-gone", lab.router.name);
+    let run = |args: &[&str]| Command::new("ip").args(args).status();
+    ensure!(run(&["netns", "add", &ns])?.success());
+    let cleanup = scopeguard(&ns);
+    ensure!(
+        run(&["-n", &ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1"])?.success()
+    );
+    let attach = shaper(&["--netns", &ns, "attach", "v0"]);
+    ensure!(attach.status.success(), "{}", stderr(&attach));
+    lab.router.attach(ROUTER_TO_SERVER, &[])?;
+    ensure!(run(&["netns", "del", &ns])?.success());
+
+    // The machine-wide status still works and shows the orphan, with what to do.
+    let status = shaper(&["status", "--json"]);
+    ensure!(status.status.success(), "{}", stderr(&status));
+    let rows: Value = serde_json::from_slice(&status.stdout)?;
+    let orphan: Vec<&Value> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["netns"] == ns.as_str())
+        .collect();
+    println!("orphans: {orphan:?}");
+    ensure!(!orphan.is_empty() && orphan.iter().all(|r| r["problem"] == "namespace gone"));
+    ensure!(shaper(&["--netns", &ns, "status"]).status.success());
+    let forget = shaper(&["--netns", &ns, "detach", "v0"]);
+    ensure!(forget.status.success(), "{}", stderr(&forget));
+    ensure!(!Path::new(PIN_ROOT).join(format!("netns-{ns}")).exists());
+    // Now the name is unknown: an error, not "not attached anywhere".
+    let typo = shaper(&["--netns", &ns, "status"]);
+    ensure!(typo.status.code() == Some(1), "{}", stderr(&typo));
+    drop(cleanup);
+    Ok(())
+}
+
+/// Deletes the namespace and its pins when dropped (also on failure).
+struct NamespaceGuard(String);
+
+fn scopeguard(ns: &str) -> NamespaceGuard {
+    NamespaceGuard(ns.to_string())
+}
+
+impl Drop for NamespaceGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(Path::new(PIN_ROOT).join(format!("netns-{}", self.0)));
+    }
+}
