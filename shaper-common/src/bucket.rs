@@ -23,6 +23,16 @@
 //! idle time (hours, days) simply refill the bucket to its burst without arithmetic on
 //! the idle span itself.
 //!
+//! **Rate changes.** `tat - now` is a debt *in time at the bucket's rate*, so a word
+//! written at one rate means something else at another: read at a higher rate, a drained
+//! bucket would stay blacked out for `(burst/rate)(1 - rate/new_rate)`, read at a lower
+//! one it would refill for free. So the top [`VERSION_BITS`] bits of each stored word
+//! carry the version of the class's costs it was written in ([`tagged`]); the class keeps
+//! the costs of its last [`COST_VERSIONS`] versions, and the first packet that meets a word
+//! of an older version converts it ([`rescale`]) in the same compare-and-swap that charges
+//! it: no update is lost and no CPU ever reads a half-converted word. The 62 bits left
+//! for `tat` last 9 years of uptime.
+//!
 //! **Per-CPU credit.** When several CPUs send through one class-scoped bucket, the
 //! compare-and-swap on its one word moves a cache line between CPUs for every packet;
 //! on the lab's router that costs about 5 % of the forwarding rate. So a CPU takes
@@ -49,6 +59,71 @@ pub const MIN_RATE_BITS_PER_SEC: u64 = 8;
 /// Highest rate the arithmetic is specified for.
 pub const MAX_RATE_BITS_PER_SEC: u64 = 400_000_000_000;
 
+/// Bits at the top of a stored bucket word that hold its cost version.
+pub const VERSION_BITS: u32 = 2;
+/// Versions a class remembers the costs of (a word more versions behind than this, that
+/// still owes anything, would be misread: four changes within one burst time).
+pub const COST_VERSIONS: usize = 1 << VERSION_BITS;
+const VERSION_SHIFT: u32 = 64 - VERSION_BITS;
+/// The `tat` part of a stored word.
+pub const TAT_MASK: u64 = (1 << VERSION_SHIFT) - 1;
+
+/// The cost version a stored word was written in.
+#[inline(always)]
+pub fn word_version(word: u64) -> u32 {
+    (word >> VERSION_SHIFT) as u32
+}
+
+/// A word to store: `tat` stamped with `version`.
+#[inline(always)]
+pub fn tagged(tat: u64, version: u32) -> u64 {
+    (tat & TAT_MASK) | (((version as u64) & (COST_VERSIONS as u64 - 1)) << VERSION_SHIFT)
+}
+
+/// What a bucket word keeps across a change of its rate or burst.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carry {
+    /// A policer or meter: its tokens, clipped to the new burst (no blackout after a
+    /// raise, no free refill after a cut).
+    Tokens,
+    /// A shaper's virtual queue: the bytes queued, which now drain at the new rate.
+    Backlog,
+}
+
+/// `tat` (untagged, written under cost `old`) converted to cost `new` as of `at_ns`, the
+/// moment of the change, keeping what `carry` says; the bucket then refills (or drains) at
+/// the new rate from `at_ns` on. Divides: runs once per word per change, not per packet.
+/// Rounds toward fewer tokens (more backlog), so a change never admits more than it should.
+#[inline(always)]
+pub fn rescale(tat: u64, at_ns: u64, old: &ByteCost, new: &ByteCost, carry: Carry) -> u64 {
+    let at = ticks(at_ns);
+    let debt = tat.saturating_sub(at);
+    match carry {
+        Carry::Tokens => {
+            // A full bucket holds exactly its burst (its tolerance is rounded down).
+            let tokens = if debt == 0 {
+                old.burst_bytes
+            } else {
+                old.bytes_in(old.tolerance_ticks.saturating_sub(debt))
+            };
+            let tokens_new = new.ticks_in(tokens);
+            let tokens_new = if tokens_new > new.tolerance_ticks {
+                new.tolerance_ticks
+            } else {
+                tokens_new
+            };
+            at + (new.tolerance_ticks - tokens_new)
+        }
+        Carry::Backlog => {
+            if debt == 0 {
+                return tat;
+            }
+            // Rounded up here: the queue is never thought shorter than it is.
+            at + new.ticks_for(old.bytes_in(debt) + 1)
+        }
+    }
+}
+
 /// Ticks per byte as a fixed-point number, and the burst tolerance in ticks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,6 +134,8 @@ pub struct ByteCost {
     pub ticks_per_byte_frac: u64,
     /// Burst expressed as time: `burst_bytes / rate` in ticks, rounded down.
     pub tolerance_ticks: u64,
+    /// The burst in bytes (what a full bucket holds, for converting it to other costs).
+    pub burst_bytes: u64,
 }
 
 impl ByteCost {
@@ -74,6 +151,7 @@ impl ByteCost {
             ticks_per_byte_frac: (fixed as u64) & FRAC_MASK,
             // Capped so `tat` never nears u64::MAX.
             tolerance_ticks: tolerance.min(1 << 62) as u64,
+            burst_bytes,
         }
     }
 
@@ -90,6 +168,46 @@ impl ByteCost {
         let whole = bytes * self.ticks_per_byte;
         let frac = (bytes * self.ticks_per_byte_frac + FRAC_MASK) >> FRAC_BITS;
         whole + frac
+    }
+
+    /// The ticks `bytes` of tokens are worth, rounded *down* (the per-byte cost is stored
+    /// rounded up: its excess, under 2^-24 tick per byte, is taken off too), for token
+    /// counts up to 2^39 bytes; saturates at 2^63 ticks. No u128: the BPF target has no
+    /// 128-bit arithmetic.
+    #[inline(always)]
+    pub fn ticks_in(&self, bytes: u64) -> u64 {
+        const CEILING: u64 = 1 << 63;
+        let bytes = if bytes > 1 << 39 { 1 << 39 } else { bytes };
+        // `checked_div`, not `/`: a division the compiler cannot prove safe would carry a
+        // panic path, which the eBPF verifier refuses.
+        let room = CEILING.checked_div(self.ticks_per_byte).unwrap_or(u64::MAX);
+        if bytes > room {
+            return CEILING;
+        }
+        let exact_or_more =
+            bytes * self.ticks_per_byte + ((bytes * self.ticks_per_byte_frac) >> FRAC_BITS);
+        exact_or_more.saturating_sub((bytes >> FRAC_BITS) + 1)
+    }
+
+    /// Whole bytes the bucket earns in `ticks`, rounded down, by 64-bit division: the
+    /// divisor is the ticks per byte with 16 fraction bits, rounded up (off by less than
+    /// 2^-14 of itself at 400 Gbit/s); below about 120 bit/s the whole ticks plus one.
+    #[inline(always)]
+    pub fn bytes_in(&self, ticks: u64) -> u64 {
+        if self.ticks_per_byte >= 1 << 30 {
+            return ticks
+                .checked_div(self.ticks_per_byte.wrapping_add(1))
+                .unwrap_or(0);
+        }
+        let divisor = (self.ticks_per_byte << 16) + ((self.ticks_per_byte_frac + 0xff) >> 8);
+        let (Some(whole), Some(rest)) = (ticks.checked_div(divisor), ticks.checked_rem(divisor))
+        else {
+            return 0;
+        };
+        if whole >= 1 << 47 {
+            return 1 << 63;
+        }
+        (whole << 16) + ((rest << 16).checked_div(divisor).unwrap_or(0))
     }
 }
 

@@ -2,7 +2,10 @@
 //!
 //! Every struct is `#[repr(C)]` with explicit padding so both sides agree byte for byte.
 
-use crate::{bucket::ByteCost, codel::CodelConfig};
+use crate::{
+    bucket::{rescale, tagged, word_version, ByteCost, Carry, COST_VERSIONS, TAT_MASK},
+    codel::CodelConfig,
+};
 
 /// Capacity of the per-attachment class tables (class ids are `0..MAX_CLASSES`).
 pub const MAX_CLASSES: u32 = 16_384;
@@ -266,10 +269,138 @@ pub struct ClassConfig {
     pub sparse_cost: ByteCost,
     /// Shape classes under HTB: the handle of the class's sparse leaf (0 = none).
     pub sparse_priority: u32,
-    pub _pad2: u32,
+    /// The version of the costs above (`bucket::tagged` stamps it on every word written);
+    /// `class change` moves it on by one (mod [`COST_VERSIONS`]).
+    pub version: u32,
+    /// When the current version took over (`bpf_ktime_get_ns()` time): a word of an
+    /// older version is converted as of then, and refills at the new rate since.
+    pub changed_at_ns: u64,
+    /// The costs of the last versions, by version (`history[version]` is the current one):
+    /// a word still in an older version is converted from these.
+    pub history: [CostVersion; COST_VERSIONS],
+}
+
+/// [`ClassConfig::settle`] of a word of an older version. Not inlined: in the eBPF program
+/// it is one subprogram, where inlined at every bucket its divisions and branches
+/// multiply the paths beyond the verifier's limit.
+#[inline(never)]
+pub fn settle_older(
+    config: &ClassConfig,
+    word: u64,
+    now_ns: u64,
+    kind: CostKind,
+    carry: Carry,
+) -> u64 {
+    let tat = word & TAT_MASK;
+    match config.history.get(word_version(word) as usize) {
+        // As of the change; a packet from before it (a CPU's clock a hair behind) converts
+        // as of now.
+        Some(old) => {
+            let at = if now_ns < config.changed_at_ns {
+                now_ns
+            } else {
+                config.changed_at_ns
+            };
+            rescale(tat, at, old.of(kind), config.costs_ref(kind), carry)
+        }
+        None => tat,
+    }
+}
+
+/// A class's costs as of one version.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CostVersion {
+    pub cost: ByteCost,
+    pub peak_cost: ByteCost,
+    pub sparse_cost: ByteCost,
+}
+
+impl CostVersion {
+    #[inline(always)]
+    fn of(&self, kind: CostKind) -> &ByteCost {
+        match kind {
+            CostKind::Main => &self.cost,
+            CostKind::Peak => &self.peak_cost,
+            CostKind::Sparse => &self.sparse_cost,
+        }
+    }
+}
+
+/// Which of a class's costs a bucket word runs at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostKind {
+    /// `cost`: the class's or key's bucket, a meter's first word, a shaper's virtual queue.
+    Main,
+    /// `peak_cost`: a meter's second word.
+    Peak,
+    /// `sparse_cost`: a shape class's per-flow sparseness word.
+    Sparse,
 }
 
 impl ClassConfig {
+    /// The costs as they are now.
+    pub fn costs(&self) -> CostVersion {
+        CostVersion {
+            cost: self.cost,
+            peak_cost: self.peak_cost,
+            sparse_cost: self.sparse_cost,
+        }
+    }
+
+    /// A stored word's `tat` in the current costs: as stored when it is of the current
+    /// version, else converted from its version's costs (see `bucket::rescale`).
+    #[inline(always)]
+    pub fn settle(&self, word: u64, now_ns: u64, kind: CostKind, carry: Carry) -> u64 {
+        if word_version(word) == self.version {
+            return word & TAT_MASK;
+        }
+        settle_older(self, word, now_ns, kind, carry)
+    }
+
+    #[inline(always)]
+    fn costs_ref(&self, kind: CostKind) -> &ByteCost {
+        match kind {
+            CostKind::Main => &self.cost,
+            CostKind::Peak => &self.peak_cost,
+            CostKind::Sparse => &self.sparse_cost,
+        }
+    }
+
+    /// `tat` as a word to store: stamped with the current version.
+    #[inline(always)]
+    pub fn stamp(&self, tat: u64) -> u64 {
+        tagged(tat, self.version)
+    }
+
+    /// Whether a stored word is of an older version (to be converted and written back
+    /// even when the packet that found it does not conform).
+    #[inline(always)]
+    pub fn stale(&self, word: u64) -> bool {
+        word_version(word) != self.version
+    }
+
+    /// A new class's first costs: version 0. Userspace only.
+    pub fn start_costs(&mut self) {
+        self.version = 0;
+        self.history = [CostVersion::default(); COST_VERSIONS];
+        self.history[0] = self.costs();
+    }
+
+    /// Installs `next` as the current costs at `now_ns` (CLOCK_MONOTONIC, the program's
+    /// clock): a new version when any cost differs (its slot in `history` gets them),
+    /// nothing when none does. Userspace only.
+    pub fn set_costs(&mut self, next: CostVersion, now_ns: u64) {
+        if next == self.costs() {
+            return;
+        }
+        self.changed_at_ns = now_ns;
+        self.version = (self.version + 1) % COST_VERSIONS as u32;
+        self.history[self.version as usize] = next;
+        self.cost = next.cost;
+        self.peak_cost = next.peak_cost;
+        self.sparse_cost = next.sparse_cost;
+    }
     /// A shape class's queue drains through HTB's token bucket, which sends the class's
     /// burst ahead of the rate (its virtual queue starts beyond it); EDT pacing has no
     /// burst. In bucket ticks.

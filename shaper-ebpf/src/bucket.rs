@@ -10,8 +10,8 @@ use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
 use aya_log_ebpf::warn;
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
-    bucket::{ticks, use_credit, CreditUse},
-    conform, Bucket, BucketKey, ByteCost, ClassConfig, Credit, Scope,
+    bucket::{ticks, use_credit, Carry, CreditUse, TAT_MASK},
+    conform, Bucket, BucketKey, ClassConfig, CostKind, Credit, Scope,
 };
 
 /// Compare-and-swap attempts on one bucket before the packet is judged over the rate.
@@ -65,7 +65,7 @@ pub(crate) fn charge_bucket(
             unsafe { &raw mut (*bucket).tat },
             now,
             packet.wire_len,
-            &class.cost,
+            class,
         ),
         // The LRU could not hold a new bucket (every entry busy on other CPUs): fail open.
         None => {
@@ -149,7 +149,7 @@ fn charge_with_credit(
         CreditUse::Take { first, fallback } => {
             let mut take = first;
             for _ in 0..2 {
-                if let Verdict::Within { .. } = charge(word, now, take, &class.cost) {
+                if let Verdict::Within { .. } = charge(word, now, take, class) {
                     credit.bytes = credit.bytes + take - bytes;
                     return Verdict::Within { occupancy: 0 };
                 }
@@ -164,19 +164,29 @@ fn charge_with_credit(
 }
 
 /// Applies [`conform`] to the bucket word with compare-and-swap, so concurrent CPUs
-/// never admit more than the bucket holds.
+/// never admit more than the bucket holds. A word of an older cost version is converted
+/// in the same swap (and written back converted even when the packet exceeds, so the
+/// bucket refills at the new rate from the change on). Only the first read can find an
+/// old version: a CPU that won the race wrote the current one. (Converting on every
+/// retry would double the verifier's paths per retry.)
 #[inline(always)]
-fn charge(word: *mut u64, now: u64, bytes: u64, cost: &ByteCost) -> Verdict {
+fn charge(word: *mut u64, now: u64, bytes: u64, class: &ClassConfig) -> Verdict {
+    let mut stored = unsafe { core::ptr::read_volatile(word) };
+    let mut tat = class.settle(stored, now, CostKind::Main, Carry::Tokens);
     for _ in 0..CAS_ATTEMPTS {
-        let tat = unsafe { core::ptr::read_volatile(word) };
-        let Some(next) = conform(tat, now, bytes, cost) else {
+        let Some(next) = conform(tat, now, bytes, &class.cost) else {
+            if class.stale(stored) {
+                swap(word, stored, class.stamp(tat));
+            }
             return Verdict::Exceed;
         };
-        if swap(word, tat, next) {
+        if swap(word, stored, class.stamp(next)) {
             return Verdict::Within {
                 occupancy: next - ticks(now),
             };
         }
+        stored = unsafe { core::ptr::read_volatile(word) };
+        tat = stored & TAT_MASK;
     }
     Verdict::Exceed
 }

@@ -8,8 +8,9 @@ use crate::{
 };
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, programs::TcContext};
 use shaper_common::{
+    bucket::{Carry, TAT_MASK},
     meter::{charged, srtcm, trtcm, Colour, METER_TRTCM},
-    Action, Bucket, ClassConfig,
+    Action, Bucket, ClassConfig, CostKind,
 };
 
 #[inline(always)]
@@ -69,51 +70,64 @@ fn colour_of(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> 
     let first = unsafe { &raw mut (*bucket).tat };
     let second = unsafe { &raw mut (*bucket).tat2 };
     let trtcm_meter = class.meter == METER_TRTCM;
+    let (mut stored_a, mut stored_b) = unsafe {
+        (
+            core::ptr::read_volatile(first),
+            core::ptr::read_volatile(second),
+        )
+    };
+    // Words of an older cost version are converted (tokens kept) in the swaps below. Only
+    // the first read can find one: a CPU that won a race wrote the current version.
+    let mut a = class.settle(stored_a, now, CostKind::Main, Carry::Tokens);
+    let mut b = class.settle(stored_b, now, CostKind::Peak, Carry::Tokens);
     for _ in 0..CAS_ATTEMPTS {
-        let (a, b) = unsafe {
-            (
-                core::ptr::read_volatile(first),
-                core::ptr::read_volatile(second),
-            )
-        };
         if trtcm_meter {
             // Words: (C, P). P decides red; C decides green.
             let (colour, new_p, new_c) = trtcm(b, a, now, bytes, &class.peak_cost, &class.cost);
             if colour == Colour::Red {
                 return Colour::Red;
             }
-            if !swap(second, b, new_p) {
-                continue;
-            }
-            if colour == Colour::Green && swap(first, a, new_c) {
-                return Colour::Green;
-            }
-            return Colour::Yellow;
-        }
-        // srTCM. Words: (C, total).
-        let (colour, new_c, new_total) = srtcm(a, b, now, bytes, &class.cost, &class.peak_cost);
-        match colour {
-            Colour::Red => return Colour::Red,
-            Colour::Yellow => {
-                if swap(second, b, new_total) {
-                    return Colour::Yellow;
-                }
-            }
-            Colour::Green => {
-                if swap(first, a, new_c) {
-                    // Green always deepens the total too; retry only that word.
-                    let cost = class.cost.ticks_for(bytes);
-                    let mut total = b;
-                    for _ in 0..CAS_ATTEMPTS {
-                        if swap(second, total, charged(total, now, cost)) {
-                            break;
-                        }
-                        total = unsafe { core::ptr::read_volatile(second) };
-                    }
+            if swap(second, stored_b, class.stamp(new_p)) {
+                if colour == Colour::Green && swap(first, stored_a, class.stamp(new_c)) {
                     return Colour::Green;
                 }
+                return Colour::Yellow;
+            }
+        } else {
+            // srTCM. Words: (C, total).
+            let (colour, new_c, new_total) = srtcm(a, b, now, bytes, &class.cost, &class.peak_cost);
+            match colour {
+                Colour::Red => return Colour::Red,
+                Colour::Yellow => {
+                    if swap(second, stored_b, class.stamp(new_total)) {
+                        return Colour::Yellow;
+                    }
+                }
+                Colour::Green => {
+                    if swap(first, stored_a, class.stamp(new_c)) {
+                        // Green always deepens the total too; retry only that word.
+                        let cost = class.cost.ticks_for(bytes);
+                        let (mut stored_total, mut total) = (stored_b, b);
+                        for _ in 0..CAS_ATTEMPTS {
+                            let next = class.stamp(charged(total, now, cost));
+                            if swap(second, stored_total, next) {
+                                break;
+                            }
+                            stored_total = unsafe { core::ptr::read_volatile(second) };
+                            total = stored_total & TAT_MASK;
+                        }
+                        return Colour::Green;
+                    }
+                }
             }
         }
+        (stored_a, stored_b) = unsafe {
+            (
+                core::ptr::read_volatile(first),
+                core::ptr::read_volatile(second),
+            )
+        };
+        (a, b) = (stored_a & TAT_MASK, stored_b & TAT_MASK);
     }
     Colour::Red
 }

@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use shaper_common::{
-    bucket::{departure, ticks},
+    bucket::{departure, ticks, TAT_MASK},
     codel::{judge, sojourn_ns, sparse, CodelConfig, CodelState},
     Bucket, ClassConfig, Scope,
 };
@@ -54,7 +54,11 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     };
     let packet = unsafe { &*packet };
     let word = unsafe { &raw mut (*bucket).tat };
-    let tat = unsafe { core::ptr::read_volatile(word) };
+    let stored = unsafe { core::ptr::read_volatile(word) };
+    // Not converted after a rate change (`settle` would cost this long path a subprogram
+    // call, beyond the stack the verifier allows): the estimate is off by the rate ratio
+    // only until the queue drains, at most the cap (100 ms by default) later.
+    let tat = stored & TAT_MASK;
     let sojourn = sojourn_ns(tat, ticks(now), class.shape_burst_ticks());
     // Sparse flows queue apart (their own bounded leaf, or no wait under EDT): the cap
     // and CoDel guard the bulk queue.
@@ -82,7 +86,7 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     }
     // The cap was checked above; only a racing CPU can push the start further, so the
     // horizon here is unbounded.
-    let Some(leave_at) = enqueue(word, tat, now, packet.wire_len, class) else {
+    let Some(leave_at) = enqueue(word, stored, now, packet.wire_len, class) else {
         return count_drop(stats, packet.wire_len);
     };
     if class.action_arg != 0 {
@@ -137,31 +141,44 @@ fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> b
     match KEYED_BUCKETS.get_ptr_mut(&key) {
         Some(bucket) => {
             let word = unsafe { &raw mut (*bucket).tat };
-            let tat = unsafe { core::ptr::read_volatile(word) };
+            let stored = unsafe { core::ptr::read_volatile(word) };
+            // A flow's sparseness word runs at 1/16 of the class rate with a 4-frame
+            // burst; not converted after a change (as the queue above).
+            let tat = stored & TAT_MASK;
             let (sparse_flow, next) = sparse(tat, now, packet.wire_len, &class.sparse_cost);
-            swap(word, tat, next) && sparse_flow
+            swap(word, stored, class.stamp(next)) && sparse_flow
         }
         None => {
             // A new flow starts from an empty bucket (tat 0 is long ago); NOEXIST keeps a
             // racing CPU's entry.
             let (sparse_flow, next) = sparse(0, now, packet.wire_len, &class.sparse_cost);
-            let fresh = Bucket { tat: next, tat2: 0 };
+            let fresh = Bucket {
+                tat: class.stamp(next),
+                tat2: 0,
+            };
             let _ = KEYED_BUCKETS.insert(&key, &fresh, BPF_NOEXIST as u64);
             sparse_flow
         }
     }
 }
 
-/// Advances the virtual queue by the packet, starting from `tat` as already read (a
+/// Advances the virtual queue by the packet, starting from the word as already read (a
 /// racing CPU makes the swap fail and the word is read again); its departure time (ns).
 #[inline(always)]
-fn enqueue(word: *mut u64, mut tat: u64, now: u64, bytes: u64, class: &ClassConfig) -> Option<u64> {
+fn enqueue(
+    word: *mut u64,
+    mut stored: u64,
+    now: u64,
+    bytes: u64,
+    class: &ClassConfig,
+) -> Option<u64> {
     for _ in 0..ENQUEUE_ATTEMPTS {
+        let tat = stored & TAT_MASK;
         let (next, leave_at) = departure(tat, now, bytes, &class.cost, u64::MAX)?;
-        if swap(word, tat, next) {
+        if swap(word, stored, class.stamp(next)) {
             return Some(leave_at);
         }
-        tat = unsafe { core::ptr::read_volatile(word) };
+        stored = unsafe { core::ptr::read_volatile(word) };
     }
     None
 }

@@ -265,6 +265,83 @@ fn class_change_takes_effect_during_a_run() {
     assert_eq!(list[0]["rate_bps"], 20_000_000);
 }
 
+/// Issue 11, item 4: a class drained by UDP at 150 Mbit/s through 100 Mbit/s, raised to
+/// 200 Mbit/s (above the offered load): its drop counter, sampled every 10 ms, stops
+/// within 20 ms of the change. Before the bucket was converted at a change, the debt
+/// (250 ms of burst at the old rate) kept dropping for (burst/rate)(1 - rate/new) = 125 ms.
+#[test]
+fn raising_a_drained_class_above_its_load_stops_the_drops_at_once() {
+    use shaper::state::{Attachment, Direction, Location};
+    use std::time::Instant;
+    let mut lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    router
+        .class_add(
+            "raised",
+            ROUTER_TO_SERVER,
+            &["--rate", "100mbit", "--proto", "udp"],
+        )
+        .unwrap();
+    let attachment = Attachment::open(&Location {
+        netns: Some(router.name.clone()),
+        dev: ROUTER_TO_SERVER.into(),
+        direction: Direction::Egress,
+    })
+    .unwrap();
+    let (id, _) = attachment.find_class("raised").unwrap().unwrap();
+    let dropped = || attachment.class_stats(id).unwrap().dropped_packets;
+    let (samples, changed) = thread::scope(|scope| {
+        let traffic = scope.spawn(|| lab.udp(&Udp::at("150M", 4)));
+        // The burst (3.125 MB) drains in 0.5 s at 50 Mbit/s over the rate.
+        thread::sleep(Duration::from_millis(2000));
+        let start = Instant::now();
+        let mut samples = Vec::new();
+        let mut changed = None;
+        while start.elapsed() < Duration::from_millis(800) {
+            samples.push((start.elapsed(), dropped()));
+            if changed.is_none() && start.elapsed() >= Duration::from_millis(300) {
+                router
+                    .shaper(&[
+                        "class",
+                        "change",
+                        "raised",
+                        "--dev",
+                        ROUTER_TO_SERVER,
+                        "--rate",
+                        "200mbit",
+                    ])
+                    .unwrap();
+                changed = Some(start.elapsed());
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        traffic.join().unwrap().unwrap();
+        (samples, changed.unwrap())
+    });
+    let before: Vec<_> = samples.iter().filter(|(t, _)| *t < changed).collect();
+    assert!(
+        before.last().unwrap().1 > before.first().unwrap().1 + 100,
+        "the class was not dropping before the change: {before:?}"
+    );
+    let last_drop = samples
+        .windows(2)
+        .filter(|pair| pair[1].1 > pair[0].1)
+        .map(|pair| pair[1].0)
+        .max()
+        .unwrap();
+    let after = last_drop.saturating_sub(changed);
+    println!(
+        "change returned at {changed:?}; the last drop was seen at {last_drop:?}: {after:?} \
+         after it ({} samples)",
+        samples.len()
+    );
+    assert!(
+        after <= Duration::from_millis(20),
+        "drops went on for {after:?} after the raise"
+    );
+}
+
 #[test]
 fn udp_is_policed_to_10mbit_on_the_servers_ingress() {
     let mut lab = Lab::new().unwrap();

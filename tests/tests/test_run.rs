@@ -9,7 +9,7 @@
 use aya::programs::{TestRun as _, TestRunOptions};
 use shaper::state::{self, Attachment, Direction, Location};
 use shaper_common::{
-    bucket::{credit_chunk, departure, shared_burst, ticks, use_credit, CreditUse},
+    bucket::{credit_chunk, departure, shared_burst, ticks, use_credit, Carry, CreditUse},
     codel::{self, judge, sojourn_ns, CodelConfig, CodelState},
     conform,
     meter::{
@@ -17,7 +17,7 @@ use shaper_common::{
         rfc::{RfcSrTcm, RfcTrTcm},
         Colour,
     },
-    program_names, ByteCost, ClassStats,
+    program_names, ByteCost, ClassConfig, ClassStats, CostKind,
 };
 use shaper_tests::Lab;
 use std::collections::HashMap;
@@ -557,6 +557,88 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
         (frame, expected, class)
     });
     println!("1000 packets: {summary}");
+}
+
+/// Issue 11, item 4: halfway through 1000 packets both classes are changed (`class
+/// change`: the shared one raised, the per-flow one cut in rate and burst). The host model
+/// converts its bucket words as the program must (`ClassConfig::settle` as of the change,
+/// `stamp`, a refused packet writing the converted word back), from the class configs the
+/// kernel holds after the change: every verdict and class must match, before and after.
+#[test]
+fn bucket_words_are_converted_at_a_rate_change_as_the_model_predicts() {
+    let mut harness = Harness::new(&[
+        &[
+            "shared", "--proto", "udp", "--dport", "9000", "--rate", "1mbit", "--burst", "3000",
+        ],
+        &[
+            "perflow", "--proto", "udp", "--dport", "9001", "--rate", "400kbit", "--burst", "4000",
+            "--per", "flow",
+        ],
+    ]);
+    let router = harness.lab.router.clone();
+    let configs = |attachment: &Attachment| -> HashMap<&'static str, ClassConfig> {
+        let all = attachment.classes().unwrap();
+        ["shared", "perflow"]
+            .into_iter()
+            .map(|name| {
+                let (id, _) = attachment.find_class(name).unwrap().unwrap();
+                (name, all.get(&id, 0).unwrap())
+            })
+            .collect()
+    };
+    let mut config = configs(&harness.attachment);
+    let reader = Attachment::open(&harness.attachment.location).unwrap();
+    let mut model_word: HashMap<(u16, u16), u64> = HashMap::new();
+    let mut index = 0;
+    let (summary, _) = against_model(&mut harness, 1000, Lcg(11), 3_000_000, |dice, now, _cpu| {
+        if index == 500 {
+            for (name, options) in [
+                ("shared", ["--rate", "2mbit", "--burst", "3000"]),
+                ("perflow", ["--rate", "200kbit", "--burst", "2000"]),
+            ] {
+                router
+                    .shaper(&[&["class", "change", name, "--dev", DEV][..], &options[..]].concat())
+                    .unwrap();
+            }
+            config = configs(&reader);
+            assert!(
+                config.values().all(|c| c.version == 1),
+                "a change is a new version"
+            );
+        }
+        let payload = dice.next(1400) as usize;
+        let (dport, sport) = if index % 2 == 0 {
+            (9000, 1000)
+        } else {
+            (9001, 1000 + dice.next(3) as u16)
+        };
+        index += 1;
+        let mut datagram = udp(dport, payload);
+        datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
+        let frame = ipv4(V4::default(), datagram);
+        let (key, class) = if dport == 9000 {
+            ((dport, 0), "shared")
+        } else {
+            ((dport, sport), "perflow")
+        };
+        let class_config = &config[class];
+        let word = model_word.entry(key).or_insert(0);
+        let tat = class_config.settle(*word, now, CostKind::Main, Carry::Tokens);
+        let expected = match conform(tat, now, frame.len() as u64, &class_config.cost) {
+            Some(next) => {
+                *word = class_config.stamp(next);
+                PASS
+            }
+            None => {
+                if class_config.stale(*word) {
+                    *word = class_config.stamp(tat);
+                }
+                SHOT
+            }
+        };
+        (frame, expected, class)
+    });
+    println!("1000 packets, both classes changed at packet 500: {summary}");
 }
 
 /// Every CPU the per-CPU maps hold a slot for.

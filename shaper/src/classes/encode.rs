@@ -135,7 +135,7 @@ impl ClassSpec {
             meter,
             self.action.action as u8,
         );
-        ClassConfig {
+        let mut config = ClassConfig {
             cost,
             credit_chunk,
             peak_cost,
@@ -159,7 +159,9 @@ impl ClassSpec {
                 ByteCost::default()
             },
             ..ClassConfig::default()
-        }
+        };
+        config.start_costs();
+        config
     }
 }
 

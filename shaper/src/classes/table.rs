@@ -220,8 +220,10 @@ pub struct Change {
     pub codel_ecn: Option<bool>,
 }
 
-/// Changes rate, burst and/or action in place: the bucket word, counters and classifier
-/// entries are untouched, so the change is effective at the next packet.
+/// Changes rate, burst and/or action in place: counters and classifier entries are
+/// untouched, and each bucket word is converted to the new rate and burst by the first
+/// packet that meets it (tokens kept, clipped to the new burst), so the change is
+/// effective at the next packet with neither a blackout nor a free refill.
 pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()> {
     let Change {
         rate_bits_per_sec,
@@ -285,7 +287,10 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             .codel
             .unwrap_or_default()
             .config(meta.rate_bits_per_sec);
-        config.sparse_cost = sparse_cost(meta.rate_bits_per_sec);
+    }
+    let mut costs = config.costs();
+    if shaping {
+        costs.sparse_cost = sparse_cost(meta.rate_bits_per_sec);
     }
     let meter = Meter::from_meta(&meta, config.meter);
     if let Meter::TrTcm {
@@ -299,7 +304,7 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             ));
         }
     }
-    config.peak_cost = meter
+    costs.peak_cost = meter
         .second_cost(meta.rate_bits_per_sec, meta.burst_bytes)
         .1;
     if let Some(action) = action.filter(|_| !shaping) {
@@ -307,13 +312,16 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         config.action_arg = action.arg;
         config.action_mask = action.mask;
     }
-    (config.cost, config.credit_chunk) = bucket_cost(
+    (costs.cost, config.credit_chunk) = bucket_cost(
         meta.rate_bits_per_sec,
         meta.burst_bytes,
         config.scope,
         config.meter,
         config.action,
     );
+    // A new cost version: every bucket word (the class's, each key's, a meter's second
+    // one) is converted at its next packet, keeping its tokens (or a shaper's backlog).
+    config.set_costs(costs, crate::state::monotonic_ns());
     // Credit the CPUs took at the old rate and burst is dropped.
     config.credit_epoch = config.credit_epoch.wrapping_add(1);
     classes.set(id, config, 0)?;

@@ -10,9 +10,10 @@ use aya::{
     programs::SchedClassifier,
 };
 use shaper_common::{
+    bucket::Carry,
     codel::{sojourn_ns, CodelState, Control},
-    map_names, Bucket, ClassConfig, ClassMeta, ClassStats, Credit, Globals, RuleKey, RuleValue,
-    Shape, CLASS_NAME_LEN,
+    map_names, Bucket, ClassConfig, ClassMeta, ClassStats, CostKind, Credit, Globals, RuleKey,
+    RuleValue, Shape, CLASS_NAME_LEN,
 };
 use std::path::{Path, PathBuf};
 
@@ -111,10 +112,16 @@ impl Attachment {
     /// A shape class's virtual queue now: its predicted queueing delay (ns) and whether
     /// CoDel is in its dropping state.
     pub fn shape_queue(&self, class_id: u32) -> Result<(u64, bool)> {
-        let burst = self.classes()?.get(&class_id, 0)?.shape_burst_ticks();
-        let tat = self.class_buckets()?.get(&class_id, 0)?.tat;
+        let config = self.classes()?.get(&class_id, 0)?;
+        let stored = self.class_buckets()?.get(&class_id, 0)?.tat;
         let control = self.codel()?.get(&class_id, 0)?.control;
-        let delay = sojourn_ns(tat, shaper_common::bucket::ticks(monotonic_ns()), burst);
+        let now = monotonic_ns();
+        let tat = config.settle(stored, now, CostKind::Main, Carry::Backlog);
+        let delay = sojourn_ns(
+            tat,
+            shaper_common::bucket::ticks(now),
+            config.shape_burst_ticks(),
+        );
         Ok((delay, Control::unpack(control).dropping))
     }
 
@@ -129,8 +136,9 @@ impl Attachment {
         let chunk = u64::from(config.credit_chunk);
         let cpus = possible_cpus();
         let shared = shaper_common::bucket::shared_burst(burst_bytes, cpus, chunk);
-        let tat = self.class_buckets()?.get(&class_id, 0)?.tat;
         let now = monotonic_ns();
+        let stored = self.class_buckets()?.get(&class_id, 0)?.tat;
+        let tat = config.settle(stored, now, CostKind::Main, Carry::Tokens);
         let mut level = shaper_common::bucket::level_bytes(tat, now, rate_bits_per_sec, shared);
         if chunk != 0 {
             for credit in self.credit()?.get(&class_id, 0)?.iter() {
