@@ -319,11 +319,7 @@ pub struct CostVersion {
 impl CostVersion {
     #[inline(always)]
     fn of(&self, kind: CostKind) -> &ByteCost {
-        match kind {
-            CostKind::Main => &self.cost,
-            CostKind::Peak => &self.peak_cost,
-            CostKind::Sparse => &self.sparse_cost,
-        }
+        kind.pick(&self.cost, &self.peak_cost, &self.sparse_cost)
     }
 }
 
@@ -336,6 +332,23 @@ pub enum CostKind {
     Peak,
     /// `sparse_cost`: a shape class's per-flow sparseness word.
     Sparse,
+}
+
+impl CostKind {
+    /// Of a set of costs (the class's current ones or a past version's), the one for this.
+    #[inline(always)]
+    fn pick<'a>(
+        self,
+        main: &'a ByteCost,
+        peak: &'a ByteCost,
+        sparse: &'a ByteCost,
+    ) -> &'a ByteCost {
+        match self {
+            CostKind::Main => main,
+            CostKind::Peak => peak,
+            CostKind::Sparse => sparse,
+        }
+    }
 }
 
 impl ClassConfig {
@@ -360,11 +373,7 @@ impl ClassConfig {
 
     #[inline(always)]
     fn costs_ref(&self, kind: CostKind) -> &ByteCost {
-        match kind {
-            CostKind::Main => &self.cost,
-            CostKind::Peak => &self.peak_cost,
-            CostKind::Sparse => &self.sparse_cost,
-        }
+        kind.pick(&self.cost, &self.peak_cost, &self.sparse_cost)
     }
 
     /// `tat` as a word to store: stamped with the current version.

@@ -27,6 +27,21 @@ fn classes(ns: &Netns) -> Result<Vec<Value>> {
         .unwrap_or_default())
 }
 
+/// `class add x` on the router, waiting at most `seconds` for the state lock.
+fn add_x_waiting(router: &Netns, seconds: &str) -> std::process::Output {
+    router.shaper_output(&[
+        "--wait",
+        seconds,
+        "class",
+        "add",
+        "x",
+        "--dev",
+        ROUTER_TO_SERVER,
+        "--rate",
+        "1mbit",
+    ])
+}
+
 #[test]
 fn the_state_lock_is_root_only_waits_a_bounded_time_and_names_its_holder() -> Result<()> {
     let lab = Lab::new()?;
@@ -53,17 +68,7 @@ fn the_state_lock_is_root_only_waits_a_bounded_time_and_names_its_holder() -> Re
     // Root's own long-running holder: a write waits --wait seconds, then one line.
     let holder = StateLockHolder::take()?;
     let started = Instant::now();
-    let output = lab.router.shaper_output(&[
-        "--wait",
-        "1",
-        "class",
-        "add",
-        "x",
-        "--dev",
-        ROUTER_TO_SERVER,
-        "--rate",
-        "1mbit",
-    ]);
+    let output = add_x_waiting(&lab.router, "1");
     let waited = started.elapsed();
     let message = stderr(&output);
     println!(
@@ -95,19 +100,7 @@ fn the_state_lock_is_root_only_waits_a_bounded_time_and_names_its_holder() -> Re
     // Released while a writer waits: the writer goes on.
     let waiter = std::thread::spawn({
         let router = lab.router.clone();
-        move || {
-            router.shaper_output(&[
-                "--wait",
-                "10",
-                "class",
-                "add",
-                "x",
-                "--dev",
-                ROUTER_TO_SERVER,
-                "--rate",
-                "1mbit",
-            ])
-        }
+        move || add_x_waiting(&router, "10")
     });
     std::thread::sleep(Duration::from_millis(500));
     drop(holder);

@@ -513,17 +513,40 @@ impl Lcg {
     }
 }
 
+/// The two classes of the model tests: `shared` (UDP to 9000, one bucket) and `perflow`
+/// (UDP to 9001, a bucket per flow).
+const TWO_CLASSES: [&[&str]; 2] = [
+    &[
+        "shared", "--proto", "udp", "--dport", "9000", "--rate", "1mbit", "--burst", "3000",
+    ],
+    &[
+        "perflow", "--proto", "udp", "--dport", "9001", "--rate", "400kbit", "--burst", "4000",
+        "--per", "flow",
+    ],
+];
+
+/// Packet `index` of the model tests' traffic: every other one to `shared`, the others to
+/// `perflow` from one of three source ports. The frame, its bucket's key and its class.
+fn two_class_packet(dice: &mut Lcg, index: usize) -> (Vec<u8>, (u16, u16), &'static str) {
+    let payload = dice.next(1400) as usize;
+    let (dport, sport) = if index.is_multiple_of(2) {
+        (9000, 1000)
+    } else {
+        (9001, 1000 + dice.next(3) as u16)
+    };
+    let mut datagram = udp(dport, payload);
+    datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
+    let frame = ipv4(V4::default(), datagram);
+    if dport == 9000 {
+        (frame, (dport, 0), "shared")
+    } else {
+        (frame, (dport, sport), "perflow")
+    }
+}
+
 #[test]
 fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
-    let mut harness = Harness::new(&[
-        &[
-            "shared", "--proto", "udp", "--dport", "9000", "--rate", "1mbit", "--burst", "3000",
-        ],
-        &[
-            "perflow", "--proto", "udp", "--dport", "9001", "--rate", "400kbit", "--burst", "4000",
-            "--per", "flow",
-        ],
-    ]);
+    let mut harness = Harness::new(&TWO_CLASSES);
     // Each class gets about 1.9 Mbit/s: 1.9× the shared rate, and each of the three flows
     // 1.6× its own rate, so both buckets refuse packets.
     let shared_cost = ByteCost::new(1_000_000, 3000);
@@ -531,20 +554,12 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
     let mut model_tat: HashMap<(u16, u16), u64> = HashMap::new();
     let mut index = 0;
     let (summary, _) = against_model(&mut harness, 1000, Lcg(7), 3_000_000, |dice, now, _cpu| {
-        let payload = dice.next(1400) as usize;
-        let (dport, sport) = if index % 2 == 0 {
-            (9000, 1000)
-        } else {
-            (9001, 1000 + dice.next(3) as u16)
-        };
+        let (frame, key, class) = two_class_packet(dice, index);
         index += 1;
-        let mut datagram = udp(dport, payload);
-        datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
-        let frame = ipv4(V4::default(), datagram);
-        let (cost, key, class) = if dport == 9000 {
-            (&shared_cost, (dport, 0), "shared")
+        let cost = if class == "shared" {
+            &shared_cost
         } else {
-            (&flow_cost, (dport, sport), "perflow")
+            &flow_cost
         };
         let tat = model_tat.entry(key).or_insert(0);
         let expected = match conform(*tat, now, frame.len() as u64, cost) {
@@ -566,15 +581,7 @@ fn a_thousand_packets_admit_exactly_what_the_model_predicts() {
 /// kernel holds after the change: every verdict and class must match, before and after.
 #[test]
 fn bucket_words_are_converted_at_a_rate_change_as_the_model_predicts() {
-    let mut harness = Harness::new(&[
-        &[
-            "shared", "--proto", "udp", "--dport", "9000", "--rate", "1mbit", "--burst", "3000",
-        ],
-        &[
-            "perflow", "--proto", "udp", "--dport", "9001", "--rate", "400kbit", "--burst", "4000",
-            "--per", "flow",
-        ],
-    ]);
+    let mut harness = Harness::new(&TWO_CLASSES);
     let router = harness.lab.router.clone();
     let configs = |attachment: &Attachment| -> HashMap<&'static str, ClassConfig> {
         let all = attachment.classes().unwrap();
@@ -606,21 +613,8 @@ fn bucket_words_are_converted_at_a_rate_change_as_the_model_predicts() {
                 "a change is a new version"
             );
         }
-        let payload = dice.next(1400) as usize;
-        let (dport, sport) = if index % 2 == 0 {
-            (9000, 1000)
-        } else {
-            (9001, 1000 + dice.next(3) as u16)
-        };
+        let (frame, key, class) = two_class_packet(dice, index);
         index += 1;
-        let mut datagram = udp(dport, payload);
-        datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
-        let frame = ipv4(V4::default(), datagram);
-        let (key, class) = if dport == 9000 {
-            ((dport, 0), "shared")
-        } else {
-            ((dport, sport), "perflow")
-        };
         let class_config = &config[class];
         let word = model_word.entry(key).or_insert(0);
         let tat = class_config.settle(*word, now, CostKind::Main, Carry::Tokens);

@@ -9,8 +9,9 @@
 //! - serves Prometheus metrics on `/metrics` and a health check on `/healthz`;
 //! - on SIGTERM/SIGINT leaves everything attached (the kernel keeps enforcing), unless
 //!   `--cleanup-on-exit`;
-//! - forwards the eBPF program's own log records (aya-log: a departure beyond the EDT
-//!   horizon, a full flow table) of every attachment into its log.
+//! - forwards the eBPF program's own log records (aya-log: CoDel starting to drop on a
+//!   shape class, a full flow table) of every attachment into its log;
+//! - never waits for the state lock: a check that finds it held is skipped and counted.
 //!
 //! Everything runs on one thread (a current-thread runtime): plans and scrapes enter
 //! network namespaces with setns, which is per thread, and never overlap.
