@@ -89,6 +89,13 @@ pub(crate) fn parse(ctx: &TcContext) -> Option<Packet> {
     if let Some(l4) = l4 {
         parse_l4(ctx, l4, &mut packet);
     }
+    // On egress the kernel has already sized the packet for the wire (qdisc_pkt_len_init:
+    // every GSO segment's headers, SKB_GSO_DODGY packets' segment count from gso_size,
+    // and on recent kernels the inner headers of a tunnel): never charge less than that.
+    let kernel_wire_len = unsafe { (*ctx.skb.skb).wire_len } as u64;
+    if kernel_wire_len > packet.wire_len {
+        packet.wire_len = kernel_wire_len;
+    }
     Some(packet)
 }
 
@@ -176,13 +183,30 @@ fn parse_l4(ctx: &TcContext, l4: usize, packet: &mut Packet) {
     packet.dport = u16::from_be(ports[1]);
     packet.flags = 0;
     // A GSO packet leaves as gso_segs frames, each with its own headers: charge them all.
-    let segments = unsafe { (*ctx.skb.skb).gso_segs } as u64;
+    // Packets from a VM's tap, vhost or a packet socket with a virtio header
+    // (SKB_GSO_DODGY) carry gso_segs = 0 until they are segmented: count the segments
+    // from gso_size, as the kernel will.
+    let (gso_segs, gso_size) = unsafe { ((*ctx.skb.skb).gso_segs, (*ctx.skb.skb).gso_size) };
+    if gso_segs == 1 || (gso_segs == 0 && gso_size == 0) {
+        return;
+    }
+    let l4_header = if packet.proto == PROTO_TCP {
+        load::<u8>(ctx, l4 + 12).map_or(20, |b| ((b >> 4) as usize) * 4)
+    } else {
+        8
+    };
+    let headers = (l4 + l4_header) as u64;
+    let segments = if gso_segs != 0 {
+        gso_segs as u64
+    } else {
+        // Payload / gso_size, rounded up (here gso_size > 0). `checked_div`: a plain
+        // division would carry a panic path the verifier refuses.
+        let payload = packet.wire_len.saturating_sub(headers);
+        (payload + gso_size as u64 - 1)
+            .checked_div(gso_size as u64)
+            .unwrap_or(1)
+    };
     if segments > 1 {
-        let l4_header = if packet.proto == PROTO_TCP {
-            load::<u8>(ctx, l4 + 12).map_or(20, |b| ((b >> 4) as usize) * 4)
-        } else {
-            8
-        };
-        packet.wire_len += (segments - 1) * (l4 + l4_header) as u64;
+        packet.wire_len += (segments - 1) * headers;
     }
 }

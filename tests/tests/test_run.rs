@@ -202,16 +202,35 @@ impl Harness {
     }
 
     /// Runs one packet at `now_ns`; returns the verdict and the class that counted it.
+    /// `gso_segs` > 1 makes it a GSO packet of 1000-byte segments whose wire length the
+    /// kernel has computed (as on egress) for 54 bytes of headers per segment.
     fn run(&mut self, frame: &[u8], now_ns: u64, gso_segs: u32) -> (u32, Option<String>) {
+        if gso_segs > 1 {
+            let wire_len = frame.len() as u32 + (gso_segs - 1) * 54;
+            self.run_gso(frame, now_ns, gso_segs, 1000, wire_len)
+        } else {
+            self.run_gso(frame, now_ns, 0, 0, 0)
+        }
+    }
+
+    /// [`Harness::run`] with the skb's GSO fields and the kernel's wire length as given
+    /// (all 0: not GSO).
+    fn run_gso(
+        &mut self,
+        frame: &[u8],
+        now_ns: u64,
+        gso_segs: u32,
+        gso_size: u32,
+        wire_len: u32,
+    ) -> (u32, Option<String>) {
         let before = self.counters();
         let mut ctx = vec![0u8; SKB_SIZE];
         ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now_ns.to_ne_bytes());
-        if gso_segs > 1 {
+        if gso_size != 0 {
             // The kernel takes a GSO context only with a wire length and a segment size.
-            let wire_len = frame.len() as u32 + (gso_segs - 1) * 54;
             ctx[SKB_WIRE_LEN..SKB_WIRE_LEN + 4].copy_from_slice(&wire_len.to_ne_bytes());
             ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&gso_segs.to_ne_bytes());
-            ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&1000u32.to_ne_bytes());
+            ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&gso_size.to_ne_bytes());
         }
         let program: &aya::programs::SchedClassifier = self
             .ebpf
@@ -498,6 +517,33 @@ fn gso_packets_are_charged_their_bytes_on_the_wire() {
         .unwrap();
     // Three extra segments, each with its own Ethernet + IPv4 + TCP headers.
     assert_eq!(stats.passed_bytes, frame.len() as u64 + 3 * (14 + 20 + 20));
+    let mut charged = stats.passed_bytes;
+    let mut charge_of = |harness: &mut Harness, gso_segs, gso_size, wire_len| {
+        let (verdict, class) = harness.run_gso(&frame, 2_000_000_000, gso_segs, gso_size, wire_len);
+        assert_eq!((verdict, class.as_deref()), (PASS, Some("gso")));
+        let total = harness
+            .attachment
+            .class_stats(harness.class_id("gso"))
+            .unwrap()
+            .passed_bytes;
+        let this = total - charged;
+        charged = total;
+        this
+    };
+    // Issue 11, item 1. A VM's TSO frame (SKB_GSO_DODGY): gso_segs 0 until segmentation,
+    // 100-byte segments, and a wire length nobody has sized yet (ingress: skb->len).
+    // 2000 bytes of payload are 20 segments: 19 extra sets of 54 bytes of headers.
+    let len = frame.len() as u32;
+    let dodgy = charge_of(&mut harness, 0, 100, len);
+    println!("gso_segs 0, gso_size 100: charged {dodgy} bytes for a {len}-byte skb");
+    assert_eq!(dodgy, len as u64 + 19 * 54);
+    // A tunnelled GSO packet whose wire length the kernel computed with the inner headers
+    // too (4 segments of 104 bytes of headers): the larger figure is charged.
+    let tunnelled = len + 3 * 104;
+    assert_eq!(
+        charge_of(&mut harness, 4, 1000, tunnelled),
+        tunnelled as u64
+    );
 }
 
 /// A deterministic pseudo-random sequence (no extra crate for a test's dice).
