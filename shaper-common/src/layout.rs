@@ -99,6 +99,10 @@ pub const KEY_PORTS_UNKNOWN: u8 = 1;
 /// `RuleKey::flags`: the packet's L4 protocol could not be determined (truncated or too
 /// long IPv6 extension chain, truncated IPv4 header). Such packets match on addresses alone.
 pub const KEY_PROTO_UNKNOWN: u8 = 2;
+/// `RuleKey::flags`: the frame is not IPv4 or IPv6 as far as the parser can tell (ARP,
+/// LLDP, raw Ethernet, more VLAN tags than it walks, a 0x9100 outer tag): only classes
+/// without any rule match it, so "cap this VM" cannot be bypassed with raw frames.
+pub const KEY_NOT_IP: u8 = 4;
 
 /// One mask of the tuple-space classifier: which bits of a packet's fields a group of
 /// rules looks at. Addresses are in network byte order, as read from the packet.

@@ -2,7 +2,7 @@
 
 use crate::{
     act::{apply, count_drop, count_pass, stats_of},
-    bucket::{bucket_of, swap, CAS_ATTEMPTS},
+    bucket::{bucket_of, swap},
     parse::Packet,
     rewrite::set_ecn_ce,
 };
@@ -12,6 +12,12 @@ use shaper_common::{
     meter::{charged, srtcm, trtcm, Colour, METER_TRTCM},
     Action, Bucket, ClassConfig, CostKind,
 };
+
+/// Compare-and-swap rounds on a meter's two words (and on its second word alone after a
+/// green packet) before the packet counts as red: fewer than a single bucket's, because
+/// the verifier walks the rounds of both loops nested, and 16 × 16 of them left no room
+/// for the rest of the program.
+const METER_CAS_ATTEMPTS: u32 = 8;
 
 #[inline(always)]
 pub(crate) fn meter(
@@ -80,7 +86,7 @@ fn colour_of(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> 
     // the first read can find one: a CPU that won a race wrote the current version.
     let mut a = class.settle(stored_a, now, CostKind::Main, Carry::Tokens);
     let mut b = class.settle(stored_b, now, CostKind::Peak, Carry::Tokens);
-    for _ in 0..CAS_ATTEMPTS {
+    for _ in 0..METER_CAS_ATTEMPTS {
         if trtcm_meter {
             // Words: (C, P). P decides red; C decides green.
             let (colour, new_p, new_c) = trtcm(b, a, now, bytes, &class.peak_cost, &class.cost);
@@ -108,7 +114,7 @@ fn colour_of(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> 
                         // Green always deepens the total too; retry only that word.
                         let cost = class.cost.ticks_for(bytes);
                         let (mut stored_total, mut total) = (stored_b, b);
-                        for _ in 0..CAS_ATTEMPTS {
+                        for _ in 0..METER_CAS_ATTEMPTS {
                             let next = class.stamp(charged(total, now, cost));
                             if swap(second, stored_total, next) {
                                 break;

@@ -3,8 +3,8 @@
 
 use aya_ebpf::programs::TcContext;
 use shaper_common::{
-    FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN, MAX_IPV6_EXT_HEADERS, PROTO_TCP,
-    PROTO_UDP,
+    FAMILY_V4, FAMILY_V6, KEY_NOT_IP, KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN, MAX_IPV6_EXT_HEADERS,
+    PROTO_TCP, PROTO_UDP,
 };
 
 const ETH_HLEN: usize = 14;
@@ -59,13 +59,14 @@ pub(crate) fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
 
 #[inline(always)]
 pub(crate) fn parse(ctx: &TcContext) -> Option<Packet> {
-    let mut ethertype = u16::from_be(load::<u16>(ctx, 12)?);
+    // A frame too short for its ethertype or VLAN tags is as unreadable as a non-IP one.
+    let mut ethertype = load::<u16>(ctx, 12).map_or(0, u16::from_be);
     let mut l3 = ETH_HLEN;
     for _ in 0..MAX_VLAN_TAGS {
         if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
             break;
         }
-        ethertype = u16::from_be(load::<u16>(ctx, l3 + 2)?);
+        ethertype = load::<u16>(ctx, l3 + 2).map_or(0, u16::from_be);
         l3 += VLAN_HLEN;
     }
     let skb_len = ctx.len() as u64;
@@ -84,7 +85,12 @@ pub(crate) fn parse(ctx: &TcContext) -> Option<Packet> {
     let l4 = match ethertype {
         ETH_P_IP => parse_ipv4(ctx, l3, &mut packet),
         ETH_P_IPV6 => parse_ipv6(ctx, l3, &mut packet),
-        _ => return None,
+        // ARP, LLDP, raw Ethernet, a third VLAN tag, a 0x9100 outer tag: classes without
+        // rules still match it (and charge its bytes); no other class does.
+        _ => {
+            packet.flags = KEY_NOT_IP;
+            return Some(packet);
+        }
     };
     if let Some(l4) = l4 {
         parse_l4(ctx, l4, &mut packet);

@@ -2,7 +2,7 @@
 
 use crate::parse::{load, Packet};
 use aya_ebpf::programs::TcContext;
-use shaper_common::FAMILY_V4;
+use shaper_common::{FAMILY_V4, FAMILY_V6};
 
 const IPV4_CHECKSUM_OFFSET: usize = 10;
 const ECN_MASK: u8 = 0x03;
@@ -40,6 +40,10 @@ fn rewrite_traffic_class(
     packet: &Packet,
     change: impl Fn(u8) -> Option<u8>,
 ) -> bool {
+    // A frame that is not IP (a class without rules sees those too) has no such field.
+    if packet.family != FAMILY_V4 && packet.family != FAMILY_V6 {
+        return false;
+    }
     let Some(head) = load::<[u8; 2]>(ctx, packet.l3) else {
         return false;
     };

@@ -7,8 +7,8 @@
 
 use ipnet::IpNet;
 use shaper_common::{
-    RuleKey, Shape, FAMILY_ANY, FAMILY_V4, FAMILY_V6, KEY_PORTS_UNKNOWN, KEY_PROTO_UNKNOWN,
-    PROTO_ANY, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
+    RuleKey, Shape, FAMILY_ANY, FAMILY_V4, FAMILY_V6, KEY_NOT_IP, KEY_PORTS_UNKNOWN,
+    KEY_PROTO_UNKNOWN, PROTO_ANY, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
 };
 use std::net::IpAddr;
 
@@ -265,8 +265,28 @@ impl Rule {
                 },
             ));
         }
+        if self.is_empty() {
+            // A class without rules matches every frame, IP or not.
+            let (shape, _) = entries[0];
+            entries.push((
+                shape,
+                RuleKey {
+                    flags: KEY_NOT_IP,
+                    ..RuleKey::default()
+                },
+            ));
+        }
         entries.dedup();
         entries
+    }
+
+    /// No address, protocol or port rule: the class matches every frame.
+    pub fn is_empty(&self) -> bool {
+        self.src.is_none()
+            && self.dst.is_none()
+            && self.proto == Proto::Any
+            && self.sport.is_any()
+            && self.dport.is_any()
     }
 }
 

@@ -502,6 +502,102 @@ fn crafted_packets_get_the_expected_class_and_verdict() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Issue 11, item 3: frames no rule can look into (ARP, LLDP, a third VLAN tag, a 0x9100
+/// outer tag, raw Ethernet) meet a class without rules, and no other class; with that
+/// class's bucket small, a flood of them is policed (a container with CAP_NET_RAW cannot
+/// flood past "cap this VM").
+#[test]
+fn frames_no_rule_can_read_still_meet_a_class_without_rules() {
+    let mut harness = Harness::new(&[
+        &[
+            "dns", "--proto", "udp", "--dport", "53", "--prio", "10", "--rate", "400gbit",
+        ],
+        &[
+            "net4",
+            "--dst",
+            "198.18.2.0/24",
+            "--prio",
+            "20",
+            "--rate",
+            "400gbit",
+        ],
+        &["everything", "--prio", "100", "--rate", "400gbit"],
+    ]);
+    let udp53 = ipv4(V4::default(), udp(53, 32));
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("ARP", ethernet(&[], 0x0806, &[0u8; 28]), "everything"),
+        ("LLDP", ethernet(&[], 0x88cc, &[0u8; 40]), "everything"),
+        (
+            "raw Ethernet, ethertype 0x88b5",
+            ethernet(&[], 0x88b5, &[7u8; 200]),
+            "everything",
+        ),
+        (
+            "three VLAN tags, IPv4 UDP :53",
+            ethernet(&[0x88a8, 0x8100, 0x8100], 0x0800, &udp53[14..]),
+            "everything",
+        ),
+        (
+            "0x9100 outer tag, IPv4 UDP :53",
+            ethernet(&[0x9100], 0x0800, &udp53[14..]),
+            "everything",
+        ),
+        // Parsed IP still goes to its best class, not to the catch-all.
+        (
+            "two VLAN tags, IPv4 UDP :53",
+            ethernet(&[0x88a8, 0x8100], 0x0800, &udp53[14..]),
+            "dns",
+        ),
+        (
+            "IPv4 TCP :80 to 198.18.2.2",
+            ipv4(V4::default(), tcp(80, 32)),
+            "net4",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (index, (what, frame, class)) in cases.iter().enumerate() {
+        let (verdict, got) = harness.run(frame, (index as u64 + 1) * 1_000_000_000, 1);
+        println!("{what:40} verdict {:>2} class {got:?}", verdict as i32);
+        if verdict != PASS || got.as_deref() != Some(*class) {
+            failures.push(format!(
+                "{what}: got ({}, {got:?}), expected {class}",
+                verdict as i32
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Without a class without rules, such frames still pass untouched.
+    harness
+        .lab
+        .router
+        .shaper(&["class", "del", "everything", "--dev", DEV])
+        .unwrap();
+    harness.reload_names();
+    let arp = ethernet(&[], 0x0806, &[0u8; 28]);
+    assert_eq!(harness.run(&arp, 20_000_000_000, 1), (PASS, None));
+
+    // A 16 kbit/s class without rules against 200 raw frames at one instant: its burst
+    // (3 028 bytes) lets 12 of the 242-byte frames through, the rest are dropped.
+    harness
+        .lab
+        .router
+        .class_add("capped", DEV, &["--rate", "16kbit", "--burst", "3028"])
+        .unwrap();
+    harness.reload_names();
+    let raw = ethernet(&[], 0x88b5, &[7u8; 228]);
+    let (mut passed, mut dropped) = (0, 0);
+    for _ in 0..200 {
+        match harness.run(&raw, 30_000_000_000, 1) {
+            (PASS, Some(class)) if class == "capped" => passed += 1,
+            (SHOT, Some(class)) if class == "capped" => dropped += 1,
+            other => panic!("raw frame: {other:?}"),
+        }
+    }
+    println!("200 raw frames through a 16 kbit/s class without rules: {passed} passed, {dropped} dropped");
+    assert_eq!((passed, dropped), (12, 188));
+}
+
 #[test]
 fn gso_packets_are_charged_their_bytes_on_the_wire() {
     let mut harness = Harness::new(&[&[
