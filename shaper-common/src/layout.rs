@@ -55,6 +55,9 @@ pub mod map_names {
 pub mod program_names {
     /// The classifier attached to interfaces.
     pub const SHAPER: &str = "shaper";
+    /// The same classifier for devices that carry bare IP packets (tun, wireguard, ipip,
+    /// sit, ppp): it parses from the IP header, with the protocol from `skb->protocol`.
+    pub const SHAPER_L3: &str = "shaper_l3";
     /// Same code, but "now" is taken from `skb->tstamp` so BPF_PROG_TEST_RUN can drive
     /// the clock; never attached.
     pub const SHAPER_CLOCKED: &str = "shaper_clocked";
@@ -76,6 +79,11 @@ pub struct Globals {
     pub created_clsact: u32,
     /// and the counter behind class creation sequences and bucket generations.
     pub next_seq: u64,
+    /// Bytes of link-layer header before the IP header: 14 on Ethernet, 0 on devices that
+    /// carry bare IP packets (tun, wireguard, ipip, sit, ppp), which get the `shaper_l3`
+    /// program. Userspace bookkeeping, found at attach from the device's link type.
+    pub link_header_len: u32,
+    pub _pad: u32,
 }
 
 pub const ATTACH_MODE_TCX: u32 = 1;

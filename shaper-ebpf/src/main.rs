@@ -58,7 +58,13 @@ mod entry {
 
     #[classifier]
     pub fn shaper(ctx: TcContext) -> i32 {
-        run(&ctx, unsafe { bpf_ktime_get_ns() })
+        run::<false>(&ctx, unsafe { bpf_ktime_get_ns() })
+    }
+
+    /// The same for devices that carry bare IP packets (no link-layer header).
+    #[classifier]
+    pub fn shaper_l3(ctx: TcContext) -> i32 {
+        run::<true>(&ctx, unsafe { bpf_ktime_get_ns() })
     }
 
     /// The same program with the clock taken from `skb->tstamp`, so BPF_PROG_TEST_RUN can
@@ -66,7 +72,7 @@ mod entry {
     #[classifier]
     pub fn shaper_clocked(ctx: TcContext) -> i32 {
         let now = unsafe { (*ctx.skb.skb).tstamp };
-        run(&ctx, now)
+        run::<false>(&ctx, now)
     }
 
     /// The per-packet cost floor for benchmarks: an empty classifier in the same object.
@@ -76,8 +82,8 @@ mod entry {
     }
 
     #[inline(always)]
-    fn run(ctx: &TcContext, now: u64) -> i32 {
-        let Some(packet) = parse(ctx) else {
+    fn run<const BARE_IP: bool>(ctx: &TcContext, now: u64) -> i32 {
+        let Some(packet) = parse::<BARE_IP>(ctx) else {
             return TC_ACT_UNSPEC;
         };
         let Some(class_id) = classify(&packet) else {

@@ -58,12 +58,18 @@ pub(crate) fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
 }
 
 #[inline(always)]
-pub(crate) fn parse(ctx: &TcContext) -> Option<Packet> {
-    // A frame too short for its ethertype or VLAN tags is as unreadable as a non-IP one.
-    let mut ethertype = load::<u16>(ctx, 12).map_or(0, u16::from_be);
-    let mut l3 = ETH_HLEN;
+pub(crate) fn parse<const BARE_IP: bool>(ctx: &TcContext) -> Option<Packet> {
+    // A device carrying bare IP (tun, wireguard, ipip, sit, ppp) has no link-layer header:
+    // the protocol is `skb->protocol`. A separate program (`shaper_l3`), so each keeps
+    // constant offsets and its own verifier budget.
+    let (mut ethertype, mut l3) = if BARE_IP {
+        (u16::from_be(unsafe { (*ctx.skb.skb).protocol } as u16), 0)
+    } else {
+        // A frame too short for its ethertype is as unreadable as a non-IP one.
+        (load::<u16>(ctx, 12).map_or(0, u16::from_be), ETH_HLEN)
+    };
     for _ in 0..MAX_VLAN_TAGS {
-        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
+        if BARE_IP || (ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD) {
             break;
         }
         ethertype = load::<u16>(ctx, l3 + 2).map_or(0, u16::from_be);

@@ -77,6 +77,73 @@ pub fn check_ifname(name: &str) -> Result<()> {
     }
 }
 
+/// Link types (`ARPHRD_*`, if_arp.h) whose frames start with an Ethernet header.
+const ETHERNET_LINKS: &[(u16, &str)] = &[(1, "Ethernet"), (772, "loopback")];
+/// Link types whose packets start at the IP header: the program reads the protocol from
+/// `skb->protocol`.
+const L3_LINKS: &[(u16, &str)] = &[
+    (0xfffe, "none (tun, wireguard)"),
+    (519, "raw IP"),
+    (512, "PPP"),
+    (768, "IPIP tunnel"),
+    (769, "IPv6 tunnel"),
+    (776, "SIT tunnel"),
+];
+
+/// Bytes of link-layer header before the IP header on `dev` (in the current namespace):
+/// 14 on Ethernet, 0 on devices that carry bare IP. Any other link type (GRE with its
+/// header ops, InfiniBand, CAN, …) is refused, so nothing is attached that would let its
+/// traffic pass unparsed.
+pub fn link_header_len(dev: &str) -> Result<u32> {
+    let link_type = link_type(dev)?;
+    if ETHERNET_LINKS.iter().any(|(kind, _)| *kind == link_type) {
+        return Ok(14);
+    }
+    if L3_LINKS.iter().any(|(kind, _)| *kind == link_type) {
+        return Ok(0);
+    }
+    let supported: Vec<&str> = ETHERNET_LINKS
+        .iter()
+        .chain(L3_LINKS)
+        .map(|(_, name)| *name)
+        .collect();
+    Err(runtime(format!(
+        "interface '{dev}' has link type {link_type}, whose frames shaper cannot parse; supported: {}",
+        supported.join(", ")
+    )))
+}
+
+/// The device's `ARPHRD_*` link type, by SIOCGIFHWADDR on a socket of this namespace.
+fn link_type(dev: &str) -> Result<u16> {
+    use nix::libc;
+    check_ifname(dev)?;
+    // SAFETY: a plain datagram socket, closed by OwnedFd.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(runtime(format!(
+            "cannot open a socket to read the link type of '{dev}': {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain old data; the name fits (checked above) with its NUL.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(dev.bytes()) {
+        *slot = byte as libc::c_char;
+    }
+    let done = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::SIOCGIFHWADDR,
+            &mut request,
+        )
+    };
+    if done < 0 {
+        return Err(runtime(format!("interface '{dev}' not found")));
+    }
+    Ok(unsafe { request.ifr_ifru.ifru_hwaddr.sa_family })
+}
+
 /// The interface's index in the current namespace, or a one-line error.
 pub fn ifindex(dev: &str) -> Result<u32> {
     nix::net::if_::if_nametoindex(dev).map_err(|_| runtime(format!("interface '{dev}' not found")))

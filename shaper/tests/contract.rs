@@ -175,6 +175,7 @@ fn the_ebpf_object_has_the_programs_userspace_loads() {
     let object = object();
     for name in [
         program_names::SHAPER,
+        program_names::SHAPER_L3,
         program_names::SHAPER_CLOCKED,
         program_names::FLOOR,
     ] {

@@ -342,6 +342,57 @@ fn raising_a_drained_class_above_its_load_stops_the_drops_at_once() {
     );
 }
 
+/// Issue 11, item 2: a tun device carries bare IP packets (no Ethernet header). UDP at
+/// about 10 Mbit/s sent out of it through a 1 Mbit/s class is policed: the class admits its
+/// burst plus the rate, and drops the rest. Before, the parser read an "ethertype" out of
+/// the IPv4 source address, and the traffic passed unclassified.
+#[test]
+fn udp_out_of_a_tun_device_is_policed() {
+    use std::time::Instant;
+    let lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    for args in [
+        &["tuntap", "add", "dev", "tun0", "mode", "tun"][..],
+        &["link", "set", "tun0", "up"],
+        &["addr", "add", "198.18.9.1/24", "dev", "tun0"],
+    ] {
+        router.run("ip", args).unwrap();
+    }
+    router.attach("tun0", &[]).unwrap();
+    router
+        .class_add("tunudp", "tun0", &["--rate", "1mbit", "--proto", "udp"])
+        .unwrap();
+    // 1000-byte datagrams every 0.8 ms for 2 s, from the router itself out of tun0 (no
+    // reader holds the tun open, so its packets go no further than the hook).
+    let (sent, seconds) = shaper::netns::in_namespace(&Some(router.name.clone()), || {
+        let socket = std::net::UdpSocket::bind("198.18.9.1:0")?;
+        let start = Instant::now();
+        let mut sent = 0u64;
+        while start.elapsed() < Duration::from_secs(2) && sent < 10_000 {
+            socket.send_to(&[0u8; 1000], "198.18.9.2:9")?;
+            sent += 1;
+            thread::sleep(Duration::from_micros(800));
+        }
+        Ok((sent, start.elapsed().as_secs_f64()))
+    })
+    .unwrap();
+    let row = router.stats_row("tunudp").unwrap();
+    let (passed, dropped) = (
+        counter(&row, "passed_bytes") as f64,
+        counter(&row, "dropped_packets"),
+    );
+    let burst = counter(&row, "burst_bytes") as f64;
+    // Charged at L3 (no link-layer header on a tun): 1028 bytes per datagram.
+    let allowed = burst + 1e6 / 8.0 * seconds;
+    println!(
+        "tun0: {sent} datagrams in {seconds:.2} s, class passed {passed} bytes (burst + rate = \
+         {allowed:.0}), dropped {dropped}"
+    );
+    assert!(dropped > sent / 2, "the class did not police: {row}");
+    assert!(passed <= allowed + 1028.0, "passed {passed} > {allowed}");
+    assert!(passed >= 0.9 * allowed, "passed {passed} of {allowed}");
+}
+
 #[test]
 fn udp_is_policed_to_10mbit_on_the_servers_ingress() {
     let mut lab = Lab::new().unwrap();

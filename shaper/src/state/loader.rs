@@ -59,6 +59,8 @@ pub fn attach_fresh(
     forced_mode: Option<AttachMode>,
     flow_table_size: u32,
 ) -> Result<AttachMode> {
+    // A device whose frames the program cannot parse is refused before anything is made.
+    let link_header_len = crate::netns::link_header_len(&location.dev)?;
     let final_dir = location.dir();
     let staging = final_dir.with_file_name(format!("{}-staging", location.direction.name()));
     // A crash may have left a staging directory: it never holds a live attachment.
@@ -67,7 +69,12 @@ pub fn attach_fresh(
     let mut detach_on_failure = None;
     let result = (|| -> Result<AttachMode> {
         let mut ebpf = load_object(&staging, flow_table_size)?;
-        let program = load_program(&mut ebpf, program_names::SHAPER)?;
+        let name = if link_header_len == 0 {
+            program_names::SHAPER_L3
+        } else {
+            program_names::SHAPER
+        };
+        let program = load_program(&mut ebpf, name)?;
         program.pin(staging.join(PROG_PIN))?;
         let (mode, created_clsact) = attach_program(
             program,
@@ -91,6 +98,7 @@ pub fn attach_fresh(
                 },
                 created_clsact: u32::from(created_clsact),
                 next_seq: 1,
+                link_header_len,
                 ..Globals::default()
             },
             0,
@@ -162,7 +170,9 @@ fn attach_program(
 /// Removes shaper's clsact filter (found by program name) and, when shaper created the
 /// clsact qdisc, the qdisc too.
 fn detach_clsact_filter(dev: &str, direction: Direction, remove_qdisc: bool) {
-    let _ = aya::programs::tc::qdisc_detach_program(dev, direction.tc(), program_names::SHAPER);
+    for name in [program_names::SHAPER, program_names::SHAPER_L3] {
+        let _ = aya::programs::tc::qdisc_detach_program(dev, direction.tc(), name);
+    }
     if remove_qdisc {
         // aya has no qdisc deletion; iproute2's tc is on every machine that has TC.
         let _ = std::process::Command::new("tc")
@@ -190,6 +200,18 @@ pub fn reattach(location: &Location) -> Result<AttachMode> {
     let attachment = Attachment::open(location)?;
     let mut globals = attachment.globals()?;
     let mode = AttachMode::from_globals(globals.attach_mode);
+    // A re-created interface of the same name may be of another kind, which the pinned
+    // program cannot parse.
+    let link_header_len = crate::netns::link_header_len(&location.dev)?;
+    if (link_header_len == 0) != (globals.link_header_len == 0) {
+        return Err(runtime(format!(
+            "{} was re-created as another kind of device (link-layer header {} bytes, was {}); \
+             detach and attach it again",
+            location.describe(),
+            link_header_len,
+            globals.link_header_len
+        )));
+    }
     let mut program = SchedClassifier::from_pin(dir.join(PROG_PIN))
         .map_err(|e| runtime(format!("cannot open the pinned program: {e}")))?;
     // The old link (if any) points at a vanished interface: drop it first.
