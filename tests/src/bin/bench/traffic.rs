@@ -447,12 +447,30 @@ impl Drop for Sink<'_> {
     }
 }
 
+/// Waits (until `deadline` at the latest) for the router to forward the senders' blast:
+/// at least 1000 packets in 100 ms toward the server.
+fn wait_for_blast(lab: &Lab, deadline: Instant) -> Result<()> {
+    let mut last = lab.router.link_stat(DEV, "tx_packets")?;
+    while Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+        let now = lab.router.link_stat(DEV, "tx_packets")?;
+        if now >= last + 1000 {
+            return Ok(());
+        }
+        last = now;
+    }
+    bail!("the senders' blast never started")
+}
+
 /// Packets per second the router forwards toward the server while two iperf3 senders,
 /// one pinned to each core, send 64-byte UDP datagrams as fast as they can, and the
 /// server drops them on arrival.
 fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
     // Senders and one-shot servers are all done by the run's length plus a grace.
-    let deadline = Instant::now() + Duration::from_secs(seconds.into()) + shaper_tests::IPERF_GRACE;
+    // The senders run 3 s longer than the measurement needs, so a slow start still leaves
+    // the whole window inside their run.
+    let sending = seconds + 3;
+    let deadline = Instant::now() + Duration::from_secs(sending.into()) + shaper_tests::IPERF_GRACE;
     let mut children = Children(Vec::new());
     for port in BLAST_PORTS {
         children.0.push(lab.iperf_server(port)?);
@@ -470,7 +488,7 @@ fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
                 "-l",
                 "64",
                 "-t",
-                &seconds.to_string(),
+                &sending.to_string(),
                 "-p",
                 &port.to_string(),
                 "-A",
@@ -483,8 +501,11 @@ fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
     }
     // Once iperf3 has set up its streams, the server drops the datagrams before any
     // socket sees them: the two cores then go to sending and forwarding, not to the
-    // receivers, and the measurement is less at the mercy of the scheduler.
+    // receivers, and the measurement is less at the mercy of the scheduler. The sink
+    // goes in only once the blast flows (a stream whose set-up datagrams met the sink
+    // would never start): on a slow machine that takes longer than the usual second.
     thread::sleep(Duration::from_secs(1));
+    wait_for_blast(lab, deadline)?;
     let sink = Sink::install(&lab.server)?;
     let before = lab.router.link_stat(DEV, "tx_packets")?;
     let started = Instant::now();
