@@ -80,48 +80,28 @@ pub fn tagged(tat: u64, version: u32) -> u64 {
     (tat & TAT_MASK) | (((version as u64) & (COST_VERSIONS as u64 - 1)) << VERSION_SHIFT)
 }
 
-/// What a bucket word keeps across a change of its rate or burst.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Carry {
-    /// A policer or meter: its tokens, clipped to the new burst (no blackout after a
-    /// raise, no free refill after a cut).
-    Tokens,
-    /// A shaper's virtual queue: the bytes queued, which now drain at the new rate.
-    Backlog,
-}
-
 /// `tat` (untagged, written under cost `old`) converted to cost `new` as of `at_ns`, the
-/// moment of the change, keeping what `carry` says; the bucket then refills (or drains) at
-/// the new rate from `at_ns` on. Divides: runs once per word per change, not per packet.
-/// Rounds toward fewer tokens (more backlog), so a change never admits more than it should.
+/// moment of the change: its tokens kept, clipped to the new burst (no blackout after a
+/// raise, no free refill after a cut); the bucket then refills at the new rate from
+/// `at_ns` on. Divides: runs once per word per change, not per packet. Rounds toward
+/// fewer tokens, so a change never admits more than it should.
 #[inline(always)]
-pub fn rescale(tat: u64, at_ns: u64, old: &ByteCost, new: &ByteCost, carry: Carry) -> u64 {
+pub fn rescale(tat: u64, at_ns: u64, old: &ByteCost, new: &ByteCost) -> u64 {
     let at = ticks(at_ns);
     let debt = tat.saturating_sub(at);
-    match carry {
-        Carry::Tokens => {
-            // A full bucket holds exactly its burst (its tolerance is rounded down).
-            let tokens = if debt == 0 {
-                old.burst_bytes
-            } else {
-                old.bytes_in(old.tolerance_ticks.saturating_sub(debt))
-            };
-            let tokens_new = new.ticks_in(tokens);
-            let tokens_new = if tokens_new > new.tolerance_ticks {
-                new.tolerance_ticks
-            } else {
-                tokens_new
-            };
-            at + (new.tolerance_ticks - tokens_new)
-        }
-        Carry::Backlog => {
-            if debt == 0 {
-                return tat;
-            }
-            // Rounded up here: the queue is never thought shorter than it is.
-            at + new.ticks_for(old.bytes_in(debt) + 1)
-        }
-    }
+    // A full bucket holds exactly its burst (its tolerance is rounded down).
+    let tokens = if debt == 0 {
+        old.burst_bytes
+    } else {
+        old.bytes_in(old.tolerance_ticks.saturating_sub(debt))
+    };
+    let tokens_new = new.ticks_in(tokens);
+    let tokens_new = if tokens_new > new.tolerance_ticks {
+        new.tolerance_ticks
+    } else {
+        tokens_new
+    };
+    at + (new.tolerance_ticks - tokens_new)
 }
 
 /// Ticks per byte as a fixed-point number, and the burst tolerance in ticks.

@@ -3,7 +3,7 @@
 //! Every struct is `#[repr(C)]` with explicit padding so both sides agree byte for byte.
 
 use crate::{
-    bucket::{rescale, tagged, word_version, ByteCost, Carry, COST_VERSIONS, TAT_MASK},
+    bucket::{rescale, tagged, word_version, ByteCost, COST_VERSIONS, TAT_MASK},
     codel::CodelConfig,
 };
 
@@ -296,13 +296,7 @@ pub struct ClassConfig {
 /// it is one subprogram, where inlined at every bucket its divisions and branches
 /// multiply the paths beyond the verifier's limit.
 #[inline(never)]
-pub fn settle_older(
-    config: &ClassConfig,
-    word: u64,
-    now_ns: u64,
-    kind: CostKind,
-    carry: Carry,
-) -> u64 {
+pub fn settle_older(config: &ClassConfig, word: u64, now_ns: u64, kind: CostKind) -> u64 {
     let tat = word & TAT_MASK;
     match config.history.get(word_version(word) as usize) {
         // As of the change; a packet from before it (a CPU's clock a hair behind) converts
@@ -313,54 +307,42 @@ pub fn settle_older(
             } else {
                 config.changed_at_ns
             };
-            rescale(tat, at, old.of(kind), config.costs_ref(kind), carry)
+            let new = match kind {
+                CostKind::Main => &config.cost,
+                CostKind::Peak => &config.peak_cost,
+            };
+            rescale(tat, at, old.of(kind), new)
         }
         None => tat,
     }
 }
 
-/// A class's costs as of one version.
+/// A class's bucket costs as of one version (a shape class's per-flow sparseness words
+/// are not converted at a change, so its sparseness cost is not kept).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CostVersion {
     pub cost: ByteCost,
     pub peak_cost: ByteCost,
-    pub sparse_cost: ByteCost,
 }
 
 impl CostVersion {
     #[inline(always)]
     fn of(&self, kind: CostKind) -> &ByteCost {
-        kind.pick(&self.cost, &self.peak_cost, &self.sparse_cost)
+        match kind {
+            CostKind::Main => &self.cost,
+            CostKind::Peak => &self.peak_cost,
+        }
     }
 }
 
 /// Which of a class's costs a bucket word runs at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CostKind {
-    /// `cost`: the class's or key's bucket, a meter's first word, a shaper's virtual queue.
+    /// `cost`: the class's or key's bucket, a meter's first word.
     Main,
     /// `peak_cost`: a meter's second word.
     Peak,
-    /// `sparse_cost`: a shape class's per-flow sparseness word.
-    Sparse,
-}
-
-impl CostKind {
-    /// Of a set of costs (the class's current ones or a past version's), the one for this.
-    #[inline(always)]
-    fn pick<'a>(
-        self,
-        main: &'a ByteCost,
-        peak: &'a ByteCost,
-        sparse: &'a ByteCost,
-    ) -> &'a ByteCost {
-        match self {
-            CostKind::Main => main,
-            CostKind::Peak => peak,
-            CostKind::Sparse => sparse,
-        }
-    }
 }
 
 impl ClassConfig {
@@ -369,23 +351,17 @@ impl ClassConfig {
         CostVersion {
             cost: self.cost,
             peak_cost: self.peak_cost,
-            sparse_cost: self.sparse_cost,
         }
     }
 
     /// A stored word's `tat` in the current costs: as stored when it is of the current
     /// version, else converted from its version's costs (see `bucket::rescale`).
     #[inline(always)]
-    pub fn settle(&self, word: u64, now_ns: u64, kind: CostKind, carry: Carry) -> u64 {
+    pub fn settle(&self, word: u64, now_ns: u64, kind: CostKind) -> u64 {
         if word_version(word) == self.version {
             return word & TAT_MASK;
         }
-        settle_older(self, word, now_ns, kind, carry)
-    }
-
-    #[inline(always)]
-    fn costs_ref(&self, kind: CostKind) -> &ByteCost {
-        kind.pick(&self.cost, &self.peak_cost, &self.sparse_cost)
+        settle_older(self, word, now_ns, kind)
     }
 
     /// `tat` as a word to store: stamped with the current version.
@@ -420,8 +396,8 @@ impl ClassConfig {
         self.history[self.version as usize] = next;
         self.cost = next.cost;
         self.peak_cost = next.peak_cost;
-        self.sparse_cost = next.sparse_cost;
     }
+
     /// A shape class's queue drains through HTB's token bucket, which sends the class's
     /// burst ahead of the rate (its virtual queue starts beyond it); EDT pacing has no
     /// burst. In bucket ticks.

@@ -8,7 +8,7 @@ use proptest::{
     test_runner::{Config, RngAlgorithm, TestRng, TestRunner},
 };
 use shaper_common::{
-    bucket::{level_bytes, word_version, Carry, COST_VERSIONS, MAX_RATE_BITS_PER_SEC},
+    bucket::{level_bytes, word_version, COST_VERSIONS, MAX_RATE_BITS_PER_SEC},
     conform, ByteCost, ClassConfig, CostKind, CostVersion,
 };
 
@@ -41,7 +41,7 @@ fn change(config: &mut ClassConfig, rate_bits: u64, burst: u64) {
 fn drain(config: &ClassConfig, mut word: u64, now: u64) -> u64 {
     for bytes in [1500, 1] {
         loop {
-            let tat = config.settle(word, now, CostKind::Main, Carry::Tokens);
+            let tat = config.settle(word, now, CostKind::Main);
             match conform(tat, now, bytes, &config.cost) {
                 Some(next) => word = config.stamp(next),
                 None => break,
@@ -62,7 +62,7 @@ fn first_pass(
     limit: u64,
 ) -> Option<u64> {
     (0..=limit / 1000).map(|step| now + step * 1000).find(|&t| {
-        let tat = config.settle(word, t, CostKind::Main, Carry::Tokens);
+        let tat = config.settle(word, t, CostKind::Main);
         let passed = conform(tat, t, bytes, &config.cost).is_some();
         if !passed && config.stale(word) {
             word = config.stamp(tat);
@@ -108,27 +108,26 @@ fn lowering_the_rate_or_burst_hands_out_no_refill_and_no_blackout() {
     // A full class whose burst is cut to a fifth keeps a fifth: no blackout, no more.
     let mut config = class(100_000_000, 3_125_000);
     change(&mut config, 100_000_000, 625_000);
-    let tat = config.settle(0, START, CostKind::Main, Carry::Tokens);
+    let tat = config.settle(0, START, CostKind::Main);
     assert_eq!(level_bytes(tat, START, 100_000_000, 625_000), 625_000);
 
     // Half drained, burst cut below what is left: clipped to the new burst.
     let mut config = class(100_000_000, 3_125_000);
     let mut word = 0;
     for _ in 0..1000 {
-        let tat = config.settle(word, START, CostKind::Main, Carry::Tokens);
+        let tat = config.settle(word, START, CostKind::Main);
         word = config.stamp(conform(tat, START, 1500, &config.cost).unwrap());
     }
     change(&mut config, 100_000_000, 1_000_000);
-    let tat = config.settle(word, START, CostKind::Main, Carry::Tokens);
+    let tat = config.settle(word, START, CostKind::Main);
     let level = level_bytes(tat, START, 100_000_000, 1_000_000);
     assert!((999_990..=1_000_000).contains(&level), "{level}");
 
     // Raising the burst keeps the tokens (1.625 MB left of 3.125), it adds none.
     change(&mut config, 100_000_000, 6_250_000);
-    let tat_before =
-        class(100_000_000, 3_125_000).settle(word, START, CostKind::Main, Carry::Tokens);
+    let tat_before = class(100_000_000, 3_125_000).settle(word, START, CostKind::Main);
     let left = level_bytes(tat_before, START, 100_000_000, 3_125_000);
-    let tat = config.settle(word, START, CostKind::Main, Carry::Tokens);
+    let tat = config.settle(word, START, CostKind::Main);
     let level = level_bytes(tat, START, 100_000_000, 6_250_000);
     assert!(level <= left && left - level <= 16, "{left} -> {level}");
 }
@@ -180,16 +179,16 @@ fn a_change_keeps_the_tokens_and_the_new_rate_holds_after_it() {
                 let mut config = class(rate_a, burst_a);
                 let mut word = 0;
                 for _ in 0..sent_before {
-                    let tat = config.settle(word, START, CostKind::Main, Carry::Tokens);
+                    let tat = config.settle(word, START, CostKind::Main);
                     match conform(tat, START, 1514, &config.cost) {
                         Some(next) => word = config.stamp(next),
                         None => break,
                     }
                 }
-                let old_tat = config.settle(word, START, CostKind::Main, Carry::Tokens);
+                let old_tat = config.settle(word, START, CostKind::Main);
                 let tokens = level_bytes(old_tat, START, rate_a, burst_a);
                 change(&mut config, rate_b, burst_b);
-                let tat = config.settle(word, START, CostKind::Main, Carry::Tokens);
+                let tat = config.settle(word, START, CostKind::Main);
                 let kept = level_bytes(tat, START, rate_b, burst_b);
                 let expected = tokens.min(burst_b);
                 // Rounding toward fewer tokens, by at most a few bytes (2^-14 relative);
@@ -220,7 +219,7 @@ fn a_change_keeps_the_tokens_and_the_new_rate_holds_after_it() {
                 for step in 1..=200u64 {
                     let now = START + step * gap;
                     reference = (reference + gap as u128 * rate_b as u128).min(cap);
-                    let tat = config.settle(stored, now, CostKind::Main, Carry::Tokens);
+                    let tat = config.settle(stored, now, CostKind::Main);
                     let passed = match conform(tat, now, 1514, &config.cost) {
                         Some(next) => {
                             stored = config.stamp(next);

@@ -10,7 +10,7 @@ use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
 use aya_log_ebpf::warn;
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use shaper_common::{
-    bucket::{ticks, use_credit, Carry, CreditUse, TAT_MASK},
+    bucket::{ticks, use_credit, CreditUse, TAT_MASK},
     conform, Bucket, BucketKey, ClassConfig, CostKind, Credit, Scope,
 };
 
@@ -172,7 +172,7 @@ fn charge_with_credit(
 #[inline(always)]
 fn charge(word: *mut u64, now: u64, bytes: u64, class: &ClassConfig) -> Verdict {
     let mut stored = unsafe { core::ptr::read_volatile(word) };
-    let mut tat = class.settle(stored, now, CostKind::Main, Carry::Tokens);
+    let mut tat = class.settle(stored, now, CostKind::Main);
     for _ in 0..CAS_ATTEMPTS {
         let Some(next) = conform(tat, now, bytes, &class.cost) else {
             if class.stale(stored) {

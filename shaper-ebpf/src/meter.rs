@@ -8,7 +8,7 @@ use crate::{
 };
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, programs::TcContext};
 use shaper_common::{
-    bucket::{Carry, TAT_MASK},
+    bucket::TAT_MASK,
     meter::{charged, srtcm, trtcm, Colour, METER_TRTCM},
     Action, Bucket, ClassConfig, CostKind,
 };
@@ -84,8 +84,8 @@ fn colour_of(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> 
     };
     // Words of an older cost version are converted (tokens kept) in the swaps below. Only
     // the first read can find one: a CPU that won a race wrote the current version.
-    let mut a = class.settle(stored_a, now, CostKind::Main, Carry::Tokens);
-    let mut b = class.settle(stored_b, now, CostKind::Peak, Carry::Tokens);
+    let mut a = class.settle(stored_a, now, CostKind::Main);
+    let mut b = class.settle(stored_b, now, CostKind::Peak);
     for _ in 0..METER_CAS_ATTEMPTS {
         if trtcm_meter {
             // Words: (C, P). P decides red; C decides green.

@@ -9,7 +9,7 @@
 use aya::programs::{TestRun as _, TestRunOptions};
 use shaper::state::{self, Attachment, Direction, Location};
 use shaper_common::{
-    bucket::{credit_chunk, departure, shared_burst, ticks, use_credit, Carry, CreditUse},
+    bucket::{credit_chunk, departure, shared_burst, ticks, use_credit, CreditUse},
     codel::{self, judge, sojourn_ns, CodelConfig, CodelState},
     conform,
     meter::{
@@ -759,7 +759,7 @@ fn bucket_words_are_converted_at_a_rate_change_as_the_model_predicts() {
         index += 1;
         let class_config = &config[class];
         let word = model_word.entry(key).or_insert(0);
-        let tat = class_config.settle(*word, now, CostKind::Main, Carry::Tokens);
+        let tat = class_config.settle(*word, now, CostKind::Main);
         let expected = match conform(tat, now, frame.len() as u64, &class_config.cost) {
             Some(next) => {
                 *word = class_config.stamp(next);

@@ -287,11 +287,9 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             .codel
             .unwrap_or_default()
             .config(meta.rate_bits_per_sec);
+        config.sparse_cost = sparse_cost(meta.rate_bits_per_sec);
     }
     let mut costs = config.costs();
-    if shaping {
-        costs.sparse_cost = sparse_cost(meta.rate_bits_per_sec);
-    }
     let meter = Meter::from_meta(&meta, config.meter);
     if let Meter::TrTcm {
         peak_rate_bits_per_sec,

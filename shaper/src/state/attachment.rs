@@ -10,7 +10,7 @@ use aya::{
     programs::SchedClassifier,
 };
 use shaper_common::{
-    bucket::Carry,
+    bucket::TAT_MASK,
     codel::{sojourn_ns, CodelState, Control},
     map_names, Bucket, ClassConfig, ClassMeta, ClassStats, CostKind, Credit, Globals, RuleKey,
     RuleValue, Shape, CLASS_NAME_LEN,
@@ -116,7 +116,8 @@ impl Attachment {
         let stored = self.class_buckets()?.get(&class_id, 0)?.tat;
         let control = self.codel()?.get(&class_id, 0)?.control;
         let now = monotonic_ns();
-        let tat = config.settle(stored, now, CostKind::Main, Carry::Backlog);
+        // As the program reads it: a shape class's word is not converted at a change.
+        let tat = stored & TAT_MASK;
         let delay = sojourn_ns(
             tat,
             shaper_common::bucket::ticks(now),
@@ -138,7 +139,7 @@ impl Attachment {
         let shared = shaper_common::bucket::shared_burst(burst_bytes, cpus, chunk);
         let now = monotonic_ns();
         let stored = self.class_buckets()?.get(&class_id, 0)?.tat;
-        let tat = config.settle(stored, now, CostKind::Main, Carry::Tokens);
+        let tat = config.settle(stored, now, CostKind::Main);
         let mut level = shaper_common::bucket::level_bytes(tat, now, rate_bits_per_sec, shared);
         if chunk != 0 {
             for credit in self.credit()?.get(&class_id, 0)?.iter() {

@@ -114,7 +114,7 @@ pub(crate) fn ensure_private_dir(dir: &Path) -> Result<()> {
     }
     let meta = fs::symlink_metadata(dir)
         .map_err(|e| runtime(format!("cannot inspect {}: {e}", dir.display())))?;
-    check_owned_and_private(dir, &meta)?;
+    check_ours(dir, &meta)?;
     if meta.permissions().mode() & 0o077 != 0 {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
             .map_err(|e| runtime(format!("cannot restrict {}: {e}", dir.display())))?;
@@ -122,8 +122,8 @@ pub(crate) fn ensure_private_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a directory that is not ours or that others may write into.
-fn check_owned_and_private(dir: &Path, meta: &fs::Metadata) -> Result<()> {
+/// Refuses what is not a real directory owned by this user.
+fn check_ours(dir: &Path, meta: &fs::Metadata) -> Result<()> {
     let me = nix::unistd::geteuid().as_raw();
     if !meta.file_type().is_dir() {
         return Err(runtime(format!(

@@ -31,49 +31,92 @@ pub fn rate_over_time(
     series: &[(String, Series)],
     configured_mbit: f64,
 ) -> Result<()> {
+    let top = values(series).fold(configured_mbit * 1.5, f64::max);
+    lines_over_time(
+        path,
+        &Axes {
+            title,
+            x_desc: "time (s), 100 ms bins",
+            y_desc: "Mbit/s received",
+            y_range: 0.0..top,
+            stroke: 2,
+            legend: SeriesLabelPosition::UpperLeft,
+        },
+        series,
+        Some(("configured rate", configured_mbit)),
+    )
+}
+
+/// The y values of every series.
+fn values(series: &[(String, Series)]) -> impl Iterator<Item = f64> + '_ {
+    series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.1))
+}
+
+/// What a time-series chart shows besides its lines.
+struct Axes<'a> {
+    title: &'a str,
+    x_desc: &'a str,
+    y_desc: &'a str,
+    y_range: std::ops::Range<f64>,
+    stroke: u32,
+    legend: SeriesLabelPosition,
+}
+
+/// One line per series over time (x from 0 to the last point), and optionally a dashed
+/// black reference line at a labelled level.
+fn lines_over_time(
+    path: &Path,
+    axes: &Axes,
+    series: &[(String, Series)],
+    reference: Option<(&str, f64)>,
+) -> Result<()> {
     let end = series
         .iter()
         .flat_map(|(_, points)| points.iter().map(|p| p.0))
         .fold(1.0, f64::max);
-    let top = series
-        .iter()
-        .flat_map(|(_, points)| points.iter().map(|p| p.1))
-        .fold(configured_mbit * 1.5, f64::max);
     let root = BitMapBackend::new(path, (1000, 450)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
+        .caption(axes.title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..end, 0.0..top)
+        .build_cartesian_2d(0.0..end, axes.y_range.clone())
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc("time (s), 100 ms bins")
-        .y_desc("Mbit/s received")
+        .x_desc(axes.x_desc)
+        .y_desc(axes.y_desc)
         .draw()
         .map_err(err)?;
     for (index, (label, points)) in series.iter().enumerate() {
         let colour = COLOURS[index % COLOURS.len()];
         chart
-            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                points.clone(),
+                colour.stroke_width(axes.stroke),
+            ))
             .map_err(err)?
             .label(label.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
     }
-    chart
-        .draw_series(DashedLineSeries::new(
-            vec![(0.0, configured_mbit), (end, configured_mbit)],
-            6,
-            4,
-            BLACK.into(),
-        ))
-        .map_err(err)?
-        .label("configured rate")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    if let Some((label, level)) = reference {
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, level), (end, level)],
+                6,
+                4,
+                BLACK.into(),
+            ))
+            .map_err(err)?
+            .label(label)
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    }
     chart
         .configure_series_labels()
+        .position(axes.legend.clone())
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
@@ -159,50 +202,20 @@ pub fn cost_vs_scale(
 }
 
 /// The probe's added RTT over time, one line per setup (ms over the idle RTT).
-pub fn rtt_over_time(path: &Path, title: &str, series: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
-    let end = series
-        .iter()
-        .flat_map(|(_, points)| points.iter().map(|p| p.0))
-        .fold(1.0, f64::max);
-    let top = series
-        .iter()
-        .flat_map(|(_, points)| points.iter().map(|p| p.1))
-        .fold(10.0, f64::max)
-        * 1.1;
-    let bottom = series
-        .iter()
-        .flat_map(|(_, points)| points.iter().map(|p| p.1))
-        .fold(0.0, f64::min);
-    let root = BitMapBackend::new(path, (1000, 450)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..end, bottom..top)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s) since the probe started")
-        .y_desc("probe's added RTT (ms)")
-        .draw()
-        .map_err(err)?;
-    for (index, (label, points)) in series.iter().enumerate() {
-        let colour = COLOURS[index % COLOURS.len()];
-        chart
-            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(1)))
-            .map_err(err)?
-            .label(label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+pub fn rtt_over_time(path: &Path, title: &str, series: &[(String, Series)]) -> Result<()> {
+    let top = values(series).fold(10.0, f64::max) * 1.1;
+    let bottom = values(series).fold(0.0, f64::min);
+    lines_over_time(
+        path,
+        &Axes {
+            title,
+            x_desc: "time (s) since the probe started",
+            y_desc: "probe's added RTT (ms)",
+            y_range: bottom..top,
+            stroke: 1,
+            legend: SeriesLabelPosition::UpperRight,
+        },
+        series,
+        None,
+    )
 }
