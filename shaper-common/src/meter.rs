@@ -10,7 +10,10 @@
 //! total deficit shrinks at CIR, all of it C's until C is full, then E's. E's deficit is
 //! the difference of the two. A green packet deepens both, a yellow one only the total.
 
-use crate::bucket::{ticks, ByteCost};
+use crate::{
+    bucket::{ticks, ByteCost, TAT_MASK},
+    ClassConfig, CostKind,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Colour {
@@ -85,12 +88,108 @@ pub fn srtcm(
         );
     }
     // "else if Te(t)-B >= 0, the packet is yellow and Te is decremented by B."
-    let excess_burst = total.tolerance_ticks - committed.tolerance_ticks;
-    let deficit_e = deficit(tat_total, now_ns).saturating_sub(deficit_c);
-    if deficit_e + cost <= excess_burst {
+    if excess_has_room(tat_c, tat_total, now_ns, cost, committed, total) {
         return (Colour::Yellow, tat_c, charged(tat_total, now_ns, cost));
     }
     (Colour::Red, tat_c, tat_total)
+}
+
+/// srTCM: whether bucket E holds `cost` ticks (E's deficit is the total's less C's).
+#[inline(always)]
+pub fn excess_has_room(
+    tat_c: u64,
+    tat_total: u64,
+    now_ns: u64,
+    cost: u64,
+    committed: &ByteCost,
+    total: &ByteCost,
+) -> bool {
+    let excess_burst = total.tolerance_ticks - committed.tolerance_ticks;
+    let deficit_e = deficit(tat_total, now_ns).saturating_sub(deficit(tat_c, now_ns));
+    deficit_e + cost <= excess_burst
+}
+
+/// One of a meter's two stored words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MeterWord {
+    /// C, the committed bucket (both meters).
+    Committed,
+    /// trTCM's P; srTCM's total of C and E.
+    Second,
+}
+
+/// A meter's two words as every CPU shares them: the map value in the eBPF program, a
+/// model of racing CPUs in the host tests.
+pub trait MeterWords {
+    fn load(&mut self, word: MeterWord) -> u64;
+    /// Compare-and-swap: true when `current` was still stored and is now `new`.
+    fn swap(&mut self, word: MeterWord, current: u64, new: u64) -> bool;
+}
+
+/// The colour of one packet; each of the meter's two words changes by compare-and-swap,
+/// at most `attempts` rounds (then the packet is red).
+///
+/// The second word is charged first: every packet that is not red deepens it (trTCM's P,
+/// srTCM's total), and a green packet then deepens C. Between a green packet's two swaps
+/// other CPUs see it charged as a yellow packet, never as not charged at all, so they
+/// judge against fewer tokens than the meter holds, never more. A green packet whose C
+/// changed under it (another CPU took C's tokens) gets the colour it would have had
+/// without C: yellow in trTCM; in srTCM yellow if E had room for it in the snapshot it was
+/// judged on, which holds no more of E than there is, else red (its bytes stay in the
+/// total: the meter holds a packet less than it could). Under contention a packet may
+/// come out a colour worse than in some serial order, never better: no bucket of a meter
+/// admits more than it holds.
+#[inline(always)]
+pub fn colour_of<W: MeterWords>(
+    words: &mut W,
+    class: &ClassConfig,
+    bytes: u64,
+    now: u64,
+    attempts: u32,
+) -> Colour {
+    let trtcm_meter = class.meter == METER_TRTCM;
+    // A swap of the second word succeeds only if no packet was charged to it since it was
+    // read, and every packet charges it before C: so C as read then holds no packet the
+    // second word does not, and E (their difference) is judged to hold no more than it does.
+    let mut stored_c = words.load(MeterWord::Committed);
+    let mut stored_second = words.load(MeterWord::Second);
+    // Words of an older cost version are converted (tokens kept) in the swaps below. Only
+    // the first read can find one: a CPU that won a race wrote the current version.
+    let mut c = class.settle(stored_c, now, CostKind::Main);
+    let mut second = class.settle(stored_second, now, CostKind::Peak);
+    for _ in 0..attempts {
+        let (colour, new_c, new_second, without_c) = if trtcm_meter {
+            let (colour, new_p, new_c) =
+                trtcm(second, c, now, bytes, &class.peak_cost, &class.cost);
+            (colour, new_c, new_p, Colour::Yellow)
+        } else {
+            let (colour, new_c, new_total) =
+                srtcm(c, second, now, bytes, &class.cost, &class.peak_cost);
+            let cost = class.cost.ticks_for(bytes);
+            let excess = excess_has_room(c, second, now, cost, &class.cost, &class.peak_cost);
+            (
+                colour,
+                new_c,
+                new_total,
+                if excess { Colour::Yellow } else { Colour::Red },
+            )
+        };
+        if colour == Colour::Red {
+            return Colour::Red;
+        }
+        if words.swap(MeterWord::Second, stored_second, class.stamp(new_second)) {
+            if colour == Colour::Yellow
+                || words.swap(MeterWord::Committed, stored_c, class.stamp(new_c))
+            {
+                return colour;
+            }
+            return without_c;
+        }
+        stored_c = words.load(MeterWord::Committed);
+        stored_second = words.load(MeterWord::Second);
+        (c, second) = (stored_c & TAT_MASK, stored_second & TAT_MASK);
+    }
+    Colour::Red
 }
 
 /// The RFCs' own definitions, token by token: the reference the two-word meters are

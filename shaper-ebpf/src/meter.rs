@@ -8,15 +8,13 @@ use crate::{
 };
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, programs::TcContext};
 use shaper_common::{
-    bucket::TAT_MASK,
-    meter::{charged, srtcm, trtcm, Colour, METER_TRTCM},
-    Action, Bucket, ClassConfig, CostKind,
+    meter::{colour_of, Colour, MeterWord, MeterWords},
+    Action, Bucket, ClassConfig,
 };
 
-/// Compare-and-swap rounds on a meter's two words (and on its second word alone after a
-/// green packet) before the packet counts as red: fewer than a single bucket's, because
-/// the verifier walks the rounds of both loops nested, and 16 × 16 of them left no room
-/// for the rest of the program.
+/// Compare-and-swap rounds on a meter's two words before the packet counts as red: fewer
+/// than a single bucket's, for the verifier's sake (each round is walked for every path
+/// that reaches the meter).
 const METER_CAS_ATTEMPTS: u32 = 8;
 
 #[inline(always)]
@@ -32,7 +30,13 @@ pub(crate) fn meter(
     };
     let bytes = packet.wire_len;
     let colour = match bucket_of(class_id, class, packet) {
-        Some(bucket) => colour_of(bucket, class, bytes, now),
+        Some(bucket) => colour_of(
+            &mut BucketWords(bucket),
+            class,
+            bytes,
+            now,
+            METER_CAS_ATTEMPTS,
+        ),
         None => Colour::Green, // no room for a bucket: fail open, as for policing
     };
     let (action, arg, mask) = match colour {
@@ -68,72 +72,39 @@ pub(crate) fn meter(
     }
 }
 
-/// The colour of one packet; each of the meter's two words changes by compare-and-swap.
-/// Under contention a packet whose first word was charged but whose second changed
-/// meanwhile keeps the lesser colour: no bucket ever admits more than it holds.
-#[inline(always)]
-fn colour_of(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> Colour {
-    let first = unsafe { &raw mut (*bucket).tat };
-    let second = unsafe { &raw mut (*bucket).tat2 };
-    let trtcm_meter = class.meter == METER_TRTCM;
-    let (mut stored_a, mut stored_b) = unsafe {
-        (
-            core::ptr::read_volatile(first),
-            core::ptr::read_volatile(second),
-        )
-    };
-    // Words of an older cost version are converted (tokens kept) in the swaps below. Only
-    // the first read can find one: a CPU that won a race wrote the current version.
-    let mut a = class.settle(stored_a, now, CostKind::Main);
-    let mut b = class.settle(stored_b, now, CostKind::Peak);
-    for _ in 0..METER_CAS_ATTEMPTS {
-        if trtcm_meter {
-            // Words: (C, P). P decides red; C decides green.
-            let (colour, new_p, new_c) = trtcm(b, a, now, bytes, &class.peak_cost, &class.cost);
-            if colour == Colour::Red {
-                return Colour::Red;
-            }
-            if swap(second, stored_b, class.stamp(new_p)) {
-                if colour == Colour::Green && swap(first, stored_a, class.stamp(new_c)) {
-                    return Colour::Green;
-                }
-                return Colour::Yellow;
-            }
-        } else {
-            // srTCM. Words: (C, total).
-            let (colour, new_c, new_total) = srtcm(a, b, now, bytes, &class.cost, &class.peak_cost);
-            match colour {
-                Colour::Red => return Colour::Red,
-                Colour::Yellow => {
-                    if swap(second, stored_b, class.stamp(new_total)) {
-                        return Colour::Yellow;
-                    }
-                }
-                Colour::Green => {
-                    if swap(first, stored_a, class.stamp(new_c)) {
-                        // Green always deepens the total too; retry only that word.
-                        let cost = class.cost.ticks_for(bytes);
-                        let (mut stored_total, mut total) = (stored_b, b);
-                        for _ in 0..METER_CAS_ATTEMPTS {
-                            let next = class.stamp(charged(total, now, cost));
-                            if swap(second, stored_total, next) {
-                                break;
-                            }
-                            stored_total = unsafe { core::ptr::read_volatile(second) };
-                            total = stored_total & TAT_MASK;
-                        }
-                        return Colour::Green;
-                    }
-                }
-            }
-        }
-        (stored_a, stored_b) = unsafe {
-            (
-                core::ptr::read_volatile(first),
-                core::ptr::read_volatile(second),
-            )
-        };
-        (a, b) = (stored_a & TAT_MASK, stored_b & TAT_MASK);
+/// One subprogram, walked by the verifier apart from the paths that lead to it.
+#[inline(never)]
+fn colour(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> Colour {
+    colour_of(
+        &mut BucketWords(bucket),
+        class,
+        bytes,
+        now,
+        METER_CAS_ATTEMPTS,
+    )
+}
+
+/// The meter's two words in the class's bucket, changed by compare-and-swap.
+struct BucketWords(*mut Bucket);
+
+impl MeterWords for BucketWords {
+    #[inline(always)]
+    fn load(&mut self, word: MeterWord) -> u64 {
+        unsafe { core::ptr::read_volatile(self.word(word)) }
     }
-    Colour::Red
+
+    #[inline(always)]
+    fn swap(&mut self, word: MeterWord, current: u64, new: u64) -> bool {
+        swap(self.word(word), current, new)
+    }
+}
+
+impl BucketWords {
+    #[inline(always)]
+    fn word(&self, word: MeterWord) -> *mut u64 {
+        match word {
+            MeterWord::Committed => unsafe { &raw mut (*self.0).tat },
+            MeterWord::Second => unsafe { &raw mut (*self.0).tat2 },
+        }
+    }
 }
