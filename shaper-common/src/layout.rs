@@ -19,8 +19,17 @@ pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
 /// Bounded walk over IPv6 extension headers.
 pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 
+/// The layout of an attachment's pinned state: every map's name, key and value types and
+/// their meaning. Bump it with any change to them; it is stamped in the `LAYOUT` map at
+/// attach, and every command refuses pins of another layout with a clear message (0: pins
+/// from before the stamp).
+pub const LAYOUT_VERSION: u32 = 1;
+
 /// Map names, as declared in the eBPF object and pinned by userspace.
 pub mod map_names {
+    /// `LAYOUT_VERSION` of the shaper that attached (element 0): its own one-`u32` layout
+    /// never changes.
+    pub const LAYOUT: &str = "LAYOUT";
     pub const GLOBALS: &str = "GLOBALS";
     pub const SHAPES: &str = "SHAPES";
     pub const RULES: &str = "RULES";
@@ -35,7 +44,8 @@ pub mod map_names {
     /// Packet-path scratch (one per-CPU slot), never read by userspace.
     pub const SHAPE_PACKET: &str = "SHAPE_PACKET";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
+        LAYOUT,
         GLOBALS,
         SHAPES,
         RULES,

@@ -13,6 +13,9 @@ use shaper_common::{
     MAX_SHAPES,
 };
 
+/// Userspace only: the layout version of this state (`shaper_common::LAYOUT_VERSION`).
+#[map]
+pub(crate) static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 pub(crate) static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
 #[map]

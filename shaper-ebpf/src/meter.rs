@@ -72,18 +72,6 @@ pub(crate) fn meter(
     }
 }
 
-/// One subprogram, walked by the verifier apart from the paths that lead to it.
-#[inline(never)]
-fn colour(bucket: *mut Bucket, class: &ClassConfig, bytes: u64, now: u64) -> Colour {
-    colour_of(
-        &mut BucketWords(bucket),
-        class,
-        bytes,
-        now,
-        METER_CAS_ATTEMPTS,
-    )
-}
-
 /// The meter's two words in the class's bucket, changed by compare-and-swap.
 struct BucketWords(*mut Bucket);
 

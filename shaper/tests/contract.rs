@@ -8,7 +8,7 @@
 use shaper_common::{
     codel::CodelState, map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta,
     ClassStats, Credit, Globals, RuleKey, RuleValue, Shape, CLASS_NAME_LEN,
-    DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+    DEFAULT_FLOW_TABLE_SIZE, LAYOUT_VERSION, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 use std::mem::size_of;
 
@@ -45,7 +45,8 @@ const fn map(
 
 const U32: usize = size_of::<u32>();
 
-const EXPECTED: [Expected; 12] = [
+const EXPECTED: [Expected; 13] = [
+    map(map_names::LAYOUT, ARRAY, U32, U32, 1),
     map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
     map(
         map_names::SHAPES,
@@ -168,6 +169,44 @@ fn the_ebpf_object_declares_the_maps_userspace_expects() {
         "every named map is checked, in order"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The (key, value) sizes of every map at the layout version they were recorded for. A
+/// change of any pinned type changes them: the test then asks for a new layout version
+/// (with the migration `shaper upgrade` needs), so pins of the old layout are never read
+/// as the new one.
+const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 13]) = (
+    1,
+    [
+        ("LAYOUT", 4, 4),
+        ("GLOBALS", 4, 32),
+        ("SHAPES", 4, 40),
+        ("RULES", 44, 16),
+        ("CLASSES", 4, 448),
+        ("CLASS_BUCKETS", 4, 16),
+        ("KEYED_BUCKETS", 48, 16),
+        ("STATS", 4, 96),
+        ("CLASS_META", 4, 168),
+        ("CLASS_INDEX", 48, 4),
+        ("CREDIT", 4, 16),
+        ("CODEL", 4, 16),
+        ("SHAPE_PACKET", 4, 64),
+    ],
+);
+
+#[test]
+fn a_changed_map_layout_comes_with_a_new_layout_version() {
+    let sizes: Vec<(&str, usize, usize)> = EXPECTED
+        .iter()
+        .map(|map| (map.name, map.key, map.value))
+        .collect();
+    let (version, recorded) = RECORDED_LAYOUT;
+    assert_eq!(
+        (LAYOUT_VERSION, sizes.as_slice()),
+        (version, recorded.as_slice()),
+        "the pinned maps' layout changed: bump shaper_common::LAYOUT_VERSION, record the new \
+         sizes here, and teach `shaper upgrade` to migrate pins of the old layout"
+    );
 }
 
 #[test]

@@ -12,7 +12,23 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
     check_netns_known(&netns)?;
     let mut rows = Vec::new();
     for location in list_locations(netns.as_ref().map(|n| Some(n.clone())).as_ref())? {
-        let attachment = Attachment::open(&location)?;
+        let attachment = Attachment::open_any_layout(&location)?;
+        // Pins of another shaper's layout are shown, not read: the command line says
+        // what to do with them.
+        if let Some(problem) = attachment.layout_problem() {
+            rows.push(json!({
+                "dev": location.dev,
+                "netns": location.netns,
+                "direction": location.direction.name(),
+                "attach_mode": attachment.mode_from_pins().name(),
+                "program_id": attachment.program_id().ok(),
+                "live": false,
+                "problem": problem,
+                "classes": null,
+                "flow_table_size": attachment.flow_table_size().ok(),
+            }));
+            continue;
+        }
         let classes = shaper::classes::read_classes(&attachment)?.len();
         // Interface lookups happen in the attachment's own namespace; one whose namespace
         // was deleted is shown as stale, with the command that clears it.
@@ -50,6 +66,9 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
     print_rows(&rows, args.json, &header, |row| {
         let state = match row["problem"].as_str() {
             None => "attached".to_string(),
+            Some(problem) if problem.starts_with("state layout") => {
+                format!("other shaper version ({problem})")
+            }
             Some(problem) => format!("stale ({problem})"),
         };
         vec![

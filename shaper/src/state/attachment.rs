@@ -13,9 +13,39 @@ use shaper_common::{
     bucket::TAT_MASK,
     codel::{sojourn_ns, CodelState, Control},
     map_names, Bucket, ClassConfig, ClassMeta, ClassStats, CostKind, Credit, Globals, RuleKey,
-    RuleValue, Shape, CLASS_NAME_LEN,
+    RuleValue, Shape, CLASS_NAME_LEN, LAYOUT_VERSION,
 };
 use std::path::{Path, PathBuf};
+
+/// One line on what to do with pins of a layout this shaper does not read.
+pub(crate) fn layout_mismatch(location: &Location, found: Option<u32>) -> String {
+    let netns = location
+        .netns
+        .as_ref()
+        .map(|n| format!(" --netns {n}"))
+        .unwrap_or_default();
+    let (dev, direction) = (&location.dev, location.direction.name());
+    match found {
+        Some(found) if found > LAYOUT_VERSION => format!(
+            "{} was attached by a newer shaper (state layout {found}; this shaper reads layout \
+             {LAYOUT_VERSION}): use that shaper, or `shaper{netns} detach {dev} --direction \
+             {direction}` and attach again",
+            location.describe()
+        ),
+        Some(found) => format!(
+            "{} was attached by an older shaper (state layout {found}; this shaper reads layout \
+             {LAYOUT_VERSION}): keep its classes with the older binary's `shaper export`, then \
+             `shaper{netns} detach {dev} --direction {direction}` and `shaper apply` the export",
+            location.describe()
+        ),
+        None => format!(
+            "{}: the state layout stamp cannot be read (this shaper reads layout \
+             {LAYOUT_VERSION}); `shaper{netns} detach {dev} --direction {direction}` and attach \
+             again",
+            location.describe()
+        ),
+    }
+}
 
 /// What `status` reports about one attachment.
 pub struct AttachmentStatus {
@@ -42,8 +72,19 @@ fn open_map(dir: &Path, name: &str) -> Result<Map> {
 }
 
 impl Attachment {
-    /// Opens the attachment at `location`, or fails with a hint to attach first.
+    /// Opens the attachment at `location`, or fails with a hint to attach first, or with
+    /// what to do when its pins are of another layout than this shaper reads.
     pub fn open(location: &Location) -> Result<Self> {
+        let attachment = Self::open_any_layout(location)?;
+        match attachment.layout() {
+            Some(LAYOUT_VERSION) => Ok(attachment),
+            found => Err(runtime(layout_mismatch(location, found))),
+        }
+    }
+
+    /// Opens the attachment whatever the layout of its pins: for `status`, which shows
+    /// it, and `detach`, which removes it.
+    pub fn open_any_layout(location: &Location) -> Result<Self> {
         let dir = location.dir();
         if !dir.join(map_names::GLOBALS).exists() {
             return Err(runtime(format!(
@@ -62,6 +103,38 @@ impl Attachment {
             location: location.clone(),
             dir,
         })
+    }
+
+    /// The layout version stamped at attach; 0 for pins from before the stamp, `None`
+    /// when it cannot be read.
+    pub fn layout(&self) -> Option<u32> {
+        let path = self.dir.join(map_names::LAYOUT);
+        if !path.exists() {
+            return Some(0);
+        }
+        let layout: Array<MapData, u32> = self.map(map_names::LAYOUT).ok()?;
+        layout.get(&0, 0).ok()
+    }
+
+    /// Why this shaper cannot read the attachment's pins, for `status`; `None` when it can.
+    pub fn layout_problem(&self) -> Option<String> {
+        match self.layout() {
+            Some(LAYOUT_VERSION) => None,
+            Some(found) => Some(format!(
+                "state layout {found}, this shaper reads {LAYOUT_VERSION}"
+            )),
+            None => Some("state layout unreadable".to_string()),
+        }
+    }
+
+    /// The attach mode as the pins show it, without reading `GLOBALS` (whose layout may
+    /// be another shaper's): only TCX attachments pin a link.
+    pub fn mode_from_pins(&self) -> AttachMode {
+        if self.dir.join(LINK_PIN).exists() {
+            AttachMode::Tcx
+        } else {
+            AttachMode::Clsact
+        }
     }
 
     /// One pinned map of the attachment, as the typed aya map `M`.

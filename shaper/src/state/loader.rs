@@ -14,7 +14,9 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use shaper_common::{map_names, program_names, Globals, ATTACH_MODE_CLSACT, ATTACH_MODE_TCX};
+use shaper_common::{
+    map_names, program_names, Globals, ATTACH_MODE_CLSACT, ATTACH_MODE_TCX, LAYOUT_VERSION,
+};
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -103,6 +105,11 @@ pub fn attach_fresh(
             },
             0,
         )?;
+        let mut layout: Array<_, u32> = Array::try_from(
+            ebpf.map_mut(map_names::LAYOUT)
+                .context("LAYOUT map missing")?,
+        )?;
+        layout.set(0, LAYOUT_VERSION, 0)?;
         fs::rename(&staging, &final_dir)
             .with_context(|| format!("cannot move pins into {}", final_dir.display()))?;
         Ok(mode)
@@ -234,17 +241,27 @@ pub fn forget(location: &Location) -> Result<()> {
     Ok(())
 }
 
-/// Detaches the program at `location` and removes every pin it owns.
+/// Detaches the program at `location` and removes every pin it owns, whatever shaper
+/// version attached it.
 pub fn detach(location: &Location) -> Result<()> {
     let dir = location.dir();
-    let globals = Attachment::open(location)?.globals()?;
-    match AttachMode::from_globals(globals.attach_mode) {
+    let attachment = Attachment::open_any_layout(location)?;
+    // GLOBALS of another layout may not read as ours: then the pins tell the mode, and a
+    // clsact qdisc is left in place (whether shaper created it is not known).
+    let (mode, created_clsact) = match attachment.globals() {
+        Ok(globals) if [ATTACH_MODE_TCX, ATTACH_MODE_CLSACT].contains(&globals.attach_mode) => (
+            AttachMode::from_globals(globals.attach_mode),
+            globals.created_clsact != 0,
+        ),
+        _ => (attachment.mode_from_pins(), false),
+    };
+    match mode {
         // Unpinning the link drops its last reference: the kernel detaches the program.
         AttachMode::Tcx => {
             let _ = fs::remove_file(dir.join(LINK_PIN));
         }
         AttachMode::Clsact => {
-            let mut remove_qdisc = globals.created_clsact != 0;
+            let mut remove_qdisc = created_clsact;
             // Both directions share one clsact qdisc: keep it while the other uses it.
             let other = Location {
                 direction: match location.direction {
@@ -254,13 +271,17 @@ pub fn detach(location: &Location) -> Result<()> {
                 ..location.clone()
             };
             if remove_qdisc && other.dir().exists() {
-                if let Ok(other_attachment) = Attachment::open(&other) {
-                    let mut other_globals = other_attachment.globals()?;
-                    if other_globals.attach_mode == ATTACH_MODE_CLSACT {
-                        other_globals.created_clsact = 1;
-                        other_attachment.set_globals(other_globals)?;
-                        remove_qdisc = false;
+                match Attachment::open(&other) {
+                    Ok(other_attachment) => {
+                        let mut other_globals = other_attachment.globals()?;
+                        if other_globals.attach_mode == ATTACH_MODE_CLSACT {
+                            other_globals.created_clsact = 1;
+                            other_attachment.set_globals(other_globals)?;
+                            remove_qdisc = false;
+                        }
                     }
+                    // Another shaper's pins: it may hook the qdisc, so it stays.
+                    Err(_) => remove_qdisc = false,
                 }
             }
             detach_clsact_filter(&location.dev, location.direction, remove_qdisc);
