@@ -31,6 +31,9 @@ pub enum Command {
     Attach(AttachArgs),
     /// Detach shaper from an interface and remove every pin it owns.
     Detach(DetachArgs),
+    /// Swap this shaper's program in for the attached one under traffic, keeping classes,
+    /// buckets and counters (and migrating state of an older layout).
+    Upgrade(UpgradeArgs),
     /// Add, change, delete or list classes.
     #[command(subcommand)]
     Class(Box<ClassCommand>),
@@ -85,6 +88,10 @@ pub struct DaemonArgs {
     /// How often to check the file and the interfaces (1s, 500ms, ...).
     #[arg(long, default_value = "1s")]
     pub interval: String,
+    /// Keep the programs attached by another shaper build: by default the daemon swaps
+    /// its own in at start (as `shaper upgrade`), keeping classes, buckets and counters.
+    #[arg(long)]
+    pub no_upgrade: bool,
     /// Detach the configured interfaces when the daemon stops (default: leave them
     /// shaped; the kernel keeps enforcing without the daemon).
     #[arg(long)]
@@ -148,6 +155,23 @@ pub struct DetachArgs {
     #[arg(value_parser = interface_name)]
     pub dev: String,
     /// Default: every direction shaper is attached to.
+    #[arg(long, value_enum)]
+    pub direction: Option<DirectionArg>,
+}
+
+#[derive(Args, Debug)]
+pub struct UpgradeArgs {
+    /// The interface to upgrade (every direction shaper is attached to, unless
+    /// --direction).
+    #[arg(value_parser = interface_name, required_unless_present = "all", conflicts_with = "all")]
+    pub dev: Option<String>,
+    /// Every attachment on the machine (with --netns: in that namespace).
+    #[arg(long)]
+    pub all: bool,
+    /// Load and swap in the program even where the attached one is this very build (it
+    /// is verified afresh; classes, buckets and counters stay).
+    #[arg(long)]
+    pub reload: bool,
     #[arg(long, value_enum)]
     pub direction: Option<DirectionArg>,
 }

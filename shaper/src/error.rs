@@ -48,7 +48,7 @@ pub fn report(error: &anyhow::Error) -> (i32, String) {
 }
 
 /// Collapses multi-line kernel messages (verifier logs) into one line for the user.
-pub(crate) fn one_line(text: &str) -> String {
+pub fn one_line(text: &str) -> String {
     let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
     // Verifier logs say what went wrong at their end: keep the head and the tail.
     if joined.len() > 1000 {

@@ -54,6 +54,29 @@ pub(crate) fn clsact_program_ids(dev: &str, direction: &str) -> Result<Vec<u32>>
         .collect())
 }
 
+/// (priority, handle) of the clsact filter on `dev` (`direction`) that runs program
+/// `program_id`, for replacing its program in place.
+pub(crate) fn clsact_filter_of(dev: &str, direction: &str, program_id: u32) -> Result<(u16, u32)> {
+    let text = tc(&["-j", "filter", "show", "dev", dev, direction])?;
+    let json: Value = serde_json::from_str(text.trim()).unwrap_or(Value::Null);
+    json.as_array()
+        .into_iter()
+        .flatten()
+        .filter(|filter| filter["options"]["prog"]["id"].as_u64() == Some(program_id.into()))
+        .find_map(|filter| {
+            let priority = u16::try_from(filter["pref"].as_u64()?).ok()?;
+            let handle = filter["options"]["handle"].as_str()?;
+            let handle = u32::from_str_radix(handle.trim_start_matches("0x"), 16).ok()?;
+            Some((priority, handle))
+        })
+        .ok_or_else(|| {
+            runtime(format!(
+                "shaper's clsact filter (program {program_id}) is not on {dev} {direction}; \
+                 run `shaper attach {dev}` to re-hook it first"
+            ))
+        })
+}
+
 /// Minor-number blocks of shaper's HTB tree: shape class `id` is the inner class
 /// `id + 1` with two leaves, sparse `SPARSE_BASE + id + 1` and bulk `BULK_BASE + id + 1`
 /// (16 384 classes fit each block of the 16-bit minor space).

@@ -5,8 +5,8 @@
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use shaper_tests::{
-    assert_within, shaper, shaper_bin, stderr, stdout, wait_bounded, wait_with_output_bounded,
-    BoundedCommand, Lab, Netns, StateLockHolder, Udp, COMMAND_LIMIT,
+    assert_within, counter, shaper, shaper_bin, stderr, stdout, wait_bounded,
+    wait_with_output_bounded, BoundedCommand, Lab, Netns, StateLockHolder, Udp, COMMAND_LIMIT,
 };
 use std::{
     io::{Read as _, Write as _},
@@ -858,11 +858,69 @@ fn daemon_serves_and_stops_while_another_program_holds_the_lock() -> Result<()> 
     Ok(())
 }
 
+/// At start the daemon upgrades the attachments it manages (as `shaper upgrade`): pins
+/// of layout 0, as the last unversioned shaper left them, are migrated with their class
+/// and counters, and the file applies on top; with `--no-upgrade` they are left alone and
+/// every check says why it cannot apply.
+#[test]
+fn daemon_upgrades_the_attachments_it_manages_at_start() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let router = lab.router.clone();
+    router.attach("r1", &[])?;
+    router.class_add("bulk", "r1", &["--rate", "10mbit", "--proto", "udp"])?;
+    lab.udp(&Udp::at("2M", 2))?;
+    let passed = |router: &Netns| -> Result<u64> {
+        Ok(counter(&router.stats_row("bulk")?, "passed_packets"))
+    };
+    let before = passed(&router)?;
+    let layout = std::path::Path::new(&format!(
+        "/sys/fs/bpf/shaper/netns-{}/r1/egress/LAYOUT",
+        router.name
+    ))
+    .to_path_buf();
+    std::fs::remove_file(&layout)?;
+    let config = format!(
+        "[[interface]]\ndev = \"r1\"\nnetns = \"{}\"\n\n[[interface.class]]\nname = \"bulk\"\nrate = \"10mbit\"\nproto = \"udp\"\n",
+        router.name
+    );
+    let file = ConfigFile::new("upgrade", &config);
+
+    let kept = Daemon::start(&router, &file, &["--no-upgrade"])?;
+    wait_for("a failed check", Duration::from_secs(10), || {
+        Ok(kept
+            .log()
+            .contains("attached by an older shaper (state layout 0"))
+    })?;
+    assert!(kept.stop()?.success());
+    assert!(!layout.exists(), "--no-upgrade migrated the pins");
+
+    let daemon = Daemon::start(&router, &file, &[])?;
+    wait_for("the daemon", Duration::from_secs(15), || {
+        Ok(http_get(&router, "/healthz").is_ok_and(|(s, _)| s == 200))
+    })?;
+    let log = daemon.log();
+    println!("{log}");
+    assert!(
+        log.contains("r1 egress") && log.contains("state layout 0 -> 1"),
+        "{log}"
+    );
+    let status = router.shaper_json(&["status", "--json"])?;
+    assert!(status[0]["problem"].is_null(), "{status}");
+    assert_eq!(
+        passed(&router)?,
+        before,
+        "the class's counters were not kept"
+    );
+    assert!(daemon.stop()?.success());
+    Ok(())
+}
+
 /// Completions and man pages come from the clap definitions, so every command has them.
 #[test]
 fn completions_and_man_pages_cover_every_command() -> Result<()> {
     let commands = [
-        "attach", "detach", "class", "stats", "status", "batch", "apply", "export", "daemon",
+        "attach", "detach", "upgrade", "class", "stats", "status", "batch", "apply", "export",
+        "daemon",
     ];
     for shell in ["bash", "zsh", "fish"] {
         let output = shaper(&["completions", shell]);

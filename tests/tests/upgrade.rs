@@ -6,8 +6,8 @@ use anyhow::{ensure, Context as _, Result};
 use aya::maps::{Array, Map, MapData};
 use serde_json::Value;
 use shaper_common::{map_names, LAYOUT_VERSION};
-use shaper_tests::{assert_within, stderr, Lab, Netns, Udp, ROUTER_TO_SERVER};
-use std::path::PathBuf;
+use shaper_tests::{assert_within, counter, stderr, Lab, Netns, Udp, ROUTER_TO_SERVER};
+use std::{path::PathBuf, time::Duration};
 
 /// The router's egress attachment's pin directory.
 fn pin_dir(router: &Netns) -> PathBuf {
@@ -81,6 +81,7 @@ fn pins_of_another_layout_are_refused_shown_and_still_detach() -> Result<()> {
     refused(&lab.router, &["stats"], &newer)?;
     refused(&lab.router, &["export"], &newer)?;
     refused(&lab.router, &["attach", dev], &newer)?;
+    refused(&lab.router, &["upgrade", dev], &newer)?;
     // `status` shows it and succeeds; the program it cannot read still polices.
     let row = egress_row(&lab.router)?;
     println!("status: {row}");
@@ -108,7 +109,11 @@ fn pins_of_another_layout_are_refused_shown_and_still_detach() -> Result<()> {
     refused(
         &lab.router,
         &add,
-        &format!("attached by an older shaper (state layout 0; this shaper reads layout {LAYOUT_VERSION}): keep its classes with the older binary's `shaper export`"),
+        &format!(
+            "attached by an older shaper (state layout 0; this shaper reads layout \
+             {LAYOUT_VERSION}): run `shaper --netns {} upgrade r1`",
+            lab.router.name
+        ),
     )?;
 
     // Detach works whatever the layout: the pins and the hook are gone.
@@ -128,4 +133,102 @@ fn pins_of_another_layout_are_refused_shown_and_still_detach() -> Result<()> {
     lab.router.attach(dev, &[])?;
     ensure!(egress_row(&lab.router)?["problem"].is_null());
     Ok(())
+}
+
+/// The class's counters: (passed, dropped) packets.
+fn counted(router: &Netns) -> Result<(u64, u64)> {
+    let row = router.stats_row("udp")?;
+    Ok((
+        counter(&row, "passed_packets"),
+        counter(&row, "dropped_packets"),
+    ))
+}
+
+/// `shaper upgrade --reload` in the middle of 6 s of UDP at 10 Mbit/s through a 5 Mbit/s
+/// class, on pins made layout 0 just before (as the last unversioned shaper left them,
+/// without the `LAYOUT` map): the program is
+/// swapped, the layout migrated, every datagram met one program or the other (the class
+/// counted them all), and no 100 ms bin at the server shows a gap or a burst.
+fn upgrade_under_load(mode: &str) -> Result<()> {
+    let mut lab = Lab::new()?;
+    let router = lab.router.clone();
+    let dev = ROUTER_TO_SERVER;
+    router.attach(dev, &["--attach-mode", mode])?;
+    router.class_add("udp", dev, &["--rate", "5mbit", "--proto", "udp"])?;
+    let old_program = egress_row(&router)?["program_id"].clone();
+    let (run, upgraded, at) = std::thread::scope(|scope| -> Result<_> {
+        let traffic = scope.spawn(|| {
+            lab.udp(&Udp {
+                interval: Some(0.1),
+                ..Udp::at("10M", 6)
+            })
+        });
+        std::thread::sleep(Duration::from_millis(2500));
+        let before = counted(&router)?;
+        std::fs::remove_file(pin_dir(&router).join(map_names::LAYOUT))?;
+        let upgraded = router.shaper(&["upgrade", dev, "--reload"])?;
+        let run = traffic.join().expect("the UDP run")?;
+        Ok((run, upgraded, before))
+    })?;
+    println!("{mode}: {}", upgraded.trim());
+    ensure!(
+        upgraded.contains("upgraded") && upgraded.contains("state layout 0 -> 1"),
+        "{upgraded}"
+    );
+    let row = egress_row(&router)?;
+    ensure!(row["problem"].is_null(), "{row}");
+    ensure!(
+        row["program_id"] != old_program,
+        "the program was not swapped: {row}"
+    );
+
+    let (passed, dropped) = counted(&router)?;
+    println!(
+        "{mode}: counters at the upgrade {at:?}, after the run ({passed}, {dropped}); the \
+         server accounted for {} datagrams",
+        run.packets
+    );
+    ensure!(
+        passed > at.0 && dropped > at.1,
+        "the counters did not carry on"
+    );
+    // iperf3's few setup datagrams are UDP too: the class counts them, the run does not.
+    let counted_all = passed + dropped;
+    ensure!(
+        counted_all >= run.packets && counted_all <= run.packets + 4,
+        "the class counted {counted_all} datagrams of {}: some passed no program",
+        run.packets
+    );
+    assert_within("rate over the run", run.l2_bps_between(1.0, 6.0), 5e6, 0.03);
+    let bins: Vec<f64> = run
+        .intervals
+        .iter()
+        .filter(|(end, _)| *end > 1.05 && *end <= 6.0)
+        .map(|(_, bits)| bits / 0.1)
+        .collect();
+    let (low, high) = bins.iter().fold((f64::MAX, 0.0f64), |(low, high), &bps| {
+        (low.min(bps), high.max(bps))
+    });
+    println!(
+        "{mode}: {} bins of 100 ms from 1 s: {:.2}-{:.2} Mbit/s",
+        bins.len(),
+        low / 1e6,
+        high / 1e6
+    );
+    ensure!(bins.len() >= 45, "only {} bins", bins.len());
+    ensure!(
+        low > 0.9 * 5e6 && high < 1.1 * 5e6,
+        "a 100 ms bin left the rate: {low:.0}-{high:.0} bit/s"
+    );
+    Ok(())
+}
+
+#[test]
+fn upgrade_swaps_the_tcx_program_under_load_without_a_gap() -> Result<()> {
+    upgrade_under_load("tcx")
+}
+
+#[test]
+fn upgrade_swaps_the_clsact_program_under_load_without_a_gap() -> Result<()> {
+    upgrade_under_load("clsact")
 }

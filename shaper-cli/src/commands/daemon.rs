@@ -80,6 +80,9 @@ struct Daemon {
     missing: Vec<String>,
     /// Readers of each attached program's log ring buffer, by program id.
     ebpf_logs: std::collections::HashMap<u32, aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// Whether the configured interfaces still get this build's program swapped in (once,
+    /// at the first check that holds the lock).
+    upgrade_pending: bool,
 }
 
 impl Daemon {
@@ -102,6 +105,9 @@ impl Daemon {
             );
             return Ok(false);
         };
+        if std::mem::take(&mut self.upgrade_pending) {
+            self.upgrade_attached();
+        }
         let plan = config::plan(&self.desired, prune)?;
         for step in &plan.steps {
             log::info!("{step}");
@@ -125,6 +131,38 @@ impl Daemon {
             );
         }
         Ok(true)
+    }
+
+    /// Swaps this build's program in on the configured interfaces that another build
+    /// attached (as `shaper upgrade`); an attachment that cannot be upgraded is logged and
+    /// left as it is. Called with the state lock held.
+    fn upgrade_attached(&mut self) {
+        for (netns, dev) in Self::interfaces(&self.desired) {
+            for direction in state::Direction::BOTH {
+                let location = state::Location {
+                    netns: netns.clone(),
+                    dev: dev.clone(),
+                    direction,
+                };
+                if !location.dir().exists() {
+                    continue;
+                }
+                match shaper::netns::in_namespace(&netns, || state::upgrade(&location, false)) {
+                    Ok(done) if done.changed() => log::info!(
+                        "{}: upgraded to this build (program {} -> {}, state layout {} -> {})",
+                        location.describe(),
+                        done.old_program_id,
+                        done.new_program_id,
+                        done.from_layout,
+                        shaper_common::LAYOUT_VERSION
+                    ),
+                    Ok(_) => {}
+                    Err(error) => {
+                        log::error!("{}: not upgraded: {error:#}", location.describe())
+                    }
+                }
+            }
+        }
     }
 
     /// Reads and applies the file; on a bad file keeps the last good configuration.
@@ -257,6 +295,7 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
         },
         missing: Vec::new(),
         ebpf_logs: Default::default(),
+        upgrade_pending: !args.no_upgrade,
     }));
     {
         let mut state = daemon.borrow_mut();

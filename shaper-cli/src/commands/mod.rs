@@ -8,6 +8,7 @@ mod daemon;
 mod detach;
 mod stats;
 mod status;
+mod upgrade;
 
 use crate::cli::{Cli, Command, DirectionArg};
 use anyhow::Result;
@@ -19,6 +20,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Attach(args) => attach::run(netns, args),
         Command::Detach(args) => detach::run(netns, args),
+        Command::Upgrade(args) => upgrade::run(netns, args),
         Command::Class(command) => class::run(netns, *command),
         Command::Stats(args) => stats::run(netns, args),
         Command::Status(args) => status::run(netns, args),

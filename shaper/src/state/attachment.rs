@@ -34,8 +34,8 @@ pub(crate) fn layout_mismatch(location: &Location, found: Option<u32>) -> String
         ),
         Some(found) => format!(
             "{} was attached by an older shaper (state layout {found}; this shaper reads layout \
-             {LAYOUT_VERSION}): keep its classes with the older binary's `shaper export`, then \
-             `shaper{netns} detach {dev} --direction {direction}` and `shaper apply` the export",
+             {LAYOUT_VERSION}): run `shaper{netns} upgrade {dev}`, which keeps its classes, \
+             buckets and counters and the traffic policed",
             location.describe()
         ),
         None => format!(

@@ -21,7 +21,9 @@ mod names;
 mod pins;
 
 pub use attachment::{Attachment, AttachmentStatus};
-pub use loader::{attach_fresh, detach, forget, load_object, load_program, reattach};
+pub use loader::{
+    attach_fresh, detach, forget, load_object, load_program, reattach, upgrade, Upgraded,
+};
 pub use names::decode_name;
 pub(crate) use names::encode_name;
 pub use pins::{lock, set_lock_wait, try_lock, StateLock, DEFAULT_LOCK_WAIT};
