@@ -45,7 +45,7 @@ mod entry {
         classify::classify,
         maps::{CLASSES, SHAPE_PACKET},
         meter::meter,
-        parse::parse,
+        parse::{parse, Packet},
         shape::shape,
     };
     use aya_ebpf::{
@@ -83,10 +83,17 @@ mod entry {
 
     #[inline(always)]
     fn run<const BARE_IP: bool>(ctx: &TcContext, now: u64) -> i32 {
-        let Some(packet) = parse::<BARE_IP>(ctx) else {
+        // The packet lives in memory, not registers: parsed into a per-CPU map slot and
+        // read from there, its fields are unknown to the verifier, so the many paths out
+        // of the parser (VLAN tags, families, extension headers, flags) reach the rest of
+        // the program in one state, verified once rather than once per path.
+        let Some(slot) = SHAPE_PACKET.get_ptr_mut(0) else {
             return TC_ACT_UNSPEC;
         };
-        let Some(class_id) = classify(&packet) else {
+        let packet: &mut Packet = unsafe { &mut *slot };
+        parse::<BARE_IP>(ctx, packet);
+        let packet: &Packet = packet;
+        let Some(class_id) = classify(packet) else {
             return TC_ACT_UNSPEC;
         };
         let Some(class) = CLASSES.get(class_id) else {
@@ -96,17 +103,14 @@ mod entry {
             return TC_ACT_UNSPEC;
         }
         if class.action == Action::Shape as u8 {
-            let Some(slot) = SHAPE_PACKET.get_ptr_mut(0) else {
-                return TC_ACT_UNSPEC;
-            };
-            unsafe { *slot = packet };
+            // The shape path reads the packet from the slot.
             return shape(ctx, class_id, class, now);
         }
         if class.meter != METER_NONE {
-            return meter(ctx, class_id, class, &packet, now);
+            return meter(ctx, class_id, class, packet, now);
         }
-        let verdict = charge_bucket(ctx, class_id, class, &packet, now);
-        act(ctx, class_id, class, verdict, &packet)
+        let verdict = charge_bucket(ctx, class_id, class, packet, now);
+        act(ctx, class_id, class, verdict, packet)
     }
 }
 

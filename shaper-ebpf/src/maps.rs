@@ -41,9 +41,11 @@ pub(crate) static CREDIT: PerCpuArray<Credit> = PerCpuArray::with_max_entries(MA
 /// Shape classes' CoDel state, per class id (see `shaper_common::codel`).
 #[map]
 pub(crate) static CODEL: Array<CodelState> = Array::with_max_entries(MAX_CLASSES, 0);
-/// The packet a shape class judges, handed over through memory rather than the stack:
-/// values read from a map are unknown to the verifier, so every classification path
-/// reaches the (long) shape path in one state and it is verified once, not per path.
+/// The packet being judged: parsed into this per-CPU slot and read from it by every stage
+/// (classify, bucket, meters, actions, the shape path), never kept in registers. Values
+/// in a map are unknown to the verifier, so the parser's many paths reach the rest of the
+/// program in one state, verified once rather than once per path (verified instructions
+/// 941 019 -> 104 487). The name is the one pinned since the shape path alone used it.
 #[map]
 pub(crate) static SHAPE_PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entries(1, 0);
 /// Userspace bookkeeping only (names, rules); declared here so it is created and pinned

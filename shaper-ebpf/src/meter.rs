@@ -17,7 +17,8 @@ use shaper_common::{
 /// that reaches the meter).
 const METER_CAS_ATTEMPTS: u32 = 8;
 
-#[inline(always)]
+/// A subprogram, for the same reason as `bucket::keyed_bucket`.
+#[inline(never)]
 pub(crate) fn meter(
     ctx: &TcContext,
     class_id: u32,

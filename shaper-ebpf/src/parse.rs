@@ -57,8 +57,9 @@ pub(crate) fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
     }
 }
 
+/// Parses the frame into `packet` (the per-CPU `SHAPE_PACKET` slot: see `main.rs`).
 #[inline(always)]
-pub(crate) fn parse<const BARE_IP: bool>(ctx: &TcContext) -> Option<Packet> {
+pub(crate) fn parse<const BARE_IP: bool>(ctx: &TcContext, packet: &mut Packet) {
     // A device carrying bare IP (tun, wireguard, ipip, sit, ppp) has no link-layer header:
     // the protocol is `skb->protocol`. A separate program (`shaper_l3`), so each keeps
     // constant offsets and its own verifier budget.
@@ -76,30 +77,29 @@ pub(crate) fn parse<const BARE_IP: bool>(ctx: &TcContext) -> Option<Packet> {
         l3 += VLAN_HLEN;
     }
     let skb_len = ctx.len() as u64;
-    let mut packet = Packet {
-        family: 0,
-        proto: 0,
-        flags: KEY_PORTS_UNKNOWN | KEY_PROTO_UNKNOWN,
-        sport: 0,
-        dport: 0,
-        src: [0; 4],
-        dst: [0; 4],
-        wire_len: skb_len,
-        l3,
-        ip_readable: false,
-    };
+    // Field by field: a struct literal would be built on the stack and copied.
+    packet.family = 0;
+    packet.proto = 0;
+    packet.flags = KEY_PORTS_UNKNOWN | KEY_PROTO_UNKNOWN;
+    packet.sport = 0;
+    packet.dport = 0;
+    packet.src = [0; 4];
+    packet.dst = [0; 4];
+    packet.wire_len = skb_len;
+    packet.l3 = l3;
+    packet.ip_readable = false;
     let l4 = match ethertype {
-        ETH_P_IP => parse_ipv4(ctx, l3, &mut packet),
-        ETH_P_IPV6 => parse_ipv6(ctx, l3, &mut packet),
+        ETH_P_IP => parse_ipv4(ctx, l3, packet),
+        ETH_P_IPV6 => parse_ipv6(ctx, l3, packet),
         // ARP, LLDP, raw Ethernet, a third VLAN tag, a 0x9100 outer tag: classes without
         // rules still match it (and charge its bytes); no other class does.
         _ => {
             packet.flags = KEY_NOT_IP;
-            return Some(packet);
+            return;
         }
     };
     if let Some(l4) = l4 {
-        parse_l4(ctx, l4, &mut packet);
+        parse_l4(ctx, l4, packet);
     }
     // On egress the kernel has already sized the packet for the wire (qdisc_pkt_len_init:
     // every GSO segment's headers, SKB_GSO_DODGY packets' segment count from gso_size,
@@ -108,7 +108,6 @@ pub(crate) fn parse<const BARE_IP: bool>(ctx: &TcContext) -> Option<Packet> {
     if kernel_wire_len > packet.wire_len {
         packet.wire_len = kernel_wire_len;
     }
-    Some(packet)
 }
 
 /// Fills addresses and protocol; returns the L4 offset when the ports are worth reading.
@@ -170,15 +169,32 @@ fn parse_ipv6(ctx: &TcContext, l3: usize, packet: &mut Packet) -> Option<usize> 
                 next_header = ext[0];
                 offset += (ext[1] as usize + 2) * 4;
             }
-            _ => {
-                packet.proto = next_header;
-                packet.flags = KEY_PORTS_UNKNOWN;
-                return if first_fragment { Some(offset) } else { None };
-            }
+            _ => return upper_layer(packet, next_header, offset, first_fragment),
         }
     }
-    // The chain is longer than we walk: the protocol stays unknown.
-    None
+    match next_header {
+        // The chain is longer than we walk: the protocol stays unknown.
+        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_FRAGMENT | IPPROTO_AH => None,
+        // The last header walked names the upper layer.
+        _ => upper_layer(packet, next_header, offset, first_fragment),
+    }
+}
+
+/// The protocol after the IPv6 header's chain; the L4 offset when ports can be read.
+#[inline(always)]
+fn upper_layer(
+    packet: &mut Packet,
+    next_header: u8,
+    offset: usize,
+    first_fragment: bool,
+) -> Option<usize> {
+    packet.proto = next_header;
+    packet.flags = KEY_PORTS_UNKNOWN;
+    if first_fragment {
+        Some(offset)
+    } else {
+        None
+    }
 }
 
 #[inline(always)]

@@ -22,6 +22,9 @@ use shaper_common::{
 use shaper_tests::Lab;
 use std::collections::HashMap;
 
+#[path = "test_run/differential.rs"]
+mod differential;
+
 const DEV: &str = "trun0";
 const PASS: u32 = u32::MAX; // TC_ACT_UNSPEC (-1): pass to the next hook/filter
 const SHOT: u32 = 2;
@@ -223,7 +226,6 @@ impl Harness {
         gso_size: u32,
         wire_len: u32,
     ) -> (u32, Option<String>) {
-        let before = self.counters();
         let mut ctx = vec![0u8; SKB_SIZE];
         ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now_ns.to_ne_bytes());
         if gso_size != 0 {
@@ -232,19 +234,34 @@ impl Harness {
             ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&gso_segs.to_ne_bytes());
             ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&gso_size.to_ne_bytes());
         }
+        self.test_run(frame, &ctx).unwrap()
+    }
+
+    /// One frame that is not GSO at `now_ns`, or `None` when BPF_PROG_TEST_RUN refuses it
+    /// (it does for an IP header cut short).
+    fn try_run(&mut self, frame: &[u8], now_ns: u64) -> Option<(u32, Option<String>)> {
+        let mut ctx = vec![0u8; SKB_SIZE];
+        ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now_ns.to_ne_bytes());
+        self.test_run(frame, &ctx).ok()
+    }
+
+    fn test_run(
+        &mut self,
+        frame: &[u8],
+        ctx: &[u8],
+    ) -> Result<(u32, Option<String>), aya::programs::ProgramError> {
+        let before = self.counters();
         let program: &aya::programs::SchedClassifier = self
             .ebpf
             .program(program_names::SHAPER_CLOCKED)
             .unwrap()
             .try_into()
             .unwrap();
-        let result = program
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                ctx_in: Some(&ctx),
-                ..TestRunOptions::default()
-            })
-            .unwrap();
+        let result = program.test_run(TestRunOptions {
+            data_in: Some(frame),
+            ctx_in: Some(ctx),
+            ..TestRunOptions::default()
+        })?;
         let after = self.counters();
         let counted: Vec<String> = after
             .iter()
@@ -258,7 +275,7 @@ impl Harness {
             counted.len() <= 1,
             "one packet counted by several classes: {counted:?}"
         );
-        (result.return_value, counted.into_iter().next())
+        Ok((result.return_value, counted.into_iter().next()))
     }
 
     fn reload_names(&mut self) {

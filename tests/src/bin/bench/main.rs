@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: shaper measured side by side with its peers in one run, on the
 //! namespace lab. Every figure is a ratio of two measurements taken in the same run.
 //!
-//! Usage: shaper-bench [--quick] [--only latency] [--json FILE] [--report FILE]
+//! Usage: shaper-bench [--quick] [--only latency|per-packet] [--json FILE] [--report FILE]
 //! (`--only latency` runs the latency section alone, for a quick look; its report and
 //! JSON hold that section only and its targets are the only ones checked.)
 //! (plots go to `bench/` beside the report).
@@ -51,8 +51,10 @@ fn options() -> Result<Options> {
             "--quick" => options.quick = true,
             "--only" => {
                 let section = args.next().context("--only needs a section")?;
-                if section != "latency" {
-                    bail!("--only {section}: the only section that runs alone is latency");
+                if section != "latency" && section != "per-packet" {
+                    bail!(
+                        "--only {section}: the sections that run alone are latency and per-packet"
+                    );
                 }
                 options.only = Some(section);
             }
@@ -61,7 +63,7 @@ fn options() -> Result<Options> {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet, --json FILE, --report FILE)")
             }
         }
     }
@@ -137,7 +139,7 @@ fn main() -> Result<()> {
     let options = options()?;
     let effort = effort(options.quick);
     let started = Instant::now();
-    if options.only.is_some() {
+    if options.only.as_deref() == Some("latency") {
         return latency_only(&options, &effort, started);
     }
     let lab = Lab::new()?;
@@ -146,6 +148,11 @@ fn main() -> Result<()> {
         effort.repeat, effort.runs
     );
     let (per_packet, scaling) = per_packet(&lab, &effort)?;
+    if options.only.as_deref() == Some("per-packet") {
+        // A quick look while working on the packet path: the table's rows alone.
+        println!("{}", serde_json::to_string_pretty(&per_packet)?);
+        return Ok(());
+    }
     println!("== memory (kernel map accounting)");
     let memory = memory(&lab)?;
     println!("== control plane: 10 000 classes, and a rate change");
