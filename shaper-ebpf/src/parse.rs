@@ -199,16 +199,14 @@ fn upper_layer(
 
 #[inline(always)]
 fn parse_l4(ctx: &TcContext, l4: usize, packet: &mut Packet) {
-    if packet.proto != PROTO_TCP && packet.proto != PROTO_UDP {
-        // Other protocols have no ports to match.
-        packet.flags = 0;
-        return;
+    if packet.proto == PROTO_TCP || packet.proto == PROTO_UDP {
+        let Some(ports) = load::<[u16; 2]>(ctx, l4) else {
+            return; // Truncated: ports stay unknown.
+        };
+        packet.sport = u16::from_be(ports[0]);
+        packet.dport = u16::from_be(ports[1]);
     }
-    let Some(ports) = load::<[u16; 2]>(ctx, l4) else {
-        return; // Truncated: ports stay unknown.
-    };
-    packet.sport = u16::from_be(ports[0]);
-    packet.dport = u16::from_be(ports[1]);
+    // Other protocols have no ports to match.
     packet.flags = 0;
     // A GSO packet leaves as gso_segs frames, each with its own headers: charge them all.
     // Packets from a VM's tap, vhost or a packet socket with a virtio header
@@ -218,12 +216,7 @@ fn parse_l4(ctx: &TcContext, l4: usize, packet: &mut Packet) {
     if gso_segs == 1 || (gso_segs == 0 && gso_size == 0) {
         return;
     }
-    let l4_header = if packet.proto == PROTO_TCP {
-        load::<u8>(ctx, l4 + 12).map_or(20, |b| ((b >> 4) as usize) * 4)
-    } else {
-        8
-    };
-    let headers = (l4 + l4_header) as u64;
+    let headers = segment_headers(ctx, packet.proto, packet.dport, l4) as u64;
     let segments = if gso_segs != 0 {
         gso_segs as u64
     } else {
@@ -237,4 +230,87 @@ fn parse_l4(ctx: &TcContext, l4: usize, packet: &mut Packet) {
     if segments > 1 {
         packet.wire_len += (segments - 1) * headers;
     }
+}
+
+const IPPROTO_IPIP: u8 = 4;
+const IPPROTO_IPV6: u8 = 41;
+const IPPROTO_GRE: u8 = 47;
+const VXLAN_PORT: u16 = 4789;
+const GENEVE_PORT: u16 = 6081;
+/// GRE's protocol for a bridged Ethernet frame (gretap, ip6gretap).
+const ETH_P_TEB: u16 = 0x6558;
+/// GRE flags: checksum, key and sequence number present (4 bytes each).
+const GRE_CSUM: u16 = 0x8000;
+const GRE_KEY: u16 = 0x2000;
+const GRE_SEQ: u16 = 0x1000;
+
+/// The bytes of headers every segment of a GSO packet carries, from the frame's start:
+/// through the TCP/UDP header, and for a tunnel (VXLAN, Geneve, GRE, gretap, IPIP, SIT)
+/// through the inner packet's TCP/UDP header, since each segment is encapsulated whole.
+/// A header the frame does not hold ends the count where it is.
+#[inline(always)]
+fn segment_headers(ctx: &TcContext, proto: u8, dport: u16, l4: usize) -> usize {
+    match proto {
+        PROTO_UDP if dport == VXLAN_PORT => inner_ethernet(ctx, l4 + 8 + 8),
+        PROTO_UDP if dport == GENEVE_PORT => {
+            // Options length in 4-byte words, in the low 6 bits of the first byte.
+            let options = load::<u8>(ctx, l4 + 8).map_or(0, |b| (b & 0x3f) as usize * 4);
+            inner_ethernet(ctx, l4 + 8 + 8 + options)
+        }
+        IPPROTO_GRE => {
+            let Some([flags, protocol]) = load::<[u16; 2]>(ctx, l4) else {
+                return l4;
+            };
+            let flags = u16::from_be(flags);
+            let mut inner = l4 + 4;
+            for bit in [GRE_CSUM, GRE_KEY, GRE_SEQ] {
+                if flags & bit != 0 {
+                    inner += 4;
+                }
+            }
+            match u16::from_be(protocol) {
+                ETH_P_TEB => inner_ethernet(ctx, inner),
+                ethertype => inner_ip(ctx, ethertype, inner),
+            }
+        }
+        IPPROTO_IPIP => inner_ip(ctx, ETH_P_IP, l4),
+        IPPROTO_IPV6 => inner_ip(ctx, ETH_P_IPV6, l4),
+        _ => l4 + transport_header(ctx, proto, l4),
+    }
+}
+
+/// TCP's header (its data offset) or UDP's; nothing for other protocols.
+#[inline(always)]
+fn transport_header(ctx: &TcContext, proto: u8, l4: usize) -> usize {
+    match proto {
+        PROTO_TCP => load::<u8>(ctx, l4 + 12).map_or(20, |b| ((b >> 4) as usize) * 4),
+        PROTO_UDP => 8,
+        _ => 0,
+    }
+}
+
+/// Headers through the inner TCP/UDP header of a bridged frame at `at`.
+#[inline(always)]
+fn inner_ethernet(ctx: &TcContext, at: usize) -> usize {
+    match load::<u16>(ctx, at + 12) {
+        Some(ethertype) => inner_ip(ctx, u16::from_be(ethertype), at + ETH_HLEN),
+        None => at,
+    }
+}
+
+/// Headers through the inner TCP/UDP header of an inner IP packet at `at`.
+#[inline(always)]
+fn inner_ip(ctx: &TcContext, ethertype: u16, at: usize) -> usize {
+    let (proto, l4) = match ethertype {
+        ETH_P_IP => match load::<[u8; 10]>(ctx, at) {
+            Some(header) => (header[9], at + (header[0] & 0x0f) as usize * 4),
+            None => return at,
+        },
+        ETH_P_IPV6 => match load::<[u8; 7]>(ctx, at) {
+            Some(header) => (header[6], at + 40),
+            None => return at,
+        },
+        _ => return at,
+    };
+    l4 + transport_header(ctx, proto, l4)
 }

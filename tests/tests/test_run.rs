@@ -659,6 +659,87 @@ fn gso_packets_are_charged_their_bytes_on_the_wire() {
     );
 }
 
+/// Issue 11, item 1: a tunnelled GSO packet leaves as segments that each carry the outer
+/// headers, the tunnel's and the inner packet's, so each extra segment is charged all of
+/// them, also where the kernel's wire length counts only the skb (ingress, or a kernel
+/// that does not count inner headers). VXLAN and Geneve (UDP), GRE with a key, IPIP.
+#[test]
+fn tunnelled_gso_is_charged_the_inner_headers_of_every_segment() {
+    let mut harness = Harness::new(&[
+        &[
+            "vxlan", "--proto", "udp", "--dport", "4789", "--prio", "10", "--rate", "1gbit",
+        ],
+        &[
+            "geneve", "--proto", "udp", "--dport", "6081", "--prio", "10", "--rate", "1gbit",
+        ],
+        &[
+            "server",
+            "--dst",
+            "198.18.2.2/32",
+            "--prio",
+            "20",
+            "--rate",
+            "1gbit",
+        ],
+    ]);
+    // The inner packets: 2000 bytes of TCP payload to 9100, and 2000 of UDP over IPv6.
+    let inner_tcp = ipv4(V4::default(), tcp(9100, 2000));
+    let inner_udp6 = ipv6(v6(2, 2), &[], udp(9100, 2000), 0);
+    let udp_to = |dport: u16, body: &[u8]| {
+        let mut datagram = l4_ports(40000, dport, 8, 0);
+        datagram.extend_from_slice(body);
+        ipv4(V4::default(), (17, datagram))
+    };
+    let vxlan = udp_to(
+        4789,
+        &[&[0x08, 0, 0, 0, 0, 0, 0x64, 0][..], &inner_tcp].concat(),
+    );
+    let geneve = udp_to(
+        6081,
+        &[&[0, 0, 0x65, 0x58, 0, 0, 0x64, 0][..], &inner_udp6].concat(),
+    );
+    // GRE with a key (4 + 4 bytes), carrying IPv4.
+    let gre_body = [&[0x20, 0, 0x08, 0x00, 0, 0, 0, 7][..], &inner_tcp[14..]].concat();
+    let gre = ipv4(V4::default(), (47, gre_body));
+    let ipip = ipv4(V4::default(), (4, inner_tcp[14..].to_vec()));
+    let cases: [(&str, &Vec<u8>, &str, u64); 4] = [
+        // outer Ethernet + IPv4 + UDP + VXLAN + inner Ethernet + IPv4 + TCP
+        ("VXLAN", &vxlan, "vxlan", 14 + 20 + 8 + 8 + 14 + 20 + 20),
+        // outer Ethernet + IPv4 + UDP + Geneve + inner Ethernet + IPv6 + UDP
+        ("Geneve", &geneve, "geneve", 14 + 20 + 8 + 8 + 14 + 40 + 8),
+        ("GRE", &gre, "server", 14 + 20 + 8 + 20 + 20),
+        ("IPIP", &ipip, "server", 14 + 20 + 20 + 20),
+    ];
+    let mut charged: HashMap<String, u64> = HashMap::new();
+    for (gso_segs, gso_size) in [(4, 1000), (0, 400)] {
+        for (what, frame, class, headers) in &cases {
+            let len = frame.len() as u32;
+            // Ingress: the kernel's wire length is the skb's.
+            let (verdict, counted) = harness.run_gso(frame, 1_000_000_000, gso_segs, gso_size, len);
+            assert_eq!(
+                (verdict, counted.as_deref()),
+                (PASS, Some(*class)),
+                "{what}"
+            );
+            let total = harness
+                .attachment
+                .class_stats(harness.class_id(class))
+                .unwrap()
+                .passed_bytes;
+            let before = charged.insert(class.to_string(), total).unwrap_or(0);
+            let this = total - before;
+            // 2000 bytes of payload: 4 segments (gso_segs), or 5 of 400 (gso_size alone,
+            // SKB_GSO_DODGY).
+            let extra = if gso_segs == 4 { 3 } else { 4 };
+            println!(
+                "{what}, gso_segs {gso_segs}, gso_size {gso_size}: charged {this} for a \
+                 {len}-byte skb ({headers} bytes of headers per segment)"
+            );
+            assert_eq!(this, len as u64 + extra * headers, "{what}");
+        }
+    }
+}
+
 /// A deterministic pseudo-random sequence (no extra crate for a test's dice).
 struct Lcg(u64);
 

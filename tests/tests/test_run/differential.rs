@@ -541,6 +541,18 @@ fn random_frames_get_the_class_and_verdict_the_readme_rules_give() {
             now += dice.next(2_000_000);
             let seen = seen(&frame);
             let Some((verdict, class)) = harness.try_run(&frame, now) else {
+                // BPF_PROG_TEST_RUN takes an IP frame only with its whole IP header; any
+                // other refusal is a failure of the program or of the test.
+                assert!(
+                    matches!(
+                        seen,
+                        Seen::Ip {
+                            addresses: None,
+                            ..
+                        }
+                    ),
+                    "BPF_PROG_TEST_RUN refused {frame:02x?} ({seen:?})"
+                );
                 refused_by_test_run += 1;
                 continue;
             };
