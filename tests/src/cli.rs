@@ -76,6 +76,13 @@ impl Netns {
             .unwrap_or_default())
     }
 
+    /// The first row of `shaper status --json` here (the lab's tests attach one interface
+    /// and direction).
+    pub fn status_row(&self) -> Result<Value> {
+        let rows = self.shaper_json(&["status", "--json"])?;
+        Ok(rows[0].clone())
+    }
+
     /// The `stats --json` row of class `name` (its settings and counters).
     pub fn stats_row(&self, name: &str) -> Result<Value> {
         self.stats()?

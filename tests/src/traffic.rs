@@ -191,6 +191,17 @@ impl Lab {
         iperf::start_server(&self.server, port, 1.0, None)
     }
 
+    /// UDP at 10 Mbit/s (1200-byte datagrams) from client to server for 3 s: the L2 rate
+    /// the server received over the last 2 (bit/s). Enough to tell a 1 Mbit/s class
+    /// policing from no program in the path.
+    pub fn udp_delivered_bps(&mut self) -> Result<f64> {
+        let run = self.udp(&Udp {
+            length: 1200,
+            ..Udp::at("10M", 3)
+        })?;
+        Ok(run.l2_bps_between(1.0, 3.0))
+    }
+
     /// Runs a UDP flow (or several) from client to server; rates measured at the server.
     pub fn udp(&mut self, options: &Udp) -> Result<UdpResult> {
         let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };

@@ -6,7 +6,7 @@
 use anyhow::{ensure, Result};
 use serde_json::Value;
 use shaper_tests::{
-    assert_within, counter, shaper, stderr, Lab, Netns, StateLockHolder, Udp, ROUTER_TO_SERVER,
+    assert_within, counter, shaper, stderr, Lab, Netns, StateLockHolder, ROUTER_TO_SERVER,
     STATE_LOCK_FILE as LOCK_FILE,
 };
 use std::{
@@ -277,20 +277,6 @@ fn shape_never_replaces_a_root_qdisc_the_user_made() -> Result<()> {
     Ok(())
 }
 
-/// UDP at 10 Mbit/s through a 1 Mbit/s drop class for 2 s: the L2 rate delivered.
-fn udp_delivered(lab: &mut Lab) -> Result<f64> {
-    let run = lab.udp(&Udp {
-        length: 1200,
-        ..Udp::at("10M", 3)
-    })?;
-    Ok(run.l2_bps_between(1.0, 3.0))
-}
-
-fn state_of(ns: &Netns) -> Result<Value> {
-    let rows = ns.shaper_json(&["status", "--json"])?;
-    Ok(rows[0].clone())
-}
-
 #[test]
 fn an_unhooked_clsact_program_is_shown_stale_and_repaired() -> Result<()> {
     let mut lab = Lab::new()?;
@@ -298,16 +284,16 @@ fn an_unhooked_clsact_program_is_shown_stale_and_repaired() -> Result<()> {
     lab.router.attach(dev, &["--attach-mode", "clsact"])?;
     lab.router
         .class_add("udp", dev, &["--rate", "1mbit", "--proto", "udp"])?;
-    let policed = udp_delivered(&mut lab)?;
+    let policed = lab.udp_delivered_bps()?;
     assert_within("policed", policed, 1e6, 0.05);
 
     // Someone deletes the clsact qdisc: the program is no longer in the path.
     lab.router
         .run("tc", &["qdisc", "del", "dev", dev, "clsact"])?;
-    let state = state_of(&lab.router)?;
+    let state = lab.router.status_row()?;
     println!("after tc qdisc del clsact: {state}");
     ensure!(state["live"] == false && state["problem"] == "program unhooked");
-    let unpoliced = udp_delivered(&mut lab)?;
+    let unpoliced = lab.udp_delivered_bps()?;
     println!("unhooked: {:.2} Mbit/s delivered", unpoliced / 1e6);
     ensure!(unpoliced > 5e6, "traffic was still policed: {unpoliced}");
     let passed_before = counter(&lab.router.stats_row("udp")?, "passed_packets");
@@ -315,15 +301,15 @@ fn an_unhooked_clsact_program_is_shown_stale_and_repaired() -> Result<()> {
     // `attach` repairs it, keeping the class and its counters.
     let out = lab.router.attach(dev, &[])?;
     ensure!(out.contains("re-attached"), "{out}");
-    ensure!(state_of(&lab.router)?["live"] == true);
-    assert_within("policed again", udp_delivered(&mut lab)?, 1e6, 0.05);
+    ensure!(lab.router.status_row()?["live"] == true);
+    assert_within("policed again", lab.udp_delivered_bps()?, 1e6, 0.05);
     ensure!(counter(&lab.router.stats_row("udp")?, "passed_packets") > passed_before);
 
     // `apply` (the daemon's plan, run every tick) repairs it too.
     let exported = lab.router.shaper(&["export"])?;
     lab.router
         .run("tc", &["qdisc", "del", "dev", dev, "clsact"])?;
-    ensure!(state_of(&lab.router)?["live"] == false);
+    ensure!(lab.router.status_row()?["live"] == false);
     let file = std::env::temp_dir().join(format!("shaper-clsact-{}.toml", std::process::id()));
     std::fs::write(&file, exported)?;
     let applied = shaper(&["apply", "-f", &file.to_string_lossy()]);
@@ -335,8 +321,8 @@ fn an_unhooked_clsact_program_is_shown_stale_and_repaired() -> Result<()> {
         "{}",
         stderr(&applied)
     );
-    ensure!(state_of(&lab.router)?["live"] == true);
-    assert_within("policed after apply", udp_delivered(&mut lab)?, 1e6, 0.05);
+    ensure!(lab.router.status_row()?["live"] == true);
+    assert_within("policed after apply", lab.udp_delivered_bps()?, 1e6, 0.05);
     Ok(())
 }
 

@@ -4,7 +4,6 @@
 
 use anyhow::{ensure, Context as _, Result};
 use aya::maps::{Array, Map, MapData};
-use serde_json::Value;
 use shaper_common::{map_names, LAYOUT_VERSION};
 use shaper_tests::{assert_within, counter, stderr, Lab, Netns, Udp, ROUTER_TO_SERVER};
 use std::{path::PathBuf, time::Duration};
@@ -44,20 +43,6 @@ fn refused(router: &Netns, args: &[&str], expected: &str) -> Result<()> {
     Ok(())
 }
 
-/// UDP at 10 Mbit/s towards the server for 3 s: the L2 rate delivered in the last 2 s.
-fn udp_delivered(lab: &mut Lab) -> Result<f64> {
-    let run = lab.udp(&Udp {
-        length: 1200,
-        ..Udp::at("10M", 3)
-    })?;
-    Ok(run.l2_bps_between(1.0, 3.0))
-}
-
-fn egress_row(router: &Netns) -> Result<Value> {
-    let rows = router.shaper_json(&["status", "--json"])?;
-    Ok(rows[0].clone())
-}
-
 #[test]
 fn pins_of_another_layout_are_refused_shown_and_still_detach() -> Result<()> {
     let mut lab = Lab::new()?;
@@ -65,7 +50,7 @@ fn pins_of_another_layout_are_refused_shown_and_still_detach() -> Result<()> {
     lab.router.attach(dev, &[])?;
     lab.router
         .class_add("udp", dev, &["--rate", "1mbit", "--proto", "udp"])?;
-    ensure!(egress_row(&lab.router)?["problem"].is_null());
+    ensure!(lab.router.status_row()?["problem"].is_null());
 
     // A newer shaper's pins: every command that reads or writes them says so.
     set_layout(&lab.router, LAYOUT_VERSION + 1)?;
@@ -83,7 +68,7 @@ fn pins_of_another_layout_are_refused_shown_and_still_detach() -> Result<()> {
     refused(&lab.router, &["attach", dev], &newer)?;
     refused(&lab.router, &["upgrade", dev], &newer)?;
     // `status` shows it and succeeds; the program it cannot read still polices.
-    let row = egress_row(&lab.router)?;
+    let row = lab.router.status_row()?;
     println!("status: {row}");
     ensure!(
         row["live"] == false
@@ -99,7 +84,7 @@ fn pins_of_another_layout_are_refused_shown_and_still_detach() -> Result<()> {
     ensure!(text.contains("other shaper version"), "{text}");
     assert_within(
         "policed under a newer layout",
-        udp_delivered(&mut lab)?,
+        lab.udp_delivered_bps()?,
         1e6,
         0.05,
     );
@@ -125,13 +110,13 @@ fn pins_of_another_layout_are_refused_shown_and_still_detach() -> Result<()> {
         rows.as_array().is_some_and(|rows| rows.is_empty()),
         "{rows}"
     );
-    let unpoliced = udp_delivered(&mut lab)?;
+    let unpoliced = lab.udp_delivered_bps()?;
     println!("after detach: {:.2} Mbit/s delivered", unpoliced / 1e6);
     ensure!(unpoliced > 5e6, "still policed after detach: {unpoliced}");
 
     // A fresh attach stamps this shaper's layout again.
     lab.router.attach(dev, &[])?;
-    ensure!(egress_row(&lab.router)?["problem"].is_null());
+    ensure!(lab.router.status_row()?["problem"].is_null());
     Ok(())
 }
 
@@ -155,7 +140,7 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
     let dev = ROUTER_TO_SERVER;
     router.attach(dev, &["--attach-mode", mode])?;
     router.class_add("udp", dev, &["--rate", "5mbit", "--proto", "udp"])?;
-    let old_program = egress_row(&router)?["program_id"].clone();
+    let old_program = router.status_row()?["program_id"].clone();
     let (run, upgraded, at) = std::thread::scope(|scope| -> Result<_> {
         let traffic = scope.spawn(|| {
             lab.udp(&Udp {
@@ -175,7 +160,7 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
         upgraded.contains("upgraded") && upgraded.contains("state layout 0 -> 1"),
         "{upgraded}"
     );
-    let row = egress_row(&router)?;
+    let row = router.status_row()?;
     ensure!(row["problem"].is_null(), "{row}");
     ensure!(
         row["program_id"] != old_program,
