@@ -165,6 +165,8 @@ pub fn colour_of<W: MeterWords>(
         } else {
             let (colour, new_c, new_total) =
                 srtcm(c, second, now, bytes, &class.cost, &class.peak_cost);
+            // Needed only when C's swap is lost, but computed here: computed there, the
+            // eBPF meter's frame grows past the 512-byte stack it shares.
             let cost = class.cost.ticks_for(bytes);
             let excess = excess_has_room(c, second, now, cost, &class.cost, &class.peak_cost);
             (

@@ -184,15 +184,8 @@ fn the_pin_root_must_be_roots_and_private() -> Result<()> {
         .args(["65534", PIN_ROOT])
         .status()?
         .success());
-    let output = lab.router.shaper_output(&[
-        "class",
-        "add",
-        "x",
-        "--dev",
-        ROUTER_TO_SERVER,
-        "--rate",
-        "1mbit",
-    ]);
+    // With the default wait (10 s); nobody holds the lock here.
+    let output = add_x_waiting(&lab.router, "10");
     let message = stderr(&output);
     println!(
         "foreign pin root: exit {:?}: {}",

@@ -151,6 +151,13 @@ fn ipv6(
 
 // ---- the harness ----
 
+/// A `__sk_buff` context whose clock (`tstamp`, read by `shaper_clocked`) is `now_ns`.
+fn skb_at(now_ns: u64) -> Vec<u8> {
+    let mut ctx = vec![0u8; SKB_SIZE];
+    ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now_ns.to_ne_bytes());
+    ctx
+}
+
 struct Harness {
     lab: Lab,
     attachment: Attachment,
@@ -226,8 +233,7 @@ impl Harness {
         gso_size: u32,
         wire_len: u32,
     ) -> (u32, Option<String>) {
-        let mut ctx = vec![0u8; SKB_SIZE];
-        ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now_ns.to_ne_bytes());
+        let mut ctx = skb_at(now_ns);
         if gso_size != 0 {
             // The kernel takes a GSO context only with a wire length and a segment size.
             ctx[SKB_WIRE_LEN..SKB_WIRE_LEN + 4].copy_from_slice(&wire_len.to_ne_bytes());
@@ -240,9 +246,7 @@ impl Harness {
     /// One frame that is not GSO at `now_ns`, or `None` when BPF_PROG_TEST_RUN refuses it
     /// (it does for an IP header cut short).
     fn try_run(&mut self, frame: &[u8], now_ns: u64) -> Option<(u32, Option<String>)> {
-        let mut ctx = vec![0u8; SKB_SIZE];
-        ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now_ns.to_ne_bytes());
-        self.test_run(frame, &ctx).ok()
+        self.test_run(frame, &skb_at(now_ns)).ok()
     }
 
     fn test_run(
@@ -1494,8 +1498,7 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
         let mut data = frame(ect);
         data[34..36].copy_from_slice(&sport.to_be_bytes());
         let mut data_out = vec![0u8; data.len()];
-        let mut ctx = vec![0u8; SKB_SIZE];
-        ctx[SKB_TSTAMP..SKB_TSTAMP + 8].copy_from_slice(&now.to_ne_bytes());
+        let ctx = skb_at(now);
         let mut ctx_out = vec![0u8; SKB_SIZE];
         let result = program
             .test_run(TestRunOptions {

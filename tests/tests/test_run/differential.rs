@@ -91,6 +91,16 @@ enum Seen {
     },
 }
 
+/// An IP packet whose protocol cannot be determined (nor its addresses, when `None`).
+fn protocol_unknown(v6: bool, addresses: Option<(u128, u128)>) -> Seen {
+    Seen::Ip {
+        v6,
+        addresses,
+        proto: None,
+        ports: None,
+    }
+}
+
 fn be16(frame: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*frame.get(at)?, *frame.get(at + 1)?]))
 }
@@ -127,23 +137,13 @@ fn ports_at(frame: &[u8], proto: u8, l4: usize) -> Option<(u16, u16)> {
 
 fn seen_ipv4(frame: &[u8], l3: usize) -> Seen {
     let Some(header) = frame.get(l3..l3 + 20) else {
-        return Seen::Ip {
-            v6: false,
-            addresses: None,
-            proto: None,
-            ports: None,
-        };
+        return protocol_unknown(false, None);
     };
     let addresses = Some((address(&header[12..16]), address(&header[16..20])));
     let (version, ihl) = (header[0] >> 4, (header[0] & 0x0f) as usize);
     // "an IPv4 header with IHL < 5": the protocol cannot be determined.
     if version != 4 || ihl < 5 {
-        return Seen::Ip {
-            v6: false,
-            addresses,
-            proto: None,
-            ports: None,
-        };
+        return protocol_unknown(false, addresses);
     }
     let proto = header[9];
     let first_fragment = u16::from_be_bytes([header[6], header[7]]) & 0x1fff == 0;
@@ -162,27 +162,16 @@ const IPV6_EXTENSION_HEADERS_WALKED: usize = 8;
 
 fn seen_ipv6(frame: &[u8], l3: usize) -> Seen {
     let Some(header) = frame.get(l3..l3 + 40) else {
-        return Seen::Ip {
-            v6: true,
-            addresses: None,
-            proto: None,
-            ports: None,
-        };
+        return protocol_unknown(true, None);
     };
     let addresses = Some((address(&header[8..24]), address(&header[24..40])));
-    let unknown = Seen::Ip {
-        v6: true,
-        addresses,
-        proto: None,
-        ports: None,
-    };
     let (mut next, mut at, mut first_fragment) = (header[6], l3 + 40, true);
     for walked in 0..=IPV6_EXTENSION_HEADERS_WALKED {
         let length = match next {
             0 | 43 | 60 => frame.get(at + 1).map(|len| (*len as usize + 1) * 8),
             44 => {
                 let Some(offset) = be16(frame, at + 2) else {
-                    return unknown;
+                    return protocol_unknown(true, addresses);
                 };
                 first_fragment &= offset >> 3 == 0;
                 Some(8)
@@ -201,12 +190,12 @@ fn seen_ipv6(frame: &[u8], l3: usize) -> Seen {
             break;
         }
         let (Some(length), Some(&following)) = (length, frame.get(at)) else {
-            return unknown;
+            return protocol_unknown(true, addresses);
         };
         next = following;
         at += length;
     }
-    unknown
+    protocol_unknown(true, addresses)
 }
 
 fn matches(rule: &Rule, seen: &Seen) -> bool {
@@ -512,8 +501,7 @@ fn random_frames_get_the_class_and_verdict_the_readme_rules_give() {
     for set in 0..frames.div_ceil(PER_RULE_SET) {
         // A fresh random rule set of 2-8 classes; one that would need a 33rd rule shape
         // is refused by `class add`, and the reference leaves it out too.
-        for (id, name) in harness.names.clone() {
-            let _ = id;
+        for name in harness.names.clone().into_values() {
             harness
                 .lab
                 .router
@@ -591,7 +579,7 @@ fn random_frames_get_the_class_and_verdict_the_readme_rules_give() {
                         .map(|c| (c.name.clone(), c.prio, c.rule.clone()))
                         .collect::<Vec<_>>()
                 ));
-                // Keep the model's bucket in step with the program's after a mismatch.
+                // Past a mismatch the model's buckets no longer follow the program's.
                 break;
             }
         }
