@@ -239,6 +239,17 @@ pub struct ClassAddArgs {
     pub violate: Option<String>,
     #[command(flatten)]
     pub codel: CodelArgs,
+    /// A class on the same interface and direction that this one is charged to as well:
+    /// its rate is guaranteed within the parent, and it may borrow up to --ceil.
+    #[arg(long, value_name = "CLASS")]
+    pub parent: Option<String>,
+    /// With --parent: the rate this class may reach by borrowing what its parent has
+    /// spare (default: its --rate, no borrowing).
+    #[arg(long, value_name = "RATE")]
+    pub ceil: Option<String>,
+    /// With --parent: the burst at the ceiling (default: as --burst).
+    #[arg(long, value_name = "SIZE")]
+    pub cburst: Option<String>,
 }
 
 /// CoDel's knobs on a shape class (`class add` and `class change`).
@@ -339,6 +350,9 @@ impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
             target: args.codel.target.clone(),
             interval: args.codel.interval.clone(),
             ecn: args.codel.ecn.clone(),
+            parent: args.parent.clone(),
+            ceil: args.ceil.clone(),
+            cburst: args.cburst.clone(),
         }
     }
 }

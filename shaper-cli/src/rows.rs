@@ -37,6 +37,7 @@ pub(crate) fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Ve
             rows.push(row);
         }
     }
+    let rows = in_tree_order(rows);
     if rows.is_empty() {
         if let Some(dev) = dev {
             let any = state::list_locations(filter.as_ref())?
@@ -82,6 +83,9 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
         "dropped_bytes": view.stats.dropped_bytes,
         "marked_packets": view.stats.marked_packets,
         "marked_bytes": view.stats.marked_bytes,
+        "parent": spec.tree.as_ref().map(|t| t.parent.clone()),
+        "ceil_bps": spec.tree.as_ref().map(|t| t.ceil(spec.rate_bits_per_sec)),
+        "cburst_bytes": spec.tree.as_ref().map(|t| t.cburst(spec.burst_bytes)),
     });
     if spec.meter != Meter::None {
         let extra = json!({
@@ -101,6 +105,42 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
         merge(&mut row, extra);
     }
     row
+}
+
+/// Rows with each class's children right after it (a depth-first walk from the
+/// top-level classes, in their order), each row's `depth` set (0: top level).
+fn in_tree_order(rows: Vec<Value>) -> Vec<Value> {
+    let place = |row: &Value| {
+        (
+            row["netns"].clone(),
+            row["dev"].clone(),
+            row["direction"].clone(),
+        )
+    };
+    let mut ordered = Vec::with_capacity(rows.len());
+    let mut stack: Vec<(usize, usize)> = (0..rows.len())
+        .rev()
+        .filter(|&i| rows[i]["parent"].is_null())
+        .map(|i| (i, 0))
+        .collect();
+    let mut placed = vec![false; rows.len()];
+    while let Some((i, depth)) = stack.pop() {
+        placed[i] = true;
+        let mut row = rows[i].clone();
+        row["depth"] = depth.into();
+        ordered.push(row);
+        let children = (0..rows.len()).rev().filter(|&j| {
+            !placed[j] && rows[j]["parent"] == rows[i]["name"] && place(&rows[j]) == place(&rows[i])
+        });
+        stack.extend(children.map(|j| (j, depth + 1)).collect::<Vec<_>>());
+    }
+    // A row whose parent is missing (never in a consistent state) still shows.
+    for (i, row) in rows.into_iter().enumerate() {
+        if !placed[i] {
+            ordered.push(row);
+        }
+    }
+    ordered
 }
 
 fn merge(row: &mut Value, extra: Value) {

@@ -22,8 +22,9 @@ pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// The layout of an attachment's pinned state: every map's name, key and value types and
 /// their meaning. Bump it with any change to them; it is stamped in the `LAYOUT` map at
 /// attach, and every command refuses pins of another layout with a clear message (0: pins
-/// from before the stamp).
-pub const LAYOUT_VERSION: u32 = 1;
+/// from before the stamp). Layout 2 gave classes parents (`ClassConfig::parent`, the
+/// ceiling in `peak_cost`) in the sizes of layout 1.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Map names, as declared in the eBPF object and pinned by userspace.
 pub mod map_names {
@@ -261,7 +262,8 @@ named_codes! {
 pub struct ClassConfig {
     /// The bucket (rate, burst); for meters CIR and CBS.
     pub cost: ByteCost,
-    /// The meter's second word: (PIR, PBS) for trTCM, (CIR, CBS + EBS) for srTCM.
+    /// The meter's second word: (PIR, PBS) for trTCM, (CIR, CBS + EBS) for srTCM. A class
+    /// with a parent: its ceiling (ceil, cburst), charged to `Bucket::tat2`.
     pub peak_cost: ByteCost,
     /// Per-key buckets are keyed with this, so a re-created class id starts afresh.
     pub generation: u32,
@@ -276,7 +278,9 @@ pub struct ClassConfig {
     pub action_mask: u32,
     /// Meters: action on yellow packets.
     pub exceed_action: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    /// The parent class's id + 1 (0: a top-level class); see `hierarchy`.
+    pub parent: u16,
     pub exceed_arg: u32,
     pub exceed_mask: u32,
     /// Bytes a CPU takes from the class bucket at once into its per-CPU credit

@@ -81,7 +81,7 @@ pub(crate) fn charge_bucket(
 /// A subprogram: its key's stack is its own frame, not the packet path's (which the
 /// shape path's frame shares within the 512-byte limit).
 #[inline(never)]
-fn keyed_bucket(
+pub(crate) fn keyed_bucket(
     class_id: u32,
     generation: u32,
     scope: Scope,

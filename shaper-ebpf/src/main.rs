@@ -9,8 +9,8 @@
 //!    shaper-common, per class (`CLASS_BUCKETS`, with per-CPU credit) or per flow/src/dst
 //!    (`KEYED_BUCKETS`, LRU, lazily created).
 //! 4. [`act`]: within the rate → pass; over it → the class's action (drop, ECN, DSCP and
-//!    fwmark via [`rewrite`]). Meters ([`meter`]) and shaping ([`shape`]) take their own
-//!    path after classification.
+//!    fwmark via [`rewrite`]). Meters ([`meter`]), shaping ([`shape`]) and classes with a
+//!    parent ([`tree`]) take their own path after classification.
 //!
 //! The maps are in [`maps`]. On the host this crate compiles to an empty program so
 //! workspace tooling works.
@@ -36,6 +36,8 @@ mod parse;
 mod rewrite;
 #[cfg(target_arch = "bpf")]
 mod shape;
+#[cfg(target_arch = "bpf")]
+mod tree;
 
 #[cfg(target_arch = "bpf")]
 mod entry {
@@ -47,6 +49,7 @@ mod entry {
         meter::meter,
         parse::{parse, Packet},
         shape::shape,
+        tree::charge_tree,
     };
     use aya_ebpf::{
         bindings::{TC_ACT_OK, TC_ACT_UNSPEC},
@@ -101,6 +104,10 @@ mod entry {
         };
         if class.in_use == 0 {
             return TC_ACT_UNSPEC;
+        }
+        if class.parent != 0 {
+            // A class in a tree (policing actions): its walk reads the packet from the slot.
+            return charge_tree(ctx, class_id, now);
         }
         if class.action == Action::Shape as u8 {
             // The shape path reads the packet from the slot.

@@ -6,7 +6,7 @@
 
 use crate::{
     actions::ActionSpec,
-    classes::{check_name, parse_scope, ClassSpec, Codel, Meter},
+    classes::{check_name, parse_scope, ClassSpec, Codel, Meter, Tree},
     rules::{parse_cidr, PortRange, Proto, Rule},
     state::Direction,
     units::{default_burst, default_shape_burst, parse_rate, parse_size},
@@ -39,6 +39,11 @@ pub struct ClassInput {
     pub interval: Option<String>,
     /// Shape classes: `on` (default) CE-marks ECN-capable packets, `off` drops them.
     pub ecn: Option<String>,
+    /// The parent class's name (same interface and direction).
+    pub parent: Option<String>,
+    /// The ceiling a class with a parent may borrow up to, and its burst.
+    pub ceil: Option<String>,
+    pub cburst: Option<String>,
 }
 
 /// One problem with one field (named as in the TOML file: `peak_rate`, `dport`, ...).
@@ -102,6 +107,9 @@ struct Fields {
     target: Option<u64>,
     interval: Option<u64>,
     ecn: Option<bool>,
+    parent: Option<String>,
+    ceil: Option<u64>,
+    cburst: Option<u64>,
 }
 
 impl ClassInput {
@@ -143,6 +151,13 @@ impl ClassInput {
         let target = c.optional("target", &self.target, parse_duration_ns);
         let interval = c.optional("interval", &self.interval, parse_duration_ns);
         let ecn = c.optional("ecn", &self.ecn, parse_switch);
+        let parent = c.optional("parent", &self.parent, |name| {
+            check_name(name)
+                .map(|_| name.to_string())
+                .map_err(|e| format!("{e:#}"))
+        });
+        let ceil = c.optional("ceil", &self.ceil, parse_rate);
+        let cburst = c.optional("cburst", &self.cburst, parse_size);
         name?;
         Some(Fields {
             direction: direction?.unwrap_or(Direction::Egress),
@@ -166,6 +181,9 @@ impl ClassInput {
             target: target?,
             interval: interval?,
             ecn: ecn?,
+            parent: parent?,
+            ceil: ceil?,
+            cburst: cburst?,
         })
     }
 
@@ -220,7 +238,9 @@ impl ClassInput {
             default_burst(f.rate)
         });
         let codel = self.codel(&f, action.action, c)?;
+        let tree = self.tree(&f, action.action, meter, c)?;
         let spec = ClassSpec {
+            tree,
             codel,
             name: self.name.clone(),
             rule: f.rule,
@@ -233,6 +253,62 @@ impl ClassInput {
             exceed,
         };
         Some((f.direction, spec))
+    }
+
+    /// The class's place in a tree: `--ceil`/`--cburst` need `--parent`, a ceiling is at
+    /// least the rate, and a per-key class's rate is per key (no ceiling of its own).
+    fn tree(
+        &self,
+        f: &Fields,
+        action: Action,
+        meter: Meter,
+        c: &mut Checker,
+    ) -> Option<Option<Tree>> {
+        let Some(parent) = f.parent.clone() else {
+            if f.ceil.is_some() || f.cburst.is_some() {
+                let field = if f.ceil.is_some() { "ceil" } else { "cburst" };
+                c.fail(
+                    field,
+                    "--ceil and --cburst need --parent: a class without a parent has nothing to borrow from",
+                );
+                return None;
+            }
+            return Some(None);
+        };
+        if parent == self.name {
+            c.fail("parent", "a class cannot be its own parent");
+            return None;
+        }
+        if meter != Meter::None || action == Action::Shape {
+            c.fail(
+                "parent",
+                "--parent works with the policing and marking actions (drop, ecn, dscp, fwmark, pass) so far; meters and --action shape stay top-level classes",
+            );
+            return None;
+        }
+        if f.scope != Scope::Class && (f.ceil.is_some() || f.cburst.is_some()) {
+            c.fail(
+                "ceil",
+                "a --per class's --rate is each key's limit and its parent's the aggregate; --ceil and --cburst are for class-wide buckets",
+            );
+            return None;
+        }
+        if f.ceil.is_some_and(|ceil| ceil < f.rate) {
+            c.fail(
+                "ceil",
+                format!(
+                    "--ceil {} is below --rate {}: the ceiling is what a class may borrow up to",
+                    self.ceil.as_deref().unwrap_or_default(),
+                    self.rate
+                ),
+            );
+            return None;
+        }
+        Some(Some(Tree {
+            parent,
+            ceil_bits_per_sec: f.ceil,
+            cburst_bytes: f.cburst,
+        }))
     }
 
     /// CoDel's knobs: shape classes only, defaults where left out, target below interval.

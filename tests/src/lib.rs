@@ -55,4 +55,6 @@ pub use topology::{
     Lab, Netns, CLIENT_DEV, CLIENT_V4, CLIENT_V6, ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,
     SERVER_V4, SERVER_V6,
 };
-pub use traffic::{Tcp, TcpResult, Udp, UdpResult, UDP_V4_OVERHEAD, UDP_V6_OVERHEAD};
+pub use traffic::{
+    udp_port_churn, Tcp, TcpResult, Udp, UdpResult, UDP_V4_OVERHEAD, UDP_V6_OVERHEAD,
+};

@@ -7,8 +7,8 @@ use crate::{
     iperf,
     topology::{Lab, Netns, SERVER_V4, SERVER_V6},
 };
-use anyhow::Result;
-use std::{process::Child, thread};
+use anyhow::{Context as _, Result};
+use std::{process::Child, thread, time::Duration};
 
 /// Ethernet + IPv4 + UDP headers per datagram, and the IPv6 equivalent.
 pub const UDP_V4_OVERHEAD: u64 = 14 + 20 + 8;
@@ -221,13 +221,16 @@ impl Lab {
         self.udp_on_port(from, to, target, port, options)
     }
 
-    /// Several UDP runs at once, each (from, to, target, options) on its own port; their
-    /// results in the same order.
+    /// Several UDP runs at once, each (from, to, target, options) on its own port (the
+    /// options' port, else one the lab picks); their results in the same order.
     pub fn udp_concurrently(
         &mut self,
         runs: &[(&Netns, &Netns, &str, &Udp)],
     ) -> Result<Vec<UdpResult>> {
-        let ports: Vec<u16> = runs.iter().map(|_| self.port()).collect();
+        let ports: Vec<u16> = runs
+            .iter()
+            .map(|(_, _, _, options)| options.port.unwrap_or_else(|| self.port()))
+            .collect();
         let lab = &*self;
         thread::scope(|scope| {
             let handles: Vec<_> = runs
@@ -349,4 +352,41 @@ impl Lab {
         )?;
         iperf::parse_tcp(&json)
     }
+}
+
+/// Sends UDP from namespace `from` to `target:dport` at `rate_bps` (L3 payload bits)
+/// for `duration`, every datagram from a fresh socket, so from a new source port: a
+/// sender that churns flow keys. Runs on a thread that joins `from` (setns); bounded by
+/// the duration and by the datagrams that rate allows. The datagrams sent.
+pub fn udp_port_churn(
+    from: &Netns,
+    target: &str,
+    dport: u16,
+    rate_bps: f64,
+    duration: Duration,
+    payload: usize,
+) -> thread::JoinHandle<Result<u64>> {
+    let netns_path = format!("/run/netns/{}", from.name);
+    let destination = format!("{target}:{dport}");
+    thread::spawn(move || {
+        let netns = std::fs::File::open(&netns_path)
+            .with_context(|| format!("cannot open {netns_path}"))?;
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .context("setns into the client namespace")?;
+        let data = vec![0u8; payload];
+        let gap = Duration::from_secs_f64(payload as f64 * 8.0 / rate_bps);
+        let limit = (duration.as_secs_f64() * rate_bps / (payload as f64 * 8.0)).ceil() as u64;
+        let start = std::time::Instant::now();
+        let mut sent = 0u64;
+        while sent < limit && start.elapsed() < duration {
+            let due = start + gap * sent as u32;
+            if let Some(wait) = due.checked_duration_since(std::time::Instant::now()) {
+                thread::sleep(wait);
+            }
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            socket.send_to(&data, &destination)?;
+            sent += 1;
+        }
+        Ok(sent)
+    })
 }

@@ -192,6 +192,30 @@ fn bad_inputs_fail_cleanly_and_change_nothing() {
             ns(&["class", "change", "web", "--dev", r1, "--target", "3ms"]),
             2,
         ),
+        ("--ceil without --parent", add_x(&["--ceil", "5mbit"]), 2),
+        (
+            "--ceil below --rate",
+            add_x(&["--parent", "web", "--ceil", "500kbit"]),
+            2,
+        ),
+        (
+            "a parent that does not exist",
+            add_x(&["--parent", "nope"]),
+            1,
+        ),
+        ("a class its own parent", add_x(&["--parent", "x"]), 2),
+        (
+            "--parent on a shape class",
+            add_x(&["--parent", "web", "--action", "shape"]),
+            2,
+        ),
+        (
+            "children guaranteed more than the parent",
+            ns(&[
+                "class", "add", "x", "--dev", r1, "--rate", "20mbit", "--parent", "web",
+            ]),
+            1,
+        ),
         (
             "bad class name",
             ns(&["class", "add", "bad/name", "--dev", r1, "--rate", "1mbit"]),

@@ -901,7 +901,11 @@ fn daemon_upgrades_the_attachments_it_manages_at_start() -> Result<()> {
     let log = daemon.log();
     println!("{log}");
     assert!(
-        log.contains("r1 egress") && log.contains("state layout 0 -> 1"),
+        log.contains("r1 egress")
+            && log.contains(&format!(
+                "state layout 0 -> {}",
+                shaper_common::LAYOUT_VERSION
+            )),
         "{log}"
     );
     let status = router.shaper_json(&["status", "--json"])?;

@@ -24,6 +24,8 @@ use std::collections::HashMap;
 
 #[path = "test_run/differential.rs"]
 mod differential;
+#[path = "test_run/tree.rs"]
+mod tree;
 
 const DEV: &str = "trun0";
 const PASS: u32 = u32::MAX; // TC_ACT_UNSPEC (-1): pass to the next hook/filter
@@ -254,6 +256,21 @@ impl Harness {
         frame: &[u8],
         ctx: &[u8],
     ) -> Result<(u32, Option<String>), aya::programs::ProgramError> {
+        let (verdict, counted) = self.test_run_levels(frame, ctx)?;
+        assert!(
+            counted.len() <= 1,
+            "one packet counted by several classes: {counted:?}"
+        );
+        Ok((verdict, counted.into_iter().next().map(|(name, _)| name)))
+    }
+
+    /// Runs one frame; the verdict and every class that counted it, with whether it
+    /// counted a pass (classes in a tree count a packet at every level it passed).
+    fn test_run_levels(
+        &mut self,
+        frame: &[u8],
+        ctx: &[u8],
+    ) -> Result<(u32, Vec<(String, bool)>), aya::programs::ProgramError> {
         let before = self.counters();
         let program: &aya::programs::SchedClassifier = self
             .ebpf
@@ -267,19 +284,19 @@ impl Harness {
             ..TestRunOptions::default()
         })?;
         let after = self.counters();
-        let counted: Vec<String> = after
+        let mut counted: Vec<(String, bool)> = after
             .iter()
             .filter(|(id, stats)| {
                 let b = before[*id];
                 stats.passed_packets + stats.dropped_packets > b.passed_packets + b.dropped_packets
             })
-            .map(|(id, _)| self.names[id].clone())
+            .map(|(id, stats)| {
+                let passed = stats.passed_packets > before[id].passed_packets;
+                (self.names[id].clone(), passed)
+            })
             .collect();
-        assert!(
-            counted.len() <= 1,
-            "one packet counted by several classes: {counted:?}"
-        );
-        Ok((result.return_value, counted.into_iter().next()))
+        counted.sort();
+        Ok((result.return_value, counted))
     }
 
     fn reload_names(&mut self) {
@@ -1240,6 +1257,7 @@ fn two_hundred_classes_of_one_shape_cost_one_lookup() {
             meter: Default::default(),
             exceed: Default::default(),
             codel: None,
+            tree: None,
         };
         classes::add(&harness.attachment, &spec).unwrap();
     }

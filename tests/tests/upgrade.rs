@@ -157,7 +157,8 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
     })?;
     println!("{mode}: {}", upgraded.trim());
     ensure!(
-        upgraded.contains("upgraded") && upgraded.contains("state layout 0 -> 1"),
+        upgraded.contains("upgraded")
+            && upgraded.contains(&format!("state layout 0 -> {LAYOUT_VERSION}")),
         "{upgraded}"
     );
     let row = router.status_row()?;

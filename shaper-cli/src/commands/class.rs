@@ -187,6 +187,12 @@ fn del(netns: Option<String>, args: ClassDelArgs) -> Result<()> {
     Ok(())
 }
 
+/// A class's name indented two spaces per level below the top.
+pub(crate) fn tree_name(row: &serde_json::Value) -> String {
+    let depth = row["depth"].as_u64().unwrap_or(0) as usize;
+    format!("{}{}", "  ".repeat(depth), text(&row["name"]))
+}
+
 /// The action, with CoDel's target/interval on shape classes: `shape 5ms/100ms`.
 pub(crate) fn action_text(row: &serde_json::Value) -> String {
     match (row["target"].as_str(), row["interval"].as_str()) {
@@ -202,16 +208,19 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
     prepare(&None)?;
     let rows = crate::rows::collect(&netns, &args.dev)?;
     let header = [
-        "NAME", "DEV", "DIR", "PRIO", "RATE", "BURST", "PER", "ACTION", "PROTO", "SRC", "DST",
-        "SPORT", "DPORT",
+        "NAME", "DEV", "DIR", "PRIO", "RATE", "CEIL", "BURST", "PER", "ACTION", "PROTO", "SRC",
+        "DST", "SPORT", "DPORT",
     ];
     print_rows(&rows, args.json, &header, |row| {
         vec![
-            text(&row["name"]),
+            tree_name(row),
             text(&row["dev"]),
             text(&row["direction"]),
             text(&row["prio"]),
             format_rate(row["rate_bps"].as_u64().unwrap_or(0)),
+            row["ceil_bps"]
+                .as_u64()
+                .map_or_else(|| "-".to_string(), format_rate),
             format_size(row["burst_bytes"].as_u64().unwrap_or(0)),
             text(&row["per"]),
             action_text(row),

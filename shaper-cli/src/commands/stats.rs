@@ -35,7 +35,7 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
     ];
     print_rows(&rows, args.json, &header, |row| {
         vec![
-            text(&row["name"]),
+            super::class::tree_name(row),
             text(&row["dev"]),
             text(&row["direction"]),
             format_rate(row["rate_bps"].as_u64().unwrap_or(0)),

@@ -82,6 +82,12 @@ impl ClassSpec {
                     .unwrap_or(DEFAULT_INTERVAL_NS),
                 ecn: meta.codel_no_ecn == 0,
             }),
+            // The parent's name is filled in by `read_classes`, which knows every class.
+            tree: (config.parent != 0 && config.meter == METER_NONE).then(|| Tree {
+                parent: String::new(),
+                ceil_bits_per_sec: Some(meta.peak_rate_bits_per_sec).filter(|&c| c != 0),
+                cburst_bytes: Some(meta.peak_burst_bytes).filter(|&c| c != 0),
+            }),
         }
     }
 
@@ -89,7 +95,15 @@ impl ClassSpec {
         let (src_family, src_addr, src_prefix) = cidr_to_meta(self.rule.src);
         let (dst_family, dst_addr, dst_prefix) = cidr_to_meta(self.rule.dst);
         let (peak_rate_bits_per_sec, peak_burst_bytes, excess_burst_bytes) = match self.meter {
-            Meter::None => (0, 0, 0),
+            // A class in a tree keeps its ceiling there (0: as its rate or burst).
+            Meter::None => match &self.tree {
+                Some(tree) => (
+                    tree.ceil_bits_per_sec.unwrap_or(0),
+                    tree.cburst_bytes.unwrap_or(0),
+                    0,
+                ),
+                None => (0, 0, 0),
+            },
             Meter::SrTcm { excess_burst_bytes } => (0, 0, excess_burst_bytes),
             Meter::TrTcm {
                 peak_rate_bits_per_sec,
@@ -124,16 +138,21 @@ impl ClassSpec {
         })
     }
 
-    pub(super) fn config(&self, generation: u32) -> ClassConfig {
-        let (meter, peak_cost) = self
+    /// The packet path's config; `parent` is the parent's id for a class in a tree.
+    pub(super) fn config(&self, generation: u32, parent: Option<u32>) -> ClassConfig {
+        let (meter, mut peak_cost) = self
             .meter
             .second_cost(self.rate_bits_per_sec, self.burst_bytes);
+        if let Some(tree) = &self.tree {
+            peak_cost = ceiling_cost(tree, self.rate_bits_per_sec, self.burst_bytes);
+        }
         let (cost, credit_chunk) = bucket_cost(
             self.rate_bits_per_sec,
             self.burst_bytes,
             self.scope as u8,
             meter,
             self.action.action as u8,
+            parent.is_some(),
         );
         let mut config = ClassConfig {
             cost,
@@ -160,23 +179,32 @@ impl ClassSpec {
             },
             ..ClassConfig::default()
         };
+        config.parent = parent.map_or(0, |id| id as u16 + 1);
         config.start_costs();
         config
     }
 }
 
+/// The ceiling word's cost of a class in a tree.
+pub(crate) fn ceiling_cost(tree: &Tree, rate_bits_per_sec: u64, burst_bytes: u64) -> ByteCost {
+    ByteCost::new(tree.ceil(rate_bits_per_sec), tree.cburst(burst_bytes))
+}
+
 /// The class bucket's cost and per-CPU credit chunk. Class-scoped buckets of policing and
 /// marking classes get per-CPU credit (see `shaper_common::bucket`), with the shared
 /// bucket's burst lowered by what the CPUs may hold; `ecn` (which marks by the bucket's
-/// occupancy), `shape`, meters and per-key buckets are charged per packet.
+/// occupancy), `shape`, meters, per-key buckets and classes with a parent (whose walk
+/// takes each word per packet) are charged per packet.
 pub(crate) fn bucket_cost(
     rate_bits_per_sec: u64,
     burst_bytes: u64,
     scope: u8,
     meter: u8,
     action: u8,
+    has_parent: bool,
 ) -> (ByteCost, u32) {
     let eligible = scope == Scope::Class as u8
+        && !has_parent
         && meter == METER_NONE
         && action != Action::Ecn as u8
         && action != Action::Shape as u8;
@@ -195,12 +223,24 @@ pub(crate) fn bucket_cost(
 /// Reads every class of an attachment with its counters.
 pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
     let configs = attachment.classes()?;
+    let list = attachment.class_list()?;
+    let names: std::collections::HashMap<u32, String> = list
+        .iter()
+        .map(|(id, meta)| (*id, decode_name(&meta.name)))
+        .collect();
     let mut views = Vec::new();
-    for (id, meta) in attachment.class_list()? {
+    for (id, meta) in list {
         let config = configs.get(&id, 0)?;
+        let mut spec = ClassSpec::from_meta(&meta, &config);
+        if let Some(tree) = &mut spec.tree {
+            tree.parent = names
+                .get(&(config.parent as u32 - 1))
+                .cloned()
+                .unwrap_or_default();
+        }
         views.push(ClassView {
             id,
-            spec: ClassSpec::from_meta(&meta, &config),
+            spec,
             seq: meta.seq,
             stats: attachment.class_stats(id)?,
         });

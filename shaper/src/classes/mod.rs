@@ -16,6 +16,7 @@ mod table;
 
 pub(crate) use encode::bucket_cost;
 pub use encode::read_classes;
+pub(crate) use shapes::rank;
 pub use table::{add, add_many, change, delete, find, Change};
 
 /// Everything that defines a class.
@@ -34,6 +35,28 @@ pub struct ClassSpec {
     pub exceed: ActionSpec,
     /// Shape classes: CoDel on the virtual queue; `None` for every other action.
     pub codel: Option<Codel>,
+    /// A class with a parent; `None` for a top-level class.
+    pub tree: Option<Tree>,
+}
+
+/// A class's place under a parent (`shaper_common::hierarchy`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tree {
+    pub parent: String,
+    /// What the class may borrow up to; `None`: its rate (it never borrows).
+    pub ceil_bits_per_sec: Option<u64>,
+    /// The ceiling's burst; `None`: the class's burst.
+    pub cburst_bytes: Option<u64>,
+}
+
+impl Tree {
+    pub fn ceil(&self, rate_bits_per_sec: u64) -> u64 {
+        self.ceil_bits_per_sec.unwrap_or(rate_bits_per_sec)
+    }
+
+    pub fn cburst(&self, burst_bytes: u64) -> u64 {
+        self.cburst_bytes.unwrap_or(burst_bytes)
+    }
 }
 
 /// CoDel's knobs on a shape class (RFC 8289 names).

@@ -3,10 +3,14 @@
 
 use crate::{error::runtime, rules::Rule, state::Attachment};
 use anyhow::Result;
-use shaper_common::{RuleKey, Shape, MAX_SHAPES};
+use shaper_common::{hierarchy::MAX_LEVELS, RuleKey, Shape, MAX_SHAPES};
 
-pub(super) fn rank(prio: u32, seq: u64) -> u64 {
-    (u64::from(prio) << 32) | (seq & 0xffff_ffff)
+/// The order of classes matching one packet: the lowest prio, then the deepest in a
+/// tree (a child before its ancestors: a catch-all parent takes what its children do
+/// not), then the oldest.
+pub(crate) fn rank(prio: u32, depth: usize, seq: u64) -> u64 {
+    let below_deepest = (MAX_LEVELS - 1).saturating_sub(depth) as u64;
+    (u64::from(prio) << 32) | (below_deepest << 30) | (seq & 0x3fff_ffff)
 }
 
 /// Shape slots: the kernel's current table, extended as new masks appear.
@@ -123,7 +127,14 @@ mod tests {
 
     #[test]
     fn older_classes_and_lower_prios_rank_first() {
-        assert!(rank(10, 1) < rank(10, 2));
-        assert!(rank(5, 99) < rank(10, 1));
+        assert!(rank(10, 0, 1) < rank(10, 0, 2));
+        assert!(rank(5, 0, 99) < rank(10, 0, 1));
+    }
+
+    #[test]
+    fn children_rank_before_their_ancestors_at_one_prio() {
+        assert!(rank(10, 1, 9) < rank(10, 0, 1));
+        assert!(rank(10, 3, 9) < rank(10, 2, 1));
+        assert!(rank(5, 0, 9) < rank(10, 3, 1), "prio first");
     }
 }

@@ -16,6 +16,7 @@ use anyhow::Result;
 use aya::maps::{MapError, PerCpuValues};
 use shaper_common::{
     codel::{sparse_cost, CodelState},
+    hierarchy::MAX_LEVELS,
     Action, Bucket, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Shape, MAX_CLASSES,
     MAX_RULES, MAX_SHAPES,
 };
@@ -51,6 +52,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         attachment.rules()?,
     );
     let mut index = attachment.class_index()?;
+    let mut tree = TreeView::read(attachment, &existing)?;
     let dev = attachment.location.dev.clone();
     let mut next_free = 0;
     let mut ids = Vec::with_capacity(specs.len());
@@ -71,6 +73,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
                 "no room for another class (the limit is {MAX_CLASSES})"
             )));
         }
+        let parent = tree.place(attachment, spec, None)?;
         let mut shapes = ShapeTable {
             slots: kernel_shapes.slots.clone(),
         };
@@ -96,7 +99,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         zero_stats(attachment, id)?;
         buckets.set(id, Bucket::default(), 0)?;
         codel.set(id, CodelState::default(), 0)?;
-        let mut config = spec.config(seq as u32);
+        let mut config = spec.config(seq as u32, parent);
         if spec.action.action == Action::Shape && spec.action.arg != 0 {
             config.sparse_priority = qdisc::sparse_leaf(id);
         }
@@ -108,7 +111,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         let value = RuleValue {
             class_id: id,
             _pad: 0,
-            rank: rank(spec.prio, seq),
+            rank: rank(spec.prio, tree.depth_of(parent), seq),
         };
         if let Err(error) = write_entries(&mut rules, keys, value) {
             // Roll this class back to exactly the previous state.
@@ -128,8 +131,159 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         names.insert(spec.name.clone());
         used.insert(id);
         ids.push(id);
+        tree.insert(id, &spec, parent);
     }
     Ok(ids)
+}
+
+/// The classes' tree as far as checks need it: each class's name, parent and the rate it
+/// is guaranteed (0 for a per-key class, whose rate is per key).
+struct TreeView {
+    classes: BTreeMap<u32, TreeNode>,
+}
+
+struct TreeNode {
+    name: String,
+    parent: Option<u32>,
+    guaranteed: u64,
+    rate: u64,
+    /// Meters and shape classes cannot be parents (yet).
+    can_lend: bool,
+}
+
+impl TreeView {
+    fn read(attachment: &Attachment, list: &[(u32, ClassMeta)]) -> Result<Self> {
+        let configs = attachment.classes()?;
+        let mut classes = BTreeMap::new();
+        for (id, meta) in list {
+            let config = configs.get(id, 0)?;
+            classes.insert(*id, TreeNode::of(meta, &config));
+        }
+        Ok(Self { classes })
+    }
+
+    fn insert(&mut self, id: u32, spec: &ClassSpec, parent: Option<u32>) {
+        let per_class = spec.scope == shaper_common::Scope::Class;
+        let node = TreeNode {
+            name: spec.name.clone(),
+            parent,
+            guaranteed: if per_class { spec.rate_bits_per_sec } else { 0 },
+            rate: spec.rate_bits_per_sec,
+            can_lend: spec.meter == Meter::None && spec.action.action != Action::Shape,
+        };
+        self.classes.insert(id, node);
+    }
+
+    fn children(&self, id: u32) -> impl Iterator<Item = (&u32, &TreeNode)> {
+        self.classes
+            .iter()
+            .filter(move |(_, node)| node.parent == Some(id))
+    }
+
+    /// The parent's id for `spec` (`moving`: the class's own id when it is already in the
+    /// tree), checked: the parent exists here and can lend, the tree stays within
+    /// `MAX_LEVELS` levels, and its children's guaranteed rates fit its rate.
+    fn place(
+        &self,
+        attachment: &Attachment,
+        spec: &ClassSpec,
+        moving: Option<u32>,
+    ) -> Result<Option<u32>> {
+        let Some(tree) = &spec.tree else {
+            return Ok(None);
+        };
+        let (parent_id, parent) = self
+            .classes
+            .iter()
+            .find(|(_, node)| node.name == tree.parent)
+            .ok_or_else(|| {
+                runtime(format!(
+                    "no parent class '{}' on {} (add it first)",
+                    tree.parent,
+                    attachment.location.describe()
+                ))
+            })?;
+        if !parent.can_lend {
+            return Err(runtime(format!(
+                "class '{}' cannot be a parent: meters and --action shape classes stay leaves so far",
+                tree.parent
+            )));
+        }
+        let mut depth = 2;
+        let mut above = parent.parent;
+        while let Some(id) = above {
+            if Some(id) == moving {
+                return Err(runtime(format!(
+                    "class '{}' cannot move under its own descendant '{}'",
+                    spec.name, tree.parent
+                )));
+            }
+            depth += 1;
+            above = self.classes.get(&id).and_then(|node| node.parent);
+        }
+        let below = moving.map_or(0, |id| self.height(id));
+        if depth + below > MAX_LEVELS {
+            return Err(runtime(format!(
+                "a tree is at most {MAX_LEVELS} levels deep; under '{}' class '{}' would make {}",
+                tree.parent,
+                spec.name,
+                depth + below
+            )));
+        }
+        let guaranteed = if spec.scope == shaper_common::Scope::Class {
+            spec.rate_bits_per_sec
+        } else {
+            0
+        };
+        let siblings: u64 = self
+            .children(*parent_id)
+            .filter(|(id, _)| Some(**id) != moving)
+            .map(|(_, node)| node.guaranteed)
+            .sum();
+        if siblings + guaranteed > parent.rate {
+            return Err(runtime(format!(
+                "the children of '{}' would be guaranteed {} in all, above its rate {}: \
+                 lower their rates (borrow with --ceil instead) or raise the parent's",
+                tree.parent,
+                crate::units::format_rate(siblings + guaranteed),
+                crate::units::format_rate(parent.rate)
+            )));
+        }
+        Ok(Some(*parent_id))
+    }
+
+    /// The depth of a class under `parent` (0: top level).
+    fn depth_of(&self, parent: Option<u32>) -> usize {
+        let (mut depth, mut above) = (0, parent);
+        while let Some(id) = above {
+            depth += 1;
+            above = self.classes.get(&id).and_then(|node| node.parent);
+        }
+        depth
+    }
+
+    /// Levels from `id` down to its deepest descendant (1: no children).
+    fn height(&self, id: u32) -> usize {
+        1 + self
+            .children(id)
+            .map(|(child, _)| self.height(*child))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+impl TreeNode {
+    fn of(meta: &ClassMeta, config: &ClassConfig) -> Self {
+        let per_class = config.scope == shaper_common::Scope::Class as u8;
+        Self {
+            name: decode_name(&meta.name),
+            parent: (config.parent != 0).then(|| config.parent as u32 - 1),
+            guaranteed: if per_class { meta.rate_bits_per_sec } else { 0 },
+            rate: meta.rate_bits_per_sec,
+            can_lend: config.meter == shaper_common::meter::METER_NONE
+                && config.action != Action::Shape as u8,
+        }
+    }
 }
 
 /// Why a classifier entry could not be written, in the user's terms.
@@ -305,6 +459,14 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
     costs.peak_cost = meter
         .second_cost(meta.rate_bits_per_sec, meta.burst_bytes)
         .1;
+    let spec = ClassSpec::from_meta(&meta, &config);
+    if let Some(tree) = &spec.tree {
+        costs.peak_cost =
+            super::encode::ceiling_cost(tree, meta.rate_bits_per_sec, meta.burst_bytes);
+    }
+    if rate_bits_per_sec.is_some() {
+        check_guarantees(attachment, id, &meta, &config)?;
+    }
     if let Some(action) = action.filter(|_| !shaping) {
         config.action = action.action as u8;
         config.action_arg = action.arg;
@@ -316,6 +478,7 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         config.scope,
         config.meter,
         config.action,
+        config.parent != 0,
     );
     // A new cost version: every bucket word (the class's, each key's, a meter's second
     // one) is converted at its next packet, keeping its tokens (or a shaper's backlog).
@@ -324,6 +487,34 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
     config.credit_epoch = config.credit_epoch.wrapping_add(1);
     classes.set(id, config, 0)?;
     attachment.meta()?.set(id, meta, 0)?;
+    Ok(())
+}
+
+/// A rate change keeps the tree's guarantees: a child's rate within what its parent has
+/// left beside its siblings, a parent's rate at least its children's.
+fn check_guarantees(
+    attachment: &Attachment,
+    id: u32,
+    meta: &ClassMeta,
+    config: &ClassConfig,
+) -> Result<()> {
+    let tree = TreeView::read(attachment, &attachment.class_list()?)?;
+    let name = decode_name(&meta.name);
+    let children: u64 = tree.children(id).map(|(_, node)| node.guaranteed).sum();
+    if children > meta.rate_bits_per_sec {
+        return Err(runtime(format!(
+            "the children of '{name}' are guaranteed {} in all, above the new rate {}",
+            crate::units::format_rate(children),
+            crate::units::format_rate(meta.rate_bits_per_sec)
+        )));
+    }
+    if let Some(parent) = (config.parent != 0).then(|| config.parent as u32 - 1) {
+        let mut spec = ClassSpec::from_meta(meta, config);
+        if let (Some(placed), Some(node)) = (&mut spec.tree, tree.classes.get(&parent)) {
+            placed.parent = node.name.clone();
+        }
+        tree.place(attachment, &spec, Some(id))?;
+    }
     Ok(())
 }
 
@@ -378,6 +569,14 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
         .find(|(_, m)| decode_name(&m.name) == name)
         .cloned()
         .ok_or_else(|| not_found(attachment, name))?;
+    let tree = TreeView::read(attachment, &all)?;
+    let children: Vec<&str> = tree.children(id).map(|(_, n)| n.name.as_str()).collect();
+    if !children.is_empty() {
+        return Err(runtime(format!(
+            "class '{name}' is the parent of {}: delete or move them first",
+            children.join(", ")
+        )));
+    }
     let configs = attachment.classes()?;
     let mut shapes = ShapeTable::read(attachment)?;
     let before = ShapeTable {
@@ -387,7 +586,8 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
         .iter()
         .map(|(class_id, meta)| {
             let spec = ClassSpec::from_meta(meta, &configs.get(class_id, 0)?);
-            Ok((*class_id, spec, rank(meta.prio, meta.seq)))
+            let depth = tree.depth_of(tree.classes.get(class_id).and_then(|n| n.parent));
+            Ok((*class_id, spec, rank(meta.prio, depth, meta.seq)))
         })
         .collect::<Result<Vec<_>>>()?;
     let Remaining {
@@ -458,9 +658,9 @@ mod tests {
     fn deleting_a_class_hands_its_keys_to_the_next_best() {
         // Creation order is the rank's low word: older classes rank lower (win ties).
         let classes = vec![
-            (0, class("older", "53", "10"), rank(10, 1)),
-            (1, class("younger", "53", "10"), rank(10, 2)),
-            (2, class("urgent", "53", "5"), rank(5, 3)),
+            (0, class("older", "53", "10"), rank(10, 0, 1)),
+            (1, class("younger", "53", "10"), rank(10, 0, 2)),
+            (2, class("urgent", "53", "5"), rank(5, 0, 3)),
         ];
         let mut shapes = empty_shapes();
         let without_urgent = remaining_without(&classes, 2, &mut shapes).unwrap();
@@ -480,8 +680,8 @@ mod tests {
     #[test]
     fn shapes_only_the_deleted_class_used_are_freed() {
         let classes = vec![
-            (0, class("one-port", "53", "10"), rank(10, 1)),
-            (1, class("a-range", "1000-1001", "10"), rank(10, 2)),
+            (0, class("one-port", "53", "10"), rank(10, 0, 1)),
+            (1, class("a-range", "1000-1001", "10"), rank(10, 0, 2)),
         ];
         let mut shapes = empty_shapes();
         let all = remaining_without(&classes, u32::MAX, &mut shapes).unwrap();

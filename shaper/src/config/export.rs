@@ -49,6 +49,13 @@ fn export_class(direction: Direction, spec: &ClassSpec) -> ExportClass {
         target: spec.codel.map(|c| format_duration_ns(c.target_ns)),
         interval: spec.codel.map(|c| format_duration_ns(c.interval_ns)),
         ecn: spec.codel.filter(|c| !c.ecn).map(|_| false),
+        parent: spec.tree.as_ref().map(|t| t.parent.clone()),
+        ceil: spec
+            .tree
+            .as_ref()
+            .and_then(|t| t.ceil_bits_per_sec)
+            .map(exact_rate),
+        cburst: spec.tree.as_ref().and_then(|t| t.cburst_bytes),
     }
 }
 

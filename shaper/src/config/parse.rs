@@ -287,6 +287,9 @@ fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), 
         target: string(&entry.target),
         interval: string(&entry.interval),
         ecn: entry.ecn.as_ref().map(|ecn| ecn.get_ref().to_string()),
+        parent: string(&entry.parent),
+        ceil: scalar(&entry.ceil),
+        cburst: scalar(&entry.cburst),
     };
     input.check().map_err(|errors| {
         errors
@@ -325,6 +328,9 @@ fn field_span(entry: &ClassEntry, field: &str) -> Range<usize> {
         "target" => text(&entry.target),
         "interval" => text(&entry.interval),
         "ecn" => entry.ecn.as_ref().map(|ecn| ecn.span()),
+        "parent" => text(&entry.parent),
+        "ceil" => scalar(&entry.ceil),
+        "cburst" => scalar(&entry.cburst),
         _ => None,
     };
     span.unwrap_or(entry.name.span())

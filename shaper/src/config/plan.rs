@@ -285,12 +285,17 @@ fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
                 mode: interface.attach_mode,
             });
         }
-        for spec in &current {
+        // Children are deleted before their parents, and parents added before children.
+        let mut current_by_depth: Vec<&ClassSpec> = current.iter().collect();
+        sort_by_depth(&mut current_by_depth);
+        for spec in current_by_depth.into_iter().rev() {
             if !wanted.iter().any(|w| w.name == spec.name) {
                 plan.steps
                     .push(Step::Delete(location.clone(), spec.name.clone()));
             }
         }
+        let mut wanted = wanted;
+        sort_by_depth(&mut wanted);
         for spec in wanted {
             match current.iter().find(|c| c.name == spec.name) {
                 None => plan.steps.push(Step::Add(location.clone(), spec.clone())),
@@ -310,6 +315,30 @@ fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Orders classes top-level first, then by their depth in the tree `specs` make (a
+/// stable sort: the file's order within one depth).
+fn sort_by_depth(specs: &mut [&ClassSpec]) {
+    let depth = |spec: &ClassSpec| {
+        let (mut depth, mut parent) = (0, spec.tree.as_ref().map(|t| t.parent.as_str()));
+        while let Some(name) = parent.filter(|_| depth <= shaper_common::hierarchy::MAX_LEVELS) {
+            depth += 1;
+            parent = specs
+                .iter()
+                .find(|s| s.name == name)
+                .and_then(|s| s.tree.as_ref().map(|t| t.parent.as_str()));
+        }
+        depth
+    };
+    let depths: Vec<(String, usize)> = specs.iter().map(|s| (s.name.clone(), depth(s))).collect();
+    let depth_of = |name: &str| {
+        depths
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, d)| *d)
+    };
+    specs.sort_by_key(|spec| depth_of(&spec.name));
 }
 
 #[cfg(test)]
@@ -333,5 +362,36 @@ mod tests {
         other_port.rule.dport = PortRange { lo: 1, hi: 1 };
         assert!(in_place_change(&current, &other_port).is_none());
         assert!(same_class(&current, &current.clone()));
+    }
+
+    #[test]
+    fn parents_are_planned_before_their_children() {
+        let file = r#"
+[[interface]]
+dev = "planned0"
+[[interface.class]]
+name = "leaf"
+parent = "mid"
+rate = "1mbit"
+[[interface.class]]
+name = "mid"
+parent = "top"
+rate = "2mbit"
+[[interface.class]]
+name = "other"
+rate = "1mbit"
+[[interface.class]]
+name = "top"
+rate = "5mbit"
+"#;
+        let desired = parse("tree.toml", file).unwrap();
+        let mut specs: Vec<&ClassSpec> = desired.interfaces[0]
+            .classes
+            .iter()
+            .map(|(_, spec)| spec)
+            .collect();
+        sort_by_depth(&mut specs);
+        let order: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(order, ["other", "top", "mid", "leaf"]);
     }
 }

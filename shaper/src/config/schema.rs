@@ -67,6 +67,9 @@ pub(super) struct ClassEntry {
     pub(super) target: Field<String>,
     pub(super) interval: Field<String>,
     pub(super) ecn: Field<bool>,
+    pub(super) parent: Field<String>,
+    pub(super) ceil: Field<Scalar>,
+    pub(super) cburst: Field<Scalar>,
 }
 
 // ---- written
@@ -124,4 +127,10 @@ pub(super) struct ExportClass {
     /// Written only when off (on is the default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) ecn: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) parent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) ceil: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) cburst: Option<u64>,
 }

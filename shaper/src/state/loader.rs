@@ -423,14 +423,35 @@ fn swap_program(
 /// change (see `LAYOUT_VERSION`) adds its step here.
 fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
     match layout {
-        0 => Some(migrate_unstamped),
+        // Layout 2 kept layout 1's sizes (classes gained parents in spare fields) and
+        // ranks classes by depth too.
+        0 | 1 => Some(migrate_to_trees),
         _ => None,
     }
 }
 
-/// Layout 0 is the last unstamped one: the same maps as layout 1 but `LAYOUT`, which
-/// loading the object creates. Older unstamped pins differ in some map's sizes: they are
-/// refused, not misread.
+/// Layouts 0 and 1 to 2: the sizes checked, then every classifier entry re-ranked with
+/// the depth bits (all top level), so children added later rank as they should. The
+/// class an entry points to is unchanged, so packets meet the same classes throughout.
+fn migrate_to_trees(attachment: &Attachment) -> Result<()> {
+    migrate_unstamped(attachment)?;
+    let metas = attachment.meta()?;
+    let mut rules = attachment.rules()?;
+    let entries: Vec<_> = rules.iter().collect::<Result<_, _>>()?;
+    for (key, mut value) in entries {
+        let meta = metas.get(&value.class_id, 0)?;
+        let ranked = crate::classes::rank(meta.prio, 0, meta.seq);
+        if value.rank != ranked {
+            value.rank = ranked;
+            rules.insert(key, value, 0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Layout 0 is the last unstamped one: the same maps as layouts 1 and 2 but `LAYOUT`,
+/// which loading the object creates; layout 1 pins have no parents set. Older unstamped
+/// pins differ in some map's sizes: they are refused, not misread.
 fn migrate_unstamped(attachment: &Attachment) -> Result<()> {
     let object = aya_obj::Object::parse(crate::EBPF_OBJECT)
         .map_err(|e| runtime(format!("cannot read the eBPF object: {e}")))?;

@@ -262,6 +262,7 @@ fn udp_class(name: String, dport: u16, scope: Scope) -> ClassSpec {
         meter: Default::default(),
         exceed: Default::default(),
         codel: None,
+        tree: None,
     }
 }
 

@@ -1,0 +1,225 @@
+//! Class hierarchies on the namespace lab (issue 12): a parent's rate shared by children
+//! that borrow up to their ceilings, per-flow buckets under a parent's aggregate (also
+//! against a sender that changes its source port on every datagram), counters per level.
+//! Rates are L2 rates at the server over the steady-state seconds.
+
+use shaper_tests::{
+    assert_within, counter, stderr, udp_port_churn, Lab, Netns, Udp, ROUTER_TO_SERVER, SERVER_DEV,
+    SERVER_V4,
+};
+use std::{thread, time::Duration};
+
+const PORT_A: u16 = 5301;
+const PORT_B: u16 = 5302;
+
+fn tenant_with_two_children(router: &Netns) {
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    // The parent matches all UDP: it takes what its children do not (they rank first).
+    router
+        .class_add(
+            "tenant",
+            ROUTER_TO_SERVER,
+            &["--rate", "10mbit", "--proto", "udp"],
+        )
+        .unwrap();
+    for (name, port) in [("a", PORT_A), ("b", PORT_B)] {
+        router
+            .class_add(
+                name,
+                ROUTER_TO_SERVER,
+                &[
+                    "--parent",
+                    "tenant",
+                    "--rate",
+                    "3mbit",
+                    "--ceil",
+                    "10mbit",
+                    "--proto",
+                    "udp",
+                    "--dport",
+                    &port.to_string(),
+                ],
+            )
+            .unwrap();
+    }
+}
+
+fn at_20mbit(port: u16) -> Udp {
+    Udp {
+        rate: "20M",
+        port: Some(port),
+        ..Udp::at("20M", 6)
+    }
+}
+
+#[test]
+fn a_child_alone_borrows_the_parents_rate_and_busy_children_share_it() {
+    let mut lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    tenant_with_two_children(&router);
+    let alone = lab.udp(&at_20mbit(PORT_A)).unwrap();
+    assert_within(
+        "A alone at 20M (rate 3, ceil 10, parent 10)",
+        alone.total_l2_bps(),
+        10e6,
+        0.03,
+    );
+    let (client, server) = (lab.client.clone(), lab.server.clone());
+    let (a, b) = (at_20mbit(PORT_A), at_20mbit(PORT_B));
+    let both = lab
+        .udp_concurrently(&[
+            (&client, &server, SERVER_V4, &a),
+            (&client, &server, SERVER_V4, &b),
+        ])
+        .unwrap();
+    let (rate_a, rate_b) = (both[0].total_l2_bps(), both[1].total_l2_bps());
+    println!(
+        "both busy: A {:.3} Mbit/s, B {:.3} Mbit/s",
+        rate_a / 1e6,
+        rate_b / 1e6
+    );
+    assert_within("A + B busy at 20M each", rate_a + rate_b, 10e6, 0.03);
+    // Counters per level: what the children passed, their parent passed too; the drops
+    // of borrowed traffic are counted where the packet was refused.
+    let stats = |name| router.stats_row(name).unwrap();
+    let (tenant, child_a, child_b) = (stats("tenant"), stats("a"), stats("b"));
+    assert_eq!(
+        counter(&tenant, "passed_bytes"),
+        counter(&child_a, "passed_bytes") + counter(&child_b, "passed_bytes"),
+        "the parent passed exactly what its children passed"
+    );
+    assert!(counter(&child_a, "dropped_packets") + counter(&tenant, "dropped_packets") > 0);
+    // The tree is listed parent first, children indented; the parent cannot go first.
+    let listed = router.shaper_json(&["class", "list", "--json"]).unwrap();
+    let tree: Vec<(String, u64, String)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row["name"].as_str().unwrap().to_string(),
+                row["depth"].as_u64().unwrap(),
+                row["parent"].as_str().unwrap_or("-").to_string(),
+            )
+        })
+        .collect();
+    let expected = |name: &str, depth, parent: &str| (name.to_string(), depth, parent.to_string());
+    assert_eq!(
+        tree,
+        [
+            expected("tenant", 0, "-"),
+            expected("a", 1, "tenant"),
+            expected("b", 1, "tenant")
+        ]
+    );
+    let table = router.shaper(&["class", "list"]).unwrap();
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert!(
+        rows[0].starts_with(" tenant ") && rows[1].starts_with("   a "),
+        "{table}"
+    );
+    let refused = router.shaper_output(&["class", "del", "tenant", "--dev", ROUTER_TO_SERVER]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(
+        stderr(&refused).trim(),
+        "shaper: class 'tenant' is the parent of a, b: delete or move them first"
+    );
+    for (name, rate) in [("A", rate_a), ("B", rate_b)] {
+        assert!(
+            rate >= 3e6 * 0.97,
+            "{name} got {:.3} Mbit/s, below its guaranteed 3",
+            rate / 1e6
+        );
+    }
+}
+
+/// Delivered L2 rate at the server over `from`..`to` seconds of a run that sends with
+/// `start` (the first second's burst left out).
+fn delivered_during(server: &Netns, from: Duration, to: Duration) -> f64 {
+    thread::sleep(from);
+    let before = server.link_stat(SERVER_DEV, "rx_bytes").unwrap();
+    thread::sleep(to - from);
+    let after = server.link_stat(SERVER_DEV, "rx_bytes").unwrap();
+    (after - before) as f64 * 8.0 / (to - from).as_secs_f64()
+}
+
+fn churn_through(router: &Netns, lab: &Lab, with_parent: bool) -> f64 {
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    let mut flows = vec![
+        "--per", "flow", "--rate", "5mbit", "--proto", "udp", "--dport", "5400",
+    ];
+    if with_parent {
+        router
+            .class_add("tenant", ROUTER_TO_SERVER, &["--rate", "10mbit"])
+            .unwrap();
+        flows.extend(["--parent", "tenant"]);
+    }
+    router.class_add("flows", ROUTER_TO_SERVER, &flows).unwrap();
+    let sender = udp_port_churn(
+        &lab.client,
+        SERVER_V4,
+        5400,
+        50e6,
+        Duration::from_secs(6),
+        1400,
+    );
+    let delivered = delivered_during(
+        &lab.server,
+        Duration::from_millis(1500),
+        Duration::from_millis(5500),
+    );
+    let sent = sender.join().expect("the churning sender").unwrap();
+    assert!(sent > 20_000, "only {sent} datagrams sent");
+    delivered
+}
+
+#[test]
+fn a_parent_holds_a_sender_that_changes_its_source_port_on_every_datagram() {
+    let lab = Lab::new().unwrap();
+    let unlimited = churn_through(&lab.router.clone(), &lab, false);
+    println!(
+        "--per flow 5mbit alone, 50 Mbit/s of new source ports: {:.1} Mbit/s gets through",
+        unlimited / 1e6
+    );
+    assert!(
+        unlimited > 30e6,
+        "without a parent each new port is a fresh bucket"
+    );
+    let lab = Lab::new().unwrap();
+    let held = churn_through(&lab.router.clone(), &lab, true);
+    assert_within("churn under a 10 Mbit/s parent", held, 10e6, 0.03);
+}
+
+#[test]
+fn per_flow_buckets_under_a_parent_hold_each_flow_and_the_sum() {
+    let mut lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    router
+        .class_add("tenant", ROUTER_TO_SERVER, &["--rate", "10mbit"])
+        .unwrap();
+    router
+        .class_add(
+            "flows",
+            ROUTER_TO_SERVER,
+            &[
+                "--parent", "tenant", "--per", "flow", "--rate", "4mbit", "--proto", "udp",
+            ],
+        )
+        .unwrap();
+    let run = lab
+        .udp(&Udp {
+            streams: 4,
+            ..Udp::at("5M", 6)
+        })
+        .unwrap();
+    for (index, rate) in run.stream_l2_bps.iter().enumerate() {
+        println!("flow {index}: {:.3} Mbit/s", rate / 1e6);
+        assert!(
+            *rate <= 4e6 * 1.05,
+            "flow {index} got {:.3} Mbit/s, above its 4",
+            rate / 1e6
+        );
+    }
+    assert_within("4 flows at 5M under 10", run.total_l2_bps(), 10e6, 0.03);
+}
