@@ -20,7 +20,7 @@ use shaper_common::{
     bucket::{ticks, TAT_MASK},
     conform,
     hierarchy::{in_debt, MAX_LEVELS},
-    Action, ClassConfig, CostKind, Scope,
+    Action, ByteCost, ClassConfig, CostKind, Scope,
 };
 
 const MAIN: u8 = 0;
@@ -204,11 +204,7 @@ fn take(word: *mut u64, class: &ClassConfig, kind: u8, now: u64, bytes: u64) -> 
 /// A word of an older cost version is converted in the same swap.
 #[inline(never)]
 fn take_word(word: *mut u64, class: &ClassConfig, kind: u8, now: u64, bytes: u64) -> u64 {
-    let (kind, cost) = if kind == CEILING {
-        (CostKind::Peak, &class.peak_cost)
-    } else {
-        (CostKind::Main, &class.cost)
-    };
+    let (kind, cost) = cost_of(class, kind);
     let mut stored = unsafe { core::ptr::read_volatile(word) };
     let mut tat = class.settle(stored, now, kind);
     for _ in 0..CAS_ATTEMPTS {
@@ -224,16 +220,22 @@ fn take_word(word: *mut u64, class: &ClassConfig, kind: u8, now: u64, bytes: u64
     REFUSED
 }
 
+/// The cost of a class's rate word (`MAIN`) or ceiling word (`CEILING`).
+#[inline(always)]
+fn cost_of(class: &ClassConfig, kind: u8) -> (CostKind, &ByteCost) {
+    if kind == CEILING {
+        (CostKind::Peak, &class.peak_cost)
+    } else {
+        (CostKind::Main, &class.cost)
+    }
+}
+
 /// Charges `bytes` to one word of `class` whether or not it conforms (a level above the
 /// lender). A word that keeps losing races is charged by a plain add, which can only
 /// count the bytes later than due, never lose them.
 #[inline(never)]
 fn owe(word: *mut u64, class: &ClassConfig, kind: u8, now: u64, bytes: u64) {
-    let (kind, cost) = if kind == CEILING {
-        (CostKind::Peak, &class.peak_cost)
-    } else {
-        (CostKind::Main, &class.cost)
-    };
+    let (kind, cost) = cost_of(class, kind);
     let mut stored = unsafe { core::ptr::read_volatile(word) };
     let mut tat = class.settle(stored, now, kind);
     for _ in 0..CAS_ATTEMPTS {
