@@ -108,31 +108,43 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
 }
 
 /// Rows with each class's children right after it (a depth-first walk from the
-/// top-level classes, in their order), each row's `depth` set (0: top level).
+/// top-level classes, in their order), each row's `depth` set (0: top level). Children
+/// are indexed once, so 10 000 classes list at once.
 fn in_tree_order(rows: Vec<Value>) -> Vec<Value> {
-    let place = |row: &Value| {
+    let key = |row: &Value, name: &Value| {
         (
-            row["netns"].clone(),
-            row["dev"].clone(),
-            row["direction"].clone(),
+            row["netns"].to_string(),
+            row["dev"].to_string(),
+            row["direction"].to_string(),
+            name.to_string(),
         )
     };
+    let mut children: std::collections::HashMap<_, Vec<usize>> = Default::default();
+    for (i, row) in rows.iter().enumerate() {
+        if !row["parent"].is_null() {
+            children
+                .entry(key(row, &row["parent"]))
+                .or_default()
+                .push(i);
+        }
+    }
     let mut ordered = Vec::with_capacity(rows.len());
+    let mut placed = vec![false; rows.len()];
     let mut stack: Vec<(usize, usize)> = (0..rows.len())
         .rev()
         .filter(|&i| rows[i]["parent"].is_null())
         .map(|i| (i, 0))
         .collect();
-    let mut placed = vec![false; rows.len()];
     while let Some((i, depth)) = stack.pop() {
-        placed[i] = true;
+        if std::mem::replace(&mut placed[i], true) {
+            continue;
+        }
         let mut row = rows[i].clone();
         row["depth"] = depth.into();
         ordered.push(row);
-        let children = (0..rows.len()).rev().filter(|&j| {
-            !placed[j] && rows[j]["parent"] == rows[i]["name"] && place(&rows[j]) == place(&rows[i])
-        });
-        stack.extend(children.map(|j| (j, depth + 1)).collect::<Vec<_>>());
+        if let Some(below) = children.get(&key(&rows[i], &rows[i]["name"])) {
+            stack.extend(below.iter().rev().map(|&j| (j, depth + 1)));
+        }
     }
     // A row whose parent is missing (never in a consistent state) still shows.
     for (i, row) in rows.into_iter().enumerate() {

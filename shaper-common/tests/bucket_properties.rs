@@ -7,10 +7,9 @@
 //! bucket refused packets and asserts that most did (a bound only checked while
 //! everything passes proves nothing).
 
-use proptest::{
-    prelude::*,
-    test_runner::{Config, RngAlgorithm, TestRng, TestRunner},
-};
+mod support;
+
+use proptest::{prelude::*, test_runner::TestRunner};
 use shaper_common::{
     bucket::{
         credit_chunk, shared_burst, use_credit, CreditUse, MAX_RATE_BITS_PER_SEC,
@@ -29,14 +28,7 @@ const CASE_SPAN_NS: u64 = 400 * 24 * 3600 * NANOS as u64;
 
 /// A deterministic runner, so a failure (and the refused fraction) reproduces.
 fn runner() -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases: CASES,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    )
+    support::deterministic_runner(CASES)
 }
 
 /// A rate in bit/s, log-uniform over `lowest..=MAX_RATE_BITS_PER_SEC`.

@@ -11,10 +11,9 @@
 //! Each case counts refusals and borrowing, and the run asserts most cases saw both (a
 //! bound checked only while everything passes proves nothing).
 
-use proptest::{
-    prelude::*,
-    test_runner::{Config, RngAlgorithm, TestRng, TestRunner},
-};
+mod support;
+
+use proptest::prelude::*;
 use shaper_common::{
     bucket::ticks,
     conform,
@@ -132,14 +131,7 @@ fn allowance(rate: u64, burst: u64, window_ns: u64) -> u128 {
 
 #[test]
 fn hierarchy_bounds_hold_under_overload() {
-    let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: CASES,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = support::deterministic_runner(CASES);
     let (refusing, borrowing) = (Cell::new(0u32), Cell::new(0u32));
     runner
         .run(&case(), |case| {

@@ -8,9 +8,11 @@
 //! Each CPU is a thread that may touch the words only when the scheduler hands it the
 //! baton, one load or swap at a time, so a run is a deterministic interleaving.
 
+mod support;
+
 use proptest::{
     prelude::*,
-    test_runner::{Config, RngAlgorithm, TestRng, TestRunner},
+    test_runner::{RngAlgorithm, TestRng},
 };
 use shaper_common::{
     bucket::ticks,
@@ -235,14 +237,7 @@ fn colour_group(
 
 #[test]
 fn racing_cpus_never_admit_more_than_a_meters_buckets_hold() {
-    let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: CASES,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = support::deterministic_runner(CASES);
     let dice = RefCell::new(TestRng::deterministic_rng(RngAlgorithm::ChaCha));
     let seen = RefCell::new([0u64; 3]);
     // Bytes admitted over all cases: (on one CPU, by racing CPUs).

@@ -43,11 +43,15 @@ pub(crate) fn charge_tree(ctx: &TcContext, class_id: u32, now: u64) -> i32 {
     let mut key_word: *mut u64 = core::ptr::null_mut();
     let mut id = class_id;
     let mut lender = MAX_LEVELS;
-    let mut marked = false;
+    // ECN classes mark early, once the lending bucket is half drained.
+    let (mut marks_early, mut half_drained) = (false, false);
     for level in 0..MAX_LEVELS {
         let Some(class) = CLASSES.get(id) else {
             return TC_ACT_UNSPEC;
         };
+        if level == 0 {
+            marks_early = class.action == Action::Ecn as u8;
+        }
         let has_parent = class.parent != 0;
         let refused = if level == 0 && class.scope != Scope::Class as u8 {
             // A per-key class: the key's word is its ceiling; it always borrows.
@@ -82,8 +86,7 @@ pub(crate) fn charge_tree(ctx: &TcContext, class_id: u32, now: u64) -> i32 {
                     take(unsafe { &raw mut (*bucket).tat }, class, MAIN, now, bytes)
                 {
                     lender = level;
-                    // ECN classes mark early, once the lending bucket is half drained.
-                    marked = occupancy > class.cost.tolerance_ticks / 2;
+                    half_drained = occupancy > class.cost.tolerance_ticks / 2;
                     break;
                 }
             }
@@ -99,10 +102,7 @@ pub(crate) fn charge_tree(ctx: &TcContext, class_id: u32, now: u64) -> i32 {
         // A chain deeper than userspace allows: pass, as an unclassified packet.
         return TC_ACT_UNSPEC;
     }
-    let Some(class) = CLASSES.get(class_id) else {
-        return TC_ACT_UNSPEC;
-    };
-    let marked = marked && class.action == Action::Ecn as u8 && set_ecn_ce(ctx, packet);
+    let marked = marks_early && half_drained && set_ecn_ce(ctx, packet);
     // Every level passes the packet; the lender's parent and up go into debt.
     let mut id = class_id;
     for level in 0..MAX_LEVELS {

@@ -145,8 +145,9 @@ struct TreeView {
 struct TreeNode {
     name: String,
     parent: Option<u32>,
-    guaranteed: u64,
     rate: u64,
+    /// A per-key class's rate is each key's: it guarantees nothing within its parent.
+    per_key: bool,
     /// Meters and shape classes cannot be parents (yet).
     can_lend: bool,
 }
@@ -163,15 +164,7 @@ impl TreeView {
     }
 
     fn insert(&mut self, id: u32, spec: &ClassSpec, parent: Option<u32>) {
-        let per_class = spec.scope == shaper_common::Scope::Class;
-        let node = TreeNode {
-            name: spec.name.clone(),
-            parent,
-            guaranteed: if per_class { spec.rate_bits_per_sec } else { 0 },
-            rate: spec.rate_bits_per_sec,
-            can_lend: spec.meter == Meter::None && spec.action.action != Action::Shape,
-        };
-        self.classes.insert(id, node);
+        self.classes.insert(id, TreeNode::of_spec(spec, parent));
     }
 
     fn children(&self, id: u32) -> impl Iterator<Item = (&u32, &TreeNode)> {
@@ -230,15 +223,11 @@ impl TreeView {
                 depth + below
             )));
         }
-        let guaranteed = if spec.scope == shaper_common::Scope::Class {
-            spec.rate_bits_per_sec
-        } else {
-            0
-        };
+        let guaranteed = TreeNode::of_spec(spec, Some(*parent_id)).guaranteed();
         let siblings: u64 = self
             .children(*parent_id)
             .filter(|(id, _)| Some(**id) != moving)
-            .map(|(_, node)| node.guaranteed)
+            .map(|(_, node)| node.guaranteed())
             .sum();
         if siblings + guaranteed > parent.rate {
             return Err(runtime(format!(
@@ -274,14 +263,32 @@ impl TreeView {
 
 impl TreeNode {
     fn of(meta: &ClassMeta, config: &ClassConfig) -> Self {
-        let per_class = config.scope == shaper_common::Scope::Class as u8;
         Self {
             name: decode_name(&meta.name),
             parent: (config.parent != 0).then(|| config.parent as u32 - 1),
-            guaranteed: if per_class { meta.rate_bits_per_sec } else { 0 },
             rate: meta.rate_bits_per_sec,
+            per_key: config.scope != shaper_common::Scope::Class as u8,
             can_lend: config.meter == shaper_common::meter::METER_NONE
                 && config.action != Action::Shape as u8,
+        }
+    }
+
+    fn of_spec(spec: &ClassSpec, parent: Option<u32>) -> Self {
+        Self {
+            name: spec.name.clone(),
+            parent,
+            rate: spec.rate_bits_per_sec,
+            per_key: spec.scope != shaper_common::Scope::Class,
+            can_lend: spec.meter == Meter::None && spec.action.action != Action::Shape,
+        }
+    }
+
+    /// The rate the class is guaranteed within its parent.
+    fn guaranteed(&self) -> u64 {
+        if self.per_key {
+            0
+        } else {
+            self.rate
         }
     }
 }
@@ -465,7 +472,7 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             super::encode::ceiling_cost(tree, meta.rate_bits_per_sec, meta.burst_bytes);
     }
     if rate_bits_per_sec.is_some() {
-        check_guarantees(attachment, id, &meta, &config)?;
+        check_guarantees(attachment, id, &spec)?;
     }
     if let Some(action) = action.filter(|_| !shaping) {
         config.action = action.action as u8;
@@ -492,27 +499,25 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
 
 /// A rate change keeps the tree's guarantees: a child's rate within what its parent has
 /// left beside its siblings, a parent's rate at least its children's.
-fn check_guarantees(
-    attachment: &Attachment,
-    id: u32,
-    meta: &ClassMeta,
-    config: &ClassConfig,
-) -> Result<()> {
+fn check_guarantees(attachment: &Attachment, id: u32, spec: &ClassSpec) -> Result<()> {
     let tree = TreeView::read(attachment, &attachment.class_list()?)?;
-    let name = decode_name(&meta.name);
-    let children: u64 = tree.children(id).map(|(_, node)| node.guaranteed).sum();
-    if children > meta.rate_bits_per_sec {
+    let children: u64 = tree.children(id).map(|(_, node)| node.guaranteed()).sum();
+    if children > spec.rate_bits_per_sec {
         return Err(runtime(format!(
-            "the children of '{name}' are guaranteed {} in all, above the new rate {}",
+            "the children of '{}' are guaranteed {} in all, above the new rate {}",
+            spec.name,
             crate::units::format_rate(children),
-            crate::units::format_rate(meta.rate_bits_per_sec)
+            crate::units::format_rate(spec.rate_bits_per_sec)
         )));
     }
-    if let Some(parent) = (config.parent != 0).then(|| config.parent as u32 - 1) {
-        let mut spec = ClassSpec::from_meta(meta, config);
-        if let (Some(placed), Some(node)) = (&mut spec.tree, tree.classes.get(&parent)) {
-            placed.parent = node.name.clone();
-        }
+    let parent = tree.classes.get(&id).and_then(|node| node.parent);
+    if let (Some(parent), Some(placed)) = (parent, &spec.tree) {
+        // The spec read back names no parent (`read_classes` fills names in).
+        let mut spec = spec.clone();
+        spec.tree = Some(Tree {
+            parent: tree.classes[&parent].name.clone(),
+            ..placed.clone()
+        });
         tree.place(attachment, &spec, Some(id))?;
     }
     Ok(())
