@@ -105,13 +105,13 @@ mod entry {
         if class.in_use == 0 {
             return TC_ACT_UNSPEC;
         }
+        if class.action == Action::Shape as u8 {
+            // The shape path (trees included) reads the packet from the slot.
+            return shape(ctx, class_id, class, now);
+        }
         if class.parent != 0 {
             // A class in a tree (policing actions): its walk reads the packet from the slot.
             return charge_tree(ctx, class_id, now);
-        }
-        if class.action == Action::Shape as u8 {
-            // The shape path reads the packet from the slot.
-            return shape(ctx, class_id, class, now);
         }
         if class.meter != METER_NONE {
             return meter(ctx, class_id, class, packet, now);

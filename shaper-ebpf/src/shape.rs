@@ -12,7 +12,7 @@
 use crate::{
     act::{count_drop, count_pass, stats_of},
     bucket::{bucket_key, swap},
-    maps::{CLASS_BUCKETS, CODEL, KEYED_BUCKETS, SHAPE_PACKET},
+    maps::{CLASSES, CLASS_BUCKETS, CODEL, KEYED_BUCKETS, SHAPE_PACKET},
     parse::Packet,
     rewrite::set_ecn_ce,
 };
@@ -25,6 +25,7 @@ use aya_log_ebpf::warn;
 use shaper_common::{
     bucket::{departure, ticks, TAT_MASK},
     codel::{judge, sojourn_ns, sparse, CodelConfig, CodelState},
+    hierarchy::MAX_LEVELS,
     Bucket, ClassConfig, Scope,
 };
 
@@ -44,10 +45,9 @@ const SKB_TSTAMP_DELIVERY_MONO: u32 = 1;
 /// per distinct state instead of once per path (inlined, the program exceeds its limit).
 #[inline(never)]
 pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u64) -> i32 {
-    let (Some(stats), Some(bucket), Some(codel), Some(packet)) = (
+    let (Some(stats), Some(bucket), Some(packet)) = (
         stats_of(class_id),
         CLASS_BUCKETS.get_ptr_mut(class_id),
-        CODEL.get_ptr_mut(class_id),
         SHAPE_PACKET.get_ptr(0),
     ) else {
         return TC_ACT_UNSPEC;
@@ -59,23 +59,39 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     // call, beyond the stack the verifier allows): the estimate is off by the rate ratio
     // only until the queue drains, at most the cap (100 ms by default) later.
     let tat = stored & TAT_MASK;
-    let sojourn = sojourn_ns(tat, ticks(now), class.shape_burst_ticks());
+    // In a tree the class's own queue drains at its ceiling (`ClassSpec::drain`), exact
+    // while its siblings idle. Above its guarantee it borrows, and then the parent may
+    // be the bottleneck: the class is judged by the fullest ancestor queue, with that
+    // ancestor's CoDel state, so the shared queue's drops fall on the borrowers in
+    // proportion to their packets (a per-class state would drop a small flow as often
+    // as a big one and starve it). Within its guarantee HTB serves it at once.
+    let mut judge_id = class_id;
+    let mut sojourn = sojourn_ns(tat, ticks(now), class.shape_burst_ticks());
+    if class.parent != 0 && borrowing(bucket, class, now) {
+        let (ancestor, ancestor_sojourn) = fullest_ancestor(class.parent as u32, now);
+        if ancestor_sojourn > sojourn {
+            (judge_id, sojourn) = (ancestor, ancestor_sojourn);
+        }
+    }
+    let (Some(judge), Some(codel)) = (CLASSES.get(judge_id), CODEL.get_ptr_mut(judge_id)) else {
+        return TC_ACT_UNSPEC;
+    };
     // Sparse flows queue apart (their own bounded leaf, or no wait under EDT): the cap
     // and CoDel guard the bulk queue.
     let sparse = is_sparse(class_id, class, packet, now);
-    if !sparse && sojourn > class.codel.cap_ns {
+    if !sparse && sojourn > judge.codel.cap_ns {
         return count_drop(stats, packet.wire_len);
     }
     let mut marked = false;
     let (congested, entered) = if sparse {
         (false, false)
     } else {
-        judge_packet(unsafe { &mut *codel }, sojourn, now, &class.codel)
+        judge_packet(unsafe { &mut *codel }, sojourn, now, &judge.codel)
     };
     if entered {
         warn!(
             ctx,
-            "class {}: queue above its CoDel target for an interval; dropping started", class_id
+            "class {}: queue above its CoDel target for an interval; dropping started", judge_id
         );
     }
     if congested {
@@ -86,9 +102,17 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     }
     // The cap was checked above; only a racing CPU can push the start further, so the
     // horizon here is unbounded.
-    let Some(leave_at) = enqueue(word, stored, now, packet.wire_len, class) else {
+    let Some(mut leave_at) = enqueue(word, stored, now, packet.wire_len, class) else {
         return count_drop(stats, packet.wire_len);
     };
+    if class.parent != 0 {
+        guarantee_enqueue(bucket, class, now, packet.wire_len);
+        let ancestors_leave_at = ancestors_enqueue(class.parent as u32, now, packet.wire_len);
+        if class.action_arg == 0 {
+            // EDT has no HTB tree to hold the ancestors: pace by the latest of their queues.
+            leave_at = leave_at.max(ancestors_leave_at);
+        }
+    }
     if class.action_arg != 0 {
         let leaf = if sparse && class.sparse_priority != 0 {
             class.sparse_priority
@@ -160,6 +184,72 @@ fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> b
             sparse_flow
         }
     }
+}
+
+/// Whether a class in a tree sends above its guarantee: its second word, a virtual queue
+/// at its rate and burst (`peak_cost`), is backlogged.
+#[inline(always)]
+fn borrowing(bucket: *mut Bucket, class: &ClassConfig, now: u64) -> bool {
+    let tat = unsafe { core::ptr::read_volatile(&raw const (*bucket).tat2) } & TAT_MASK;
+    sojourn_ns(tat, ticks(now), class.peak_cost.tolerance_ticks) > 0
+}
+
+/// Advances the guarantee word by an admitted packet, no further than an interval beyond
+/// its burst (it only tells borrowing from not; bounded, it says so again soon after the class
+/// falls back within its rate). One attempt: a lost race leaves the word a packet short.
+#[inline(always)]
+fn guarantee_enqueue(bucket: *mut Bucket, class: &ClassConfig, now: u64, bytes: u64) {
+    let word = unsafe { &raw mut (*bucket).tat2 };
+    let stored = unsafe { core::ptr::read_volatile(word) };
+    let horizon = class.peak_cost.tolerance_ticks + ticks(class.codel.interval_ns);
+    if let Some((next, _)) = departure(stored & TAT_MASK, now, bytes, &class.peak_cost, horizon) {
+        swap(word, stored, class.stamp(next));
+    }
+}
+
+/// The ancestor (id) whose virtual queue predicts the longest sojourn, and that sojourn.
+#[inline(always)]
+fn fullest_ancestor(parent: u32, now: u64) -> (u32, u64) {
+    let (mut fullest, mut longest, mut next) = (parent - 1, 0, parent);
+    for _ in 1..MAX_LEVELS {
+        let Some(class) = next.checked_sub(1).and_then(|id| CLASSES.get(id)) else {
+            break;
+        };
+        let Some(bucket) = CLASS_BUCKETS.get_ptr(next - 1) else {
+            break;
+        };
+        let tat = unsafe { core::ptr::read_volatile(&raw const (*bucket).tat) } & TAT_MASK;
+        let sojourn = sojourn_ns(tat, ticks(now), class.shape_burst_ticks());
+        if sojourn > longest {
+            (fullest, longest) = (next - 1, sojourn);
+        }
+        next = class.parent as u32;
+    }
+    (fullest, longest)
+}
+
+/// Advances every ancestor's virtual queue by an admitted packet (each at the rate it may
+/// drain: its ceiling, the top class its rate); the latest departure among them, which
+/// EDT paces by, so no level runs above its rate. An ancestor whose word
+/// keeps losing races misses the packet: its estimate runs short by one packet.
+#[inline(always)]
+fn ancestors_enqueue(parent: u32, now: u64, bytes: u64) -> u64 {
+    let (mut latest, mut next) = (0, parent);
+    for _ in 1..MAX_LEVELS {
+        let Some(class) = next.checked_sub(1).and_then(|id| CLASSES.get(id)) else {
+            break;
+        };
+        let Some(bucket) = CLASS_BUCKETS.get_ptr_mut(next - 1) else {
+            break;
+        };
+        let word = unsafe { &raw mut (*bucket).tat };
+        let stored = unsafe { core::ptr::read_volatile(word) };
+        if let Some(leave_at) = enqueue(word, stored, now, bytes, class) {
+            latest = latest.max(leave_at);
+        }
+        next = class.parent as u32;
+    }
+    latest
 }
 
 /// Advances the virtual queue by the packet, starting from the word as already read (a

@@ -279,10 +279,17 @@ impl ClassInput {
             c.fail("parent", "a class cannot be its own parent");
             return None;
         }
-        if meter != Meter::None || action == Action::Shape {
+        if meter != Meter::None {
             c.fail(
                 "parent",
-                "--parent works with the policing and marking actions (drop, ecn, dscp, fwmark, pass) so far; meters and --action shape stay top-level classes",
+                "--parent works with the plain actions (drop, ecn, dscp, fwmark, pass, shape) so far; meters stay top-level classes",
+            );
+            return None;
+        }
+        if action == Action::Shape && f.scope != Scope::Class {
+            c.fail(
+                "per",
+                "a shape class in a tree is one htb class: --per is for policing and marking children",
             );
             return None;
         }

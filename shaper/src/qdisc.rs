@@ -172,27 +172,39 @@ pub(crate) fn ensure_root(dev: &str) -> Result<Backend> {
 /// What shaper's HTB class for one shape class is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct HtbClass {
+    /// The parent shape class's id in a tree (its HTB class is this one's parent).
+    pub parent: Option<u32>,
     pub rate_bits_per_sec: u64,
     pub burst_bytes: u64,
+    /// What the class may borrow up to (htb's ceil and cburst); the rate at the top.
+    pub ceil_bits_per_sec: u64,
+    pub cburst_bytes: u64,
+    /// What the class's own two leaves are guaranteed: its rate less its children's.
+    pub own_rate_bits_per_sec: u64,
     /// The leaf bfifo's limit (bytes): never the 1000-packet default.
     pub leaf_limit_bytes: u64,
 }
 
-/// The HTB class of a shape class.
-pub(crate) fn htb_class(spec: &ClassSpec) -> HtbClass {
+/// The HTB class of a shape class under `parent`, whose children are guaranteed
+/// `children_rate` in all.
+pub(crate) fn htb_class(spec: &ClassSpec, parent: Option<u32>, children_rate: u64) -> HtbClass {
+    let (ceil, cburst) = spec.drain();
     HtbClass {
+        parent,
         rate_bits_per_sec: spec.rate_bits_per_sec,
         burst_bytes: spec.burst_bytes,
-        leaf_limit_bytes: spec
-            .codel
-            .unwrap_or_default()
-            .leaf_limit_bytes(spec.rate_bits_per_sec),
+        ceil_bits_per_sec: ceil,
+        cburst_bytes: cburst,
+        own_rate_bits_per_sec: spec.rate_bits_per_sec.saturating_sub(children_rate),
+        leaf_limit_bytes: spec.codel.unwrap_or_default().leaf_limit_bytes(ceil),
     }
 }
 
 /// Creates or changes the HTB classes of shaper class `class_id`: the inner class at the
-/// class's rate and burst, and under it the sparse leaf (priority 0) and the bulk leaf
-/// (priority 1), each borrowing up to the class rate and each with a bounded bfifo.
+/// class's rate and burst (and ceiling, under its parent's inner class in a tree), and
+/// under it the sparse leaf (priority 0) and the bulk leaf (priority 1), each borrowing
+/// up to the class's ceiling and each with a bounded bfifo. Child classes' inner classes
+/// hang beside the two leaves, as in any htb tree.
 pub(crate) fn set_class(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<()> {
     let result = set_tree(dev, class_id, class, create);
     if result.is_err() && create {
@@ -202,28 +214,37 @@ pub(crate) fn set_class(dev: &str, class_id: u32, class: &HtbClass, create: bool
 }
 
 fn set_tree(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<()> {
-    let root = format!("{HTB_MAJOR:x}:");
+    let parent = match class.parent {
+        Some(parent) => handle_text(class_handle(parent)),
+        None => format!("{HTB_MAJOR:x}:"),
+    };
     let inner = handle_text(class_handle(class_id));
-    let rate = class.rate_bits_per_sec;
-    let burst = format!("{}b", class.burst_bytes);
     let verb = if create { "add" } else { "change" };
     let htb_class = |parent: &str, classid: &str, rate: u64, ceil: u64, prio: &str| {
         let (rate, ceil) = (format!("{rate}bit"), format!("{ceil}bit"));
+        let burst = format!("{}b", class.burst_bytes);
+        let cburst = format!("{}b", class.cburst_bytes);
         tc(&[
             "class", verb, "dev", dev, "parent", parent, "classid", classid, "htb", "rate", &rate,
-            "ceil", &ceil, "burst", &burst, "cburst", &burst, "prio", prio, "quantum", "1514",
+            "ceil", &ceil, "burst", &burst, "cburst", &cburst, "prio", prio, "quantum", "1514",
         ])
     };
-    htb_class(&root, &inner, rate, rate, "0")?;
+    let ceil = class.ceil_bits_per_sec;
+    htb_class(&parent, &inner, class.rate_bits_per_sec, ceil, "0")?;
     // Guarantees split 1:15, as the sparse bucket's rate; either borrows the rest.
-    let sparse_rate = (rate / SPARSE_RATE_DIVISOR).max(8);
+    let own_rate = class.own_rate_bits_per_sec;
+    let sparse_rate = (own_rate / SPARSE_RATE_DIVISOR).max(8);
     let leaves = [
         (sparse_leaf(class_id), sparse_rate, "0"),
-        (bulk_leaf(class_id), (rate - sparse_rate).max(8), "1"),
+        (
+            bulk_leaf(class_id),
+            own_rate.saturating_sub(sparse_rate).max(8),
+            "1",
+        ),
     ];
     for (leaf, leaf_rate, prio) in leaves {
         let leaf = handle_text(leaf);
-        htb_class(&inner, &leaf, leaf_rate, rate, prio)?;
+        htb_class(&inner, &leaf, leaf_rate, ceil, prio)?;
         // Bounds the real queue (HTB's default leaf is a txqueuelen-long pfifo).
         let limit = class.leaf_limit_bytes.to_string();
         tc(&[

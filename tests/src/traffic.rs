@@ -326,6 +326,26 @@ impl Lab {
     /// goodput and the sender's smoothed RTT, per interval and over the run.
     pub fn tcp_run(&mut self, options: &Tcp) -> Result<TcpResult> {
         let port = self.port();
+        self.tcp_on_port(port, options)
+    }
+
+    /// Several TCP runs from client to server at once, each to its own server port (so
+    /// classes can tell them apart by `--dport`); results in the same order.
+    pub fn tcp_concurrently(&mut self, runs: &[(u16, &Tcp)]) -> Result<Vec<TcpResult>> {
+        let lab = &*self;
+        thread::scope(|scope| {
+            let handles: Vec<_> = runs
+                .iter()
+                .map(|&(port, options)| scope.spawn(move || lab.tcp_on_port(port, options)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| handle.join().expect("a TCP run panicked"))
+                .collect()
+        })
+    }
+
+    fn tcp_on_port(&self, port: u16, options: &Tcp) -> Result<TcpResult> {
         let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
         let args: Vec<String> = [
             "-c",

@@ -205,8 +205,18 @@ fn bad_inputs_fail_cleanly_and_change_nothing() {
         ),
         ("a class its own parent", add_x(&["--parent", "x"]), 2),
         (
-            "--parent on a shape class",
+            "a shape class under a policing parent",
             add_x(&["--parent", "web", "--action", "shape"]),
+            1,
+        ),
+        (
+            "a --per shape class in a tree",
+            add_x(&["--parent", "web", "--action", "shape", "--per", "flow"]),
+            2,
+        ),
+        (
+            "a meter under a parent",
+            add_x(&["--parent", "web", "--excess-burst", "64k"]),
             2,
         ),
         (

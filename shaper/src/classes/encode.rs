@@ -144,11 +144,13 @@ impl ClassSpec {
             .meter
             .second_cost(self.rate_bits_per_sec, self.burst_bytes);
         if let Some(tree) = &self.tree {
-            peak_cost = ceiling_cost(tree, self.rate_bits_per_sec, self.burst_bytes);
+            peak_cost = self.second_word_cost(tree);
         }
+        // A shape class's word is its virtual queue, draining at `drain()`.
+        let (drain_rate, drain_burst) = self.drain();
         let (cost, credit_chunk) = bucket_cost(
-            self.rate_bits_per_sec,
-            self.burst_bytes,
+            drain_rate,
+            drain_burst,
             self.scope as u8,
             meter,
             self.action.action as u8,
@@ -168,12 +170,9 @@ impl ClassSpec {
             action_arg: self.action.arg,
             action_mask: self.action.mask,
             in_use: 1,
-            codel: self
-                .codel
-                .map(|c| c.config(self.rate_bits_per_sec))
-                .unwrap_or_default(),
+            codel: self.codel.map(|c| c.config(drain_rate)).unwrap_or_default(),
             sparse_cost: if self.codel.is_some() {
-                sparse_cost(self.rate_bits_per_sec)
+                sparse_cost(drain_rate)
             } else {
                 ByteCost::default()
             },
@@ -185,9 +184,20 @@ impl ClassSpec {
     }
 }
 
-/// The ceiling word's cost of a class in a tree.
-pub(crate) fn ceiling_cost(tree: &Tree, rate_bits_per_sec: u64, burst_bytes: u64) -> ByteCost {
-    ByteCost::new(tree.ceil(rate_bits_per_sec), tree.cburst(burst_bytes))
+impl ClassSpec {
+    /// The second word's cost of a class in a tree: the ceiling's for policing and marking
+    /// (`shaper_common::hierarchy`); for shape, whose first word drains at the ceiling,
+    /// the guarantee's (it tells when the class borrows).
+    pub(crate) fn second_word_cost(&self, tree: &Tree) -> ByteCost {
+        if self.action.action == Action::Shape {
+            ByteCost::new(self.rate_bits_per_sec, self.burst_bytes)
+        } else {
+            ByteCost::new(
+                tree.ceil(self.rate_bits_per_sec),
+                tree.cburst(self.burst_bytes),
+            )
+        }
+    }
 }
 
 /// The class bucket's cost and per-CPU credit chunk. Class-scoped buckets of policing and

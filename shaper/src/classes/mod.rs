@@ -49,6 +49,21 @@ pub struct Tree {
     pub cburst_bytes: Option<u64>,
 }
 
+impl ClassSpec {
+    /// The rate and burst a shape class's virtual queue drains at: its ceiling in a tree
+    /// (the fastest HTB lets it send, exact while its siblings are idle; the ancestors'
+    /// queues cover the busy case), its rate otherwise. Every other class: its rate.
+    pub(crate) fn drain(&self) -> (u64, u64) {
+        match &self.tree {
+            Some(tree) if self.action.action == shaper_common::Action::Shape => (
+                tree.ceil(self.rate_bits_per_sec),
+                tree.cburst(self.burst_bytes),
+            ),
+            _ => (self.rate_bits_per_sec, self.burst_bytes),
+        }
+    }
+}
+
 impl Tree {
     pub fn ceil(&self, rate_bits_per_sec: u64) -> u64 {
         self.ceil_bits_per_sec.unwrap_or(rate_bits_per_sec)

@@ -84,7 +84,8 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
             // program paces by departure time (action_arg 0).
             spec.action.arg = match qdisc::ensure_root(&dev)? {
                 qdisc::Backend::Htb => {
-                    qdisc::set_class(&dev, id, &qdisc::htb_class(&spec), true)?;
+                    let htb = qdisc::htb_class(&spec, parent, 0);
+                    qdisc::set_class(&dev, id, &htb, true)?;
                     qdisc::bulk_leaf(id)
                 }
                 qdisc::Backend::EdtFq => 0,
@@ -132,6 +133,11 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         used.insert(id);
         ids.push(id);
         tree.insert(id, &spec, parent);
+        let in_htb = spec.action.action == Action::Shape && spec.action.arg != 0;
+        if let Some(parent) = parent.filter(|_| in_htb) {
+            // A shape parent's own leaves give up the guarantee its new child takes.
+            refresh_htb(attachment, &tree, &attachment.class_list()?, parent)?;
+        }
     }
     Ok(ids)
 }
@@ -148,8 +154,10 @@ struct TreeNode {
     rate: u64,
     /// A per-key class's rate is each key's: it guarantees nothing within its parent.
     per_key: bool,
-    /// Meters and shape classes cannot be parents (yet).
-    can_lend: bool,
+    /// Meters cannot be parents (yet).
+    metered: bool,
+    /// A shape class's tree is an htb tree: shape classes parent shape classes only.
+    shapes: bool,
 }
 
 impl TreeView {
@@ -196,10 +204,22 @@ impl TreeView {
                     attachment.location.describe()
                 ))
             })?;
-        if !parent.can_lend {
+        if parent.metered {
             return Err(runtime(format!(
-                "class '{}' cannot be a parent: meters and --action shape classes stay leaves so far",
+                "class '{}' cannot be a parent: meters stay leaves so far",
                 tree.parent
+            )));
+        }
+        let shapes = spec.action.action == Action::Shape;
+        if parent.shapes != shapes {
+            let (what, other) = if shapes {
+                ("shapes", "polices or marks")
+            } else {
+                ("polices or marks", "shapes")
+            };
+            return Err(runtime(format!(
+                "class '{}' {what} and its parent '{}' {other}: a shape tree is an htb tree, shaping throughout",
+                spec.name, tree.parent
             )));
         }
         let mut depth = 2;
@@ -268,8 +288,8 @@ impl TreeNode {
             parent: (config.parent != 0).then(|| config.parent as u32 - 1),
             rate: meta.rate_bits_per_sec,
             per_key: config.scope != shaper_common::Scope::Class as u8,
-            can_lend: config.meter == shaper_common::meter::METER_NONE
-                && config.action != Action::Shape as u8,
+            metered: config.meter != shaper_common::meter::METER_NONE,
+            shapes: config.action == Action::Shape as u8,
         }
     }
 
@@ -279,7 +299,8 @@ impl TreeNode {
             parent,
             rate: spec.rate_bits_per_sec,
             per_key: spec.scope != shaper_common::Scope::Class,
-            can_lend: spec.meter == Meter::None && spec.action.action != Action::Shape,
+            metered: spec.meter != Meter::None,
+            shapes: spec.action.action == Action::Shape,
         }
     }
 
@@ -434,21 +455,18 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             meta.codel_no_ecn = !ecn as u8;
         }
     }
+    if rate_bits_per_sec.is_some() {
+        check_guarantees(attachment, id, &ClassSpec::from_meta(&meta, &config))?;
+    }
+    let (drain_rate, drain_burst) = ClassSpec::from_meta(&meta, &config).drain();
     if shaping {
         let spec = ClassSpec::from_meta(&meta, &config);
         if config.action_arg != 0 {
-            qdisc::set_class(
-                &attachment.location.dev,
-                id,
-                &qdisc::htb_class(&spec),
-                false,
-            )?;
+            let tree = TreeView::read(attachment, &attachment.class_list()?)?;
+            set_htb(attachment, &tree, id, &spec)?;
         }
-        config.codel = spec
-            .codel
-            .unwrap_or_default()
-            .config(meta.rate_bits_per_sec);
-        config.sparse_cost = sparse_cost(meta.rate_bits_per_sec);
+        config.codel = spec.codel.unwrap_or_default().config(drain_rate);
+        config.sparse_cost = sparse_cost(drain_rate);
     }
     let mut costs = config.costs();
     let meter = Meter::from_meta(&meta, config.meter);
@@ -468,11 +486,7 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         .1;
     let spec = ClassSpec::from_meta(&meta, &config);
     if let Some(tree) = &spec.tree {
-        costs.peak_cost =
-            super::encode::ceiling_cost(tree, meta.rate_bits_per_sec, meta.burst_bytes);
-    }
-    if rate_bits_per_sec.is_some() {
-        check_guarantees(attachment, id, &spec)?;
+        costs.peak_cost = spec.second_word_cost(tree);
     }
     if let Some(action) = action.filter(|_| !shaping) {
         config.action = action.action as u8;
@@ -480,8 +494,8 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         config.action_mask = action.mask;
     }
     (costs.cost, config.credit_chunk) = bucket_cost(
-        meta.rate_bits_per_sec,
-        meta.burst_bytes,
+        drain_rate,
+        drain_burst,
         config.scope,
         config.meter,
         config.action,
@@ -494,7 +508,47 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
     config.credit_epoch = config.credit_epoch.wrapping_add(1);
     classes.set(id, config, 0)?;
     attachment.meta()?.set(id, meta, 0)?;
+    if shaping && config.action_arg != 0 && rate_bits_per_sec.is_some() {
+        // The parent's own leaves are guaranteed what its children are not.
+        refresh_parent_htb(attachment, id)?;
+    }
     Ok(())
+}
+
+/// Sets shape class `id`'s HTB classes from `spec`: under its parent's, with its own
+/// leaves guaranteed its rate less its children's.
+fn set_htb(attachment: &Attachment, tree: &TreeView, id: u32, spec: &ClassSpec) -> Result<()> {
+    let parent = tree.classes.get(&id).and_then(|node| node.parent);
+    let children = tree.children(id).map(|(_, node)| node.guaranteed()).sum();
+    let htb = qdisc::htb_class(spec, parent, children);
+    qdisc::set_class(&attachment.location.dev, id, &htb, false)
+}
+
+/// Re-sets the HTB classes of `id`'s parent, if it shapes through HTB, after one of its
+/// children came, went or changed rate.
+fn refresh_parent_htb(attachment: &Attachment, id: u32) -> Result<()> {
+    let list = attachment.class_list()?;
+    let tree = TreeView::read(attachment, &list)?;
+    let Some(parent) = tree.classes.get(&id).and_then(|node| node.parent) else {
+        return Ok(());
+    };
+    refresh_htb(attachment, &tree, &list, parent)
+}
+
+fn refresh_htb(
+    attachment: &Attachment,
+    tree: &TreeView,
+    list: &[(u32, ClassMeta)],
+    id: u32,
+) -> Result<()> {
+    let config = attachment.classes()?.get(&id, 0)?;
+    let Some((_, meta)) = list.iter().find(|(class_id, _)| *class_id == id) else {
+        return Ok(());
+    };
+    if config.action != Action::Shape as u8 || config.action_arg == 0 {
+        return Ok(());
+    }
+    set_htb(attachment, tree, id, &ClassSpec::from_meta(meta, &config))
 }
 
 /// A rate change keeps the tree's guarantees: a child's rate within what its parent has
@@ -623,6 +677,15 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     configs.set(id, ClassConfig::default(), 0)?;
     if in_htb {
         qdisc::delete_class(&attachment.location.dev, id)?;
+        if let Some(parent) = tree.classes.get(&id).and_then(|node| node.parent) {
+            let list = attachment.class_list()?;
+            refresh_htb(
+                attachment,
+                &TreeView::read(attachment, &list)?,
+                &list,
+                parent,
+            )?;
+        }
     }
     // Free shapes no class uses any more.
     for (index, slot) in shapes.slots.iter_mut().enumerate() {
