@@ -180,8 +180,8 @@ pub struct UpgradeArgs {
 pub enum ClassCommand {
     /// Add a class: a rule plus a token bucket.
     Add(Box<ClassAddArgs>),
-    /// Change a class's rate, burst and/or action, effective at once.
-    Change(ClassChangeArgs),
+    /// Change a class in place (rate, burst, action, CoDel, parent, ceiling), effective at once.
+    Change(Box<ClassChangeArgs>),
     /// Delete a class.
     Del(ClassDelArgs),
     /// List classes.
@@ -285,6 +285,18 @@ pub struct ClassChangeArgs {
     pub action: Option<String>,
     #[command(flatten)]
     pub codel: CodelArgs,
+    /// Move the class under another parent (same interface and direction).
+    #[arg(long, value_name = "CLASS", conflicts_with = "no_parent")]
+    pub parent: Option<String>,
+    /// Move the class to the top level (no parent).
+    #[arg(long)]
+    pub no_parent: bool,
+    /// A new ceiling (`rate`: back to the class's rate).
+    #[arg(long, value_name = "RATE")]
+    pub ceil: Option<String>,
+    /// A new burst at the ceiling (`burst`: back to the class's burst).
+    #[arg(long, value_name = "SIZE")]
+    pub cburst: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -227,6 +227,21 @@ fn bad_inputs_fail_cleanly_and_change_nothing() {
             1,
         ),
         (
+            "change --ceil of a class without a parent",
+            ns(&["class", "change", "web", "--dev", r1, "--ceil", "20mbit"]),
+            2,
+        ),
+        (
+            "move under a parent that does not exist",
+            ns(&["class", "change", "web", "--dev", r1, "--parent", "nope"]),
+            1,
+        ),
+        (
+            "move under itself",
+            ns(&["class", "change", "web", "--dev", r1, "--parent", "web"]),
+            2,
+        ),
+        (
             "bad class name",
             ns(&["class", "add", "bad/name", "--dev", r1, "--rate", "1mbit"]),
             2,

@@ -964,3 +964,78 @@ fn completions_and_man_pages_cover_every_command() -> Result<()> {
     );
     Ok(())
 }
+
+/// A file that moves a class to a new parent and drops its old one: apply adds the new
+/// parent, moves the class in place (counters kept) and only then deletes the old parent.
+#[test]
+fn apply_moves_a_class_before_deleting_its_old_parent() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let router = lab.router.name.clone();
+    let tree = |parent: &str, parent_rate: &str, ceil: &str| {
+        format!(
+            r#"
+[[interface]]
+dev = "r1"
+netns = "{router}"
+
+[[interface.class]]
+name = "{parent}"
+rate = "{parent_rate}"
+proto = "udp"
+
+[[interface.class]]
+name = "a"
+parent = "{parent}"
+rate = "1mbit"
+ceil = "{ceil}"
+proto = "udp"
+dport = 5301
+"#
+        )
+    };
+    let file = ConfigFile::new("move", &tree("old", "10mbit", "5mbit"));
+    let output = shaper(&["apply", "-f", file.path()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    lab.udp(&Udp {
+        port: Some(5301),
+        ..Udp::at("2M", 2)
+    })?;
+    let passed_before = counter(&lab.router.stats_row("a")?, "passed_packets");
+    assert!(passed_before > 100, "a passed {passed_before} packets");
+
+    file.write(&tree("new", "8mbit", "8mbit"));
+    let output = shaper(&["apply", "-f", file.path(), "--dry-run"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let plan: Vec<String> = stdout(&output).lines().map(str::to_string).collect();
+    let position = |needle: &str| {
+        plan.iter()
+            .position(|line| line.contains(needle))
+            .unwrap_or_else(|| panic!("no '{needle}' in {plan:#?}"))
+    };
+    let (add, change, delete) = (
+        position("add     class new"),
+        position("change  class a"),
+        position("delete  class old"),
+    );
+    assert!(add < change && change < delete, "{plan:#?}");
+    assert!(
+        plan[change].contains("parent old -> new, ceil 5Mbit -> 8Mbit"),
+        "{}",
+        plan[change]
+    );
+    let output = shaper(&["apply", "-f", file.path()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let row = lab.router.stats_row("a")?;
+    assert_eq!(
+        (row["parent"].as_str(), row["ceil_bps"].as_u64()),
+        (Some("new"), Some(8_000_000)),
+        "{row}"
+    );
+    assert_eq!(
+        counter(&row, "passed_packets"),
+        passed_before,
+        "moved in place"
+    );
+    assert!(lab.router.stats_row("old").is_err(), "old is gone");
+    Ok(())
+}

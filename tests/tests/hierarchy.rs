@@ -317,6 +317,33 @@ fn shape_children_share_their_parent_with_two_cubic_flows() {
         classes["5348:2"].contains(" rate 4Mbit ceil 10Mbit "),
         "{classes:?}"
     );
+    // Moved to another shape parent, a's HTB class is made again under it (id 2 is free
+    // again: other's inner class is 5348:3), and tenant's own leaves get all 10 back.
+    let other = ["--rate", "5mbit", "--dport", "5303"];
+    router
+        .class_add("other", ROUTER_TO_SERVER, &[&other[..], &shape].concat())
+        .unwrap();
+    router
+        .shaper(&[
+            "class",
+            "change",
+            "a",
+            "--dev",
+            ROUTER_TO_SERVER,
+            "--parent",
+            "other",
+        ])
+        .unwrap();
+    let classes = htb_classes(&router);
+    assert!(
+        classes["5348:2"].contains(" parent 5348:3 ")
+            && classes["5348:2"].contains(" rate 4Mbit ceil 10Mbit "),
+        "{classes:?}"
+    );
+    assert!(
+        classes["5348:8001"].contains(" rate 9375Kbit ceil 10Mbit "),
+        "{classes:?}"
+    );
 }
 
 /// shaper's HTB classes on the router's egress, by handle: tc's line for each (this
@@ -332,4 +359,70 @@ fn htb_classes(router: &Netns) -> std::collections::BTreeMap<String, String> {
             Some((handle.to_string(), line.to_string()))
         })
         .collect()
+}
+
+/// `class change --parent` moves a class with its counters and bucket; its classifier
+/// entries are ranked again at the new depth (a child beats its ancestors at one prio).
+#[test]
+fn a_class_moves_between_parents_in_place() {
+    let mut lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    let udp_5301 = ["--proto", "udp", "--dport", "5301"];
+    let add = |name: &str, options: &[&str]| {
+        router
+            .class_add(name, ROUTER_TO_SERVER, &[options, &udp_5301].concat())
+            .unwrap()
+    };
+    add("tenant", &["--rate", "10mbit"]);
+    add("small", &["--rate", "2mbit"]);
+    // Same rule, same prio, younger: `small` and `tenant` rank first while `a` is flat.
+    add("a", &["--rate", "1mbit"]);
+    let change = |options: &[&str]| {
+        let args = [
+            &["class", "change", "a", "--dev", ROUTER_TO_SERVER][..],
+            options,
+        ]
+        .concat();
+        router.shaper(&args).unwrap();
+    };
+    let mut run = || lab.udp(&at_20mbit(PORT_A)).unwrap().total_l2_bps();
+    let passed = |name| counter(&router.stats_row(name).unwrap(), "passed_packets");
+
+    assert_within("flat: the oldest class, tenant", run(), 10e6, 0.03);
+    assert_eq!(passed("a"), 0);
+
+    change(&["--parent", "small", "--ceil", "10mbit"]);
+    assert_within("a under small (2)", run(), 2e6, 0.03);
+    let under_small = passed("a");
+    assert!(
+        under_small > 1000,
+        "a took the packets as small's child: {under_small}"
+    );
+
+    change(&["--parent", "tenant"]);
+    assert_within("a under tenant (10)", run(), 10e6, 0.03);
+    assert!(passed("a") > under_small, "a's counters carried on");
+    let listed = router.shaper_json(&["class", "list", "--json"]).unwrap();
+    let a = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["name"] == "a")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            a["parent"].as_str(),
+            a["depth"].as_u64(),
+            a["ceil_bps"].as_u64()
+        ),
+        (Some("tenant"), Some(1), Some(10_000_000)),
+        "{a}"
+    );
+
+    change(&["--no-parent"]);
+    let flat = passed("tenant");
+    assert_within("flat again: tenant", run(), 10e6, 0.03);
+    assert!(passed("tenant") > flat);
 }

@@ -16,7 +16,7 @@ use std::str::FromStr as _;
 pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     match command {
         ClassCommand::Add(args) => add(netns, *args),
-        ClassCommand::Change(args) => change(netns, args),
+        ClassCommand::Change(args) => change(netns, *args),
         ClassCommand::Del(args) => del(netns, args),
         ClassCommand::List(args) => list(netns, args),
     }
@@ -143,20 +143,22 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
         .map(parse_switch)
         .transpose()
         .map_err(usage)?;
-    if rate.is_none()
-        && burst.is_none()
-        && action.is_none()
-        && codel_target_ns.is_none()
-        && codel_interval_ns.is_none()
-        && codel_ecn.is_none()
-    {
-        return Err(usage(
-            "class change needs --rate, --burst, --action, --target, --interval and/or --ecn",
-        ));
-    }
-    prepare(&netns)?;
-    let _lock = state::lock()?;
-    let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
+    // `--ceil rate` and `--cburst burst` go back to the class's own rate and burst.
+    let ceil_bits_per_sec = match args.ceil.as_deref() {
+        None => None,
+        Some("rate") => Some(None),
+        Some(text) => Some(Some(parse_rate(text).map_err(usage)?)),
+    };
+    let cburst_bytes = match args.cburst.as_deref() {
+        None => None,
+        Some("burst") => Some(None),
+        Some(text) => Some(Some(parse_size(text).map_err(usage)?)),
+    };
+    let parent = match (&args.parent, args.no_parent) {
+        (Some(parent), _) => Some(Some(parent.clone())),
+        (None, true) => Some(None),
+        (None, false) => None,
+    };
     let change = classes::Change {
         rate_bits_per_sec: rate,
         burst_bytes: burst,
@@ -164,7 +166,19 @@ fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
         codel_target_ns,
         codel_interval_ns,
         codel_ecn,
+        parent,
+        ceil_bits_per_sec,
+        cburst_bytes,
     };
+    if change == classes::Change::default() {
+        return Err(usage(
+            "class change needs --rate, --burst, --action, --target, --interval, --ecn, \
+             --parent, --no-parent, --ceil and/or --cburst",
+        ));
+    }
+    prepare(&netns)?;
+    let _lock = state::lock()?;
+    let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
     classes::change(&attachment, &args.name, change)?;
     println!(
         "class {} changed on {}",

@@ -391,7 +391,7 @@ fn not_found(attachment: &Attachment, name: &str) -> anyhow::Error {
 }
 
 /// What `class change` may change.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Change {
     pub rate_bits_per_sec: Option<u64>,
     pub burst_bytes: Option<u64>,
@@ -400,6 +400,73 @@ pub struct Change {
     pub codel_target_ns: Option<u64>,
     pub codel_interval_ns: Option<u64>,
     pub codel_ecn: Option<bool>,
+    /// A new parent (`Some(None)`: none, the class goes to the top level).
+    pub parent: Option<Option<String>>,
+    /// A new ceiling and its burst (`Some(None)`: back to the rate and burst).
+    pub ceil_bits_per_sec: Option<Option<u64>>,
+    pub cburst_bytes: Option<Option<u64>>,
+}
+
+impl Change {
+    fn moves(&self) -> bool {
+        self.parent.is_some() || self.ceil_bits_per_sec.is_some() || self.cburst_bytes.is_some()
+    }
+}
+
+/// The class's place after a change: the current one (`current`, its parent's name filled
+/// in) with the change's parent, ceiling and burst; checked as `class add` checks them.
+fn placed(current: Option<Tree>, change: &Change, spec: &ClassSpec) -> Result<Option<Tree>> {
+    let parent = match &change.parent {
+        Some(parent) => parent.clone(),
+        None => current.as_ref().map(|tree| tree.parent.clone()),
+    };
+    let Some(parent) = parent else {
+        if matches!(change.ceil_bits_per_sec, Some(Some(_)))
+            || matches!(change.cburst_bytes, Some(Some(_)))
+        {
+            return Err(usage(
+                "--ceil and --cburst need --parent: a class without a parent has nothing to borrow from",
+            ));
+        }
+        return Ok(None);
+    };
+    if parent == spec.name {
+        return Err(usage("a class cannot be its own parent"));
+    }
+    if spec.meter != Meter::None {
+        return Err(usage(
+            "meters stay top-level classes so far: --parent is for the plain actions",
+        ));
+    }
+    let kept = current.filter(|tree| tree.parent == parent || change.parent.is_some());
+    let tree = Tree {
+        parent,
+        ceil_bits_per_sec: change
+            .ceil_bits_per_sec
+            .unwrap_or_else(|| kept.as_ref().and_then(|t| t.ceil_bits_per_sec)),
+        cburst_bytes: change
+            .cburst_bytes
+            .unwrap_or_else(|| kept.as_ref().and_then(|t| t.cburst_bytes)),
+    };
+    let per_key = spec.scope != shaper_common::Scope::Class;
+    if per_key && (tree.ceil_bits_per_sec.is_some() || tree.cburst_bytes.is_some()) {
+        return Err(usage(
+            "a --per class's --rate is each key's limit and its parent's the aggregate; --ceil and --cburst are for class-wide buckets",
+        ));
+    }
+    if per_key && spec.action.action == Action::Shape {
+        return Err(usage(
+            "a shape class in a tree is one htb class: --per is for policing and marking children",
+        ));
+    }
+    if tree.ceil(spec.rate_bits_per_sec) < spec.rate_bits_per_sec {
+        return Err(usage(format!(
+            "--ceil {} is below --rate {}: the ceiling is what a class may borrow up to",
+            crate::units::format_rate(tree.ceil(spec.rate_bits_per_sec)),
+            crate::units::format_rate(spec.rate_bits_per_sec)
+        )));
+    }
+    Ok(Some(tree))
 }
 
 /// Changes rate, burst and/or action in place: counters and classifier entries are
@@ -407,6 +474,7 @@ pub struct Change {
 /// packet that meets it (tokens kept, clipped to the new burst), so the change is
 /// effective at the next packet with neither a blackout nor a free refill.
 pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()> {
+    let moves = change.moves();
     let Change {
         rate_bits_per_sec,
         burst_bytes,
@@ -414,6 +482,7 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         codel_target_ns,
         codel_interval_ns,
         codel_ecn,
+        ..
     } = change;
     let (id, mut meta) = find(attachment, name)?.ok_or_else(|| not_found(attachment, name))?;
     if let Some(rate) = rate_bits_per_sec {
@@ -455,15 +524,38 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
             meta.codel_no_ecn = !ecn as u8;
         }
     }
-    if rate_bits_per_sec.is_some() {
-        check_guarantees(attachment, id, &ClassSpec::from_meta(&meta, &config))?;
+    // The class's place: where it is, or where the change moves it (checked like an add).
+    let tree = TreeView::read(attachment, &attachment.class_list()?)?;
+    let old_parent = tree.classes.get(&id).and_then(|node| node.parent);
+    let mut spec = ClassSpec::from_meta(&meta, &config);
+    if let Some(placed) = &mut spec.tree {
+        placed.parent = old_parent.map_or_else(String::new, |p| tree.classes[&p].name.clone());
+    }
+    spec.tree = placed(spec.tree.clone(), &change, &spec)?;
+    let new_parent = check_guarantees(&tree, attachment, id, &spec)?;
+    let moved = new_parent != old_parent;
+    if moved && shaping && tree.children(id).next().is_some() {
+        return Err(runtime(format!(
+            "shape class '{name}' has children: its HTB subtree cannot move; move or delete them first"
+        )));
+    }
+    if moves {
+        config.parent = new_parent.map_or(0, |p| p as u16 + 1);
+        let tree = spec.tree.as_ref();
+        meta.peak_rate_bits_per_sec = tree.and_then(|t| t.ceil_bits_per_sec).unwrap_or(0);
+        meta.peak_burst_bytes = tree.and_then(|t| t.cburst_bytes).unwrap_or(0);
     }
     let (drain_rate, drain_burst) = ClassSpec::from_meta(&meta, &config).drain();
     if shaping {
         let spec = ClassSpec::from_meta(&meta, &config);
         if config.action_arg != 0 {
-            let tree = TreeView::read(attachment, &attachment.class_list()?)?;
-            set_htb(attachment, &tree, id, &spec)?;
+            let htb = qdisc::htb_class(&spec, new_parent, children_rate(&tree, id));
+            if moved {
+                // HTB cannot re-parent a class: it is made again under the new parent
+                // (the few packets in its queues are dropped).
+                qdisc::delete_class(&attachment.location.dev, id)?;
+            }
+            qdisc::set_class(&attachment.location.dev, id, &htb, moved)?;
         }
         config.codel = spec.codel.unwrap_or_default().config(drain_rate);
         config.sparse_cost = sparse_cost(drain_rate);
@@ -508,31 +600,48 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
     config.credit_epoch = config.credit_epoch.wrapping_add(1);
     classes.set(id, config, 0)?;
     attachment.meta()?.set(id, meta, 0)?;
-    if shaping && config.action_arg != 0 && rate_bits_per_sec.is_some() {
-        // The parent's own leaves are guaranteed what its children are not.
-        refresh_parent_htb(attachment, id)?;
+    if moved {
+        // Its depth (and its descendants') ranks its classifier entries.
+        rerank(attachment)?;
+    }
+    if shaping && config.action_arg != 0 && (rate_bits_per_sec.is_some() || moved) {
+        // The parents' own leaves are guaranteed what their children are not.
+        let list = attachment.class_list()?;
+        let tree = TreeView::read(attachment, &list)?;
+        for parent in [old_parent, new_parent].into_iter().flatten() {
+            refresh_htb(attachment, &tree, &list, parent)?;
+        }
     }
     Ok(())
 }
 
-/// Sets shape class `id`'s HTB classes from `spec`: under its parent's, with its own
-/// leaves guaranteed its rate less its children's.
-fn set_htb(attachment: &Attachment, tree: &TreeView, id: u32, spec: &ClassSpec) -> Result<()> {
-    let parent = tree.classes.get(&id).and_then(|node| node.parent);
-    let children = tree.children(id).map(|(_, node)| node.guaranteed()).sum();
-    let htb = qdisc::htb_class(spec, parent, children);
-    qdisc::set_class(&attachment.location.dev, id, &htb, false)
+/// What the children of `id` are guaranteed in all.
+fn children_rate(tree: &TreeView, id: u32) -> u64 {
+    tree.children(id).map(|(_, node)| node.guaranteed()).sum()
 }
 
-/// Re-sets the HTB classes of `id`'s parent, if it shapes through HTB, after one of its
-/// children came, went or changed rate.
-fn refresh_parent_htb(attachment: &Attachment, id: u32) -> Result<()> {
-    let list = attachment.class_list()?;
-    let tree = TreeView::read(attachment, &list)?;
-    let Some(parent) = tree.classes.get(&id).and_then(|node| node.parent) else {
-        return Ok(());
-    };
-    refresh_htb(attachment, &tree, &list, parent)
+/// Rewrites the classifier entries whose best class changed rank (after a move).
+fn rerank(attachment: &Attachment) -> Result<()> {
+    let all = attachment.class_list()?;
+    let tree = TreeView::read(attachment, &all)?;
+    let configs = attachment.classes()?;
+    let classes = all
+        .iter()
+        .map(|(class_id, meta)| {
+            let spec = ClassSpec::from_meta(meta, &configs.get(class_id, 0)?);
+            let depth = tree.depth_of(tree.classes.get(class_id).and_then(|n| n.parent));
+            Ok((*class_id, spec, rank(meta.prio, depth, meta.seq)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut shapes = ShapeTable::read(attachment)?;
+    let wanted = remaining_without(&classes, u32::MAX, &mut shapes)?.wanted;
+    let mut rules = attachment.rules()?;
+    for (key, value) in wanted {
+        if rules.get(&key, 0).ok() != Some(value) {
+            rules.insert(key, value, 0)?;
+        }
+    }
+    Ok(())
 }
 
 fn refresh_htb(
@@ -548,14 +657,22 @@ fn refresh_htb(
     if config.action != Action::Shape as u8 || config.action_arg == 0 {
         return Ok(());
     }
-    set_htb(attachment, tree, id, &ClassSpec::from_meta(meta, &config))
+    let parent = tree.classes.get(&id).and_then(|node| node.parent);
+    let spec = ClassSpec::from_meta(meta, &config);
+    let htb = qdisc::htb_class(&spec, parent, children_rate(tree, id));
+    qdisc::set_class(&attachment.location.dev, id, &htb, false)
 }
 
-/// A rate change keeps the tree's guarantees: a child's rate within what its parent has
-/// left beside its siblings, a parent's rate at least its children's.
-fn check_guarantees(attachment: &Attachment, id: u32, spec: &ClassSpec) -> Result<()> {
-    let tree = TreeView::read(attachment, &attachment.class_list()?)?;
-    let children: u64 = tree.children(id).map(|(_, node)| node.guaranteed()).sum();
+/// A change keeps the tree's guarantees: a class's rate within what its parent has left
+/// beside its siblings (checked where `spec.tree` places it: its parent, or a new one),
+/// a parent's rate at least its children's. The parent's id.
+fn check_guarantees(
+    tree: &TreeView,
+    attachment: &Attachment,
+    id: u32,
+    spec: &ClassSpec,
+) -> Result<Option<u32>> {
+    let children = children_rate(tree, id);
     if children > spec.rate_bits_per_sec {
         return Err(runtime(format!(
             "the children of '{}' are guaranteed {} in all, above the new rate {}",
@@ -564,17 +681,7 @@ fn check_guarantees(attachment: &Attachment, id: u32, spec: &ClassSpec) -> Resul
             crate::units::format_rate(spec.rate_bits_per_sec)
         )));
     }
-    let parent = tree.classes.get(&id).and_then(|node| node.parent);
-    if let (Some(parent), Some(placed)) = (parent, &spec.tree) {
-        // The spec read back names no parent (`read_classes` fills names in).
-        let mut spec = spec.clone();
-        spec.tree = Some(Tree {
-            parent: tree.classes[&parent].name.clone(),
-            ..placed.clone()
-        });
-        tree.place(attachment, &spec, Some(id))?;
-    }
-    Ok(())
+    tree.place(attachment, spec, Some(id))
 }
 
 /// Deletes a class; keys it owned go to the next-best class that matches them.

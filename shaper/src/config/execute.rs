@@ -54,7 +54,7 @@ pub fn execute(plan: &Plan) -> Result<()> {
                 ..
             } => {
                 netns::in_namespace(&netns_of(location), || {
-                    classes::change(&Attachment::open(location)?, name, *change)
+                    classes::change(&Attachment::open(location)?, name, change.clone())
                 })?;
             }
             Step::Replace(location, spec) => {

@@ -116,27 +116,30 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
     probe.burst_bytes = current.burst_bytes;
     probe.action = current.action;
     probe.codel = current.codel;
+    probe.tree = current.tree.clone();
     let shaping = |s: &ClassSpec| s.action.action == Action::Shape;
     if !same_class(&probe, current) || shaping(current) != shaping(wanted) {
         return None;
     }
-    let differs = |before, after| (before != after).then_some(after);
     let change = classes::Change {
-        rate_bits_per_sec: differs(current.rate_bits_per_sec, wanted.rate_bits_per_sec),
-        burst_bytes: differs(current.burst_bytes, wanted.burst_bytes),
+        rate_bits_per_sec: changed(current.rate_bits_per_sec, wanted.rate_bits_per_sec),
+        burst_bytes: changed(current.burst_bytes, wanted.burst_bytes),
         action: (current.action != wanted.action).then_some(wanted.action),
         codel_target_ns: current
             .codel
             .zip(wanted.codel)
-            .and_then(|(c, w)| differs(c.target_ns, w.target_ns)),
+            .and_then(|(c, w)| changed(c.target_ns, w.target_ns)),
         codel_interval_ns: current
             .codel
             .zip(wanted.codel)
-            .and_then(|(c, w)| differs(c.interval_ns, w.interval_ns)),
+            .and_then(|(c, w)| changed(c.interval_ns, w.interval_ns)),
         codel_ecn: current
             .codel
             .zip(wanted.codel)
             .and_then(|(c, w)| (c.ecn != w.ecn).then_some(w.ecn)),
+        parent: changed(parent_of(current), parent_of(wanted)),
+        ceil_bits_per_sec: changed(ceil_of(current), ceil_of(wanted)),
+        cburst_bytes: changed(cburst_of(current), cburst_of(wanted)),
     };
     let mut what = Vec::new();
     if let Some(rate) = change.rate_bits_per_sec {
@@ -164,7 +167,43 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
             ));
         }
     }
+    if let Some(parent) = &change.parent {
+        let name = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".to_string());
+        what.push(format!(
+            "parent {} -> {}",
+            name(&parent_of(current)),
+            name(parent)
+        ));
+    }
+    if let Some(ceil) = change.ceil_bits_per_sec {
+        let text = |c: Option<u64>| c.map_or_else(|| "rate".to_string(), format_rate);
+        what.push(format!("ceil {} -> {}", text(ceil_of(current)), text(ceil)));
+    }
+    if let Some(cburst) = change.cburst_bytes {
+        let text = |c: Option<u64>| c.map_or_else(|| "burst".to_string(), format_size);
+        what.push(format!(
+            "cburst {} -> {}",
+            text(cburst_of(current)),
+            text(cburst)
+        ));
+    }
     Some((change, what.join(", ")))
+}
+
+fn changed<T: PartialEq>(before: T, after: T) -> Option<T> {
+    (before != after).then_some(after)
+}
+
+fn parent_of(spec: &ClassSpec) -> Option<String> {
+    spec.tree.as_ref().map(|tree| tree.parent.clone())
+}
+
+fn ceil_of(spec: &ClassSpec) -> Option<u64> {
+    spec.tree.as_ref().and_then(|tree| tree.ceil_bits_per_sec)
+}
+
+fn cburst_of(spec: &ClassSpec) -> Option<u64> {
+    spec.tree.as_ref().and_then(|tree| tree.cburst_bytes)
 }
 
 /// The plan, plus what could not be planned yet.
@@ -286,12 +325,26 @@ fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
             });
         }
         // Children are deleted before their parents, and parents added before children.
+        // A parent whose children stay (moved elsewhere) is deleted once they have moved.
+        let stays = |name: &str| wanted.iter().any(|w| w.name == name);
         let mut current_by_depth: Vec<&ClassSpec> = current.iter().collect();
         sort_by_depth(&mut current_by_depth);
+        let (mut after_moves, mut deferred) = (Vec::new(), std::collections::HashSet::new());
         for spec in current_by_depth.into_iter().rev() {
-            if !wanted.iter().any(|w| w.name == spec.name) {
-                plan.steps
-                    .push(Step::Delete(location.clone(), spec.name.clone()));
+            if stays(&spec.name) {
+                continue;
+            }
+            // Children come first here, so a deferred child has deferred its parent too.
+            let waits = current.iter().any(|child| {
+                parent_of(child).as_deref() == Some(spec.name.as_str())
+                    && (stays(&child.name) || deferred.contains(&child.name))
+            });
+            let delete = Step::Delete(location.clone(), spec.name.clone());
+            if waits {
+                deferred.insert(spec.name.clone());
+                after_moves.push(delete);
+            } else {
+                plan.steps.push(delete);
             }
         }
         let mut wanted = wanted;
@@ -313,6 +366,7 @@ fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
                 },
             }
         }
+        plan.steps.extend(after_moves);
     }
     Ok(())
 }
