@@ -41,6 +41,8 @@ struct Families {
     colour_bytes: Family<Labels, Counter>,
     rate: Family<Labels, FloatGauge>,
     burst: Family<Labels, Gauge>,
+    ceil: Family<Labels, FloatGauge>,
+    cburst: Family<Labels, Gauge>,
     level: Family<Labels, Gauge>,
     keyed: Family<Labels, Gauge>,
     fill: Family<Labels, FloatGauge>,
@@ -79,7 +81,9 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
     let views = classes::read_classes(&attachment)?;
     for view in &views {
         let spec = &view.spec;
-        let class = with(&labels, &[("class", &spec.name)]);
+        // `parent`: the class's parent in a tree, empty at the top level (one label set).
+        let parent = spec.tree.as_ref().map_or("", |tree| tree.parent.as_str());
+        let class = with(&labels, &[("class", &spec.name), ("parent", parent)]);
         let stats = &view.stats;
         for (verdict, packets, bytes) in [
             ("passed", stats.passed_packets, stats.passed_bytes),
@@ -112,9 +116,16 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
             .burst
             .get_or_create(&class)
             .set(spec.burst_bytes as i64);
+        if let Some(tree) = &spec.tree {
+            let ceil = tree.ceil(spec.rate_bits_per_sec);
+            families.ceil.get_or_create(&class).set(ceil as f64 / 8.0);
+            let cburst = tree.cburst(spec.burst_bytes);
+            families.cburst.get_or_create(&class).set(cburst as i64);
+        }
         if spec.scope == Scope::Class {
-            let level =
-                attachment.bucket_level(view.id, spec.rate_bits_per_sec, spec.burst_bytes)?;
+            // The word's own rate and burst (a shape class's in a tree drains at its ceil).
+            let (rate, burst) = spec.drain();
+            let level = attachment.bucket_level(view.id, rate, burst)?;
             families.level.get_or_create(&class).set(level as i64);
         }
     }
@@ -141,6 +152,8 @@ pub fn render(health: Option<&Health>) -> Result<String> {
         colour_bytes: Family::default(),
         rate: Family::default(),
         burst: Family::default(),
+        ceil: Family::default(),
+        cburst: Family::default(),
         level: Family::default(),
         keyed: Family::default(),
         fill: Family::default(),
@@ -209,6 +222,16 @@ fn register_attachment_families(registry: &mut Registry, families: Families) {
         "shaper_class_burst_bytes",
         "Configured burst of a class",
         families.burst,
+    );
+    registry.register(
+        "shaper_class_ceil_bytes_per_second",
+        "Ceiling of a class in a tree: what it may borrow up to (its rate when it does not)",
+        families.ceil,
+    );
+    registry.register(
+        "shaper_class_cburst_bytes",
+        "Burst at the ceiling of a class in a tree",
+        families.cburst,
     );
     registry.register(
         "shaper_class_bucket_level_bytes",

@@ -417,6 +417,15 @@ name = "web"
 rate = "{web_rate}"
 proto = "tcp"
 
+[[interface.class]]
+name = "api"
+parent = "web"
+rate = "1mbit"
+ceil = "5mbit"
+cburst = "32k"
+proto = "tcp"
+dport = 8080
+
 [[interface]]
 dev = "tap0"
 netns = "{router}"
@@ -542,6 +551,28 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
             &["class=\"web\""]
         ),
         Some(30e6 / 8.0)
+    );
+    // A tree's classes carry their parent (empty at the top) and their ceiling.
+    assert_eq!(
+        sample(
+            &metrics,
+            "shaper_class_ceil_bytes_per_second",
+            &["class=\"api\"", "parent=\"web\""]
+        ),
+        Some(5e6 / 8.0)
+    );
+    assert_eq!(
+        sample(&metrics, "shaper_class_cburst_bytes", &["class=\"api\""]),
+        Some(32768.0)
+    );
+    assert!(
+        sample(
+            &metrics,
+            "shaper_class_rate_bytes_per_second",
+            &["class=\"bulk\"", "parent=\"\""]
+        )
+        .is_some(),
+        "{metrics}"
     );
     let level = sample(
         &metrics,
