@@ -17,12 +17,12 @@ use aya::{
 };
 use serde_json::{json, Value};
 use shaper::{
-    classes::{self, ClassSpec},
+    classes::{self, ClassSpec, Tree},
     rules::{PortRange, Proto, Rule},
     state::{self, Attachment, Direction, Location},
 };
 use shaper_common::{map_names, program_names, Bucket, BucketKey, Scope, FAMILY_V4, PROTO_UDP};
-use shaper_tests::{output_bounded, Lab, COMMAND_LIMIT};
+use shaper_tests::{output_bounded, Lab, Netns, COMMAND_LIMIT};
 use std::{
     path::PathBuf,
     process::Command,
@@ -288,6 +288,8 @@ fn median(sorted: &[f64]) -> f64 {
 const CASE_FLOOR: &str = "floor: empty TC program";
 const CASE_A: &str = "(a) 1 class, 1 flow";
 const CASE_D: &str = "(d) no class matches";
+const CASE_FLAT: &str = "(e) 1 class-wide class, no parent";
+const CASE_CHAIN: &str = "(f) leaf of a 3-level chain";
 
 fn case_b(live_flows: u32) -> String {
     format!("(b) 1 class, {live_flows} live flows")
@@ -337,6 +339,32 @@ fn per_packet(lab: &Lab, effort: &Effort) -> Result<(Vec<Value>, Value)> {
     cases.push((
         CASE_D.into(),
         time_runs(shaper_one, &udp_frame(6000, 40000), effort)?,
+    ));
+
+    // Hierarchy: a packet of a three-level chain's leaf against one of a flat class.
+    let tree = bench_attachment(lab, "bench2", 1024)?;
+    classes::add(&tree, &udp_class("flat".into(), 7000, Scope::Class))?;
+    let mut parent = None;
+    for (level, dport) in [("root", 7001), ("mid", 7002), ("leaf", 7003)] {
+        let mut spec = udp_class(level.into(), dport, Scope::Class);
+        spec.tree = parent.map(|parent: &str| Tree {
+            parent: parent.into(),
+            ceil_bits_per_sec: None,
+            cburst_bytes: None,
+        });
+        classes::add(&tree, &spec)?;
+        parent = Some(level);
+    }
+    let mut tree_ebpf = state::load_object(tree.dir(), 1024)?;
+    state::load_program(&mut tree_ebpf, program_names::SHAPER)?;
+    let shaper_tree = program(&tree_ebpf, program_names::SHAPER)?;
+    cases.push((
+        CASE_FLAT.into(),
+        time_runs(shaper_tree, &udp_frame(7000, 40000), effort)?,
+    ));
+    cases.push((
+        CASE_CHAIN.into(),
+        time_runs(shaper_tree, &udp_frame(7003, 40000), effort)?,
     ));
 
     // Flows: the table grows in decades; the packet's own flow is one of them.
@@ -675,6 +703,14 @@ fn control_plane(lab: &Lab, effort: &Effort) -> Result<Value> {
     let _ = std::fs::remove_file(&batch);
     println!("{count} classes: shaper batch {shaper_seconds:.3} s, tc -batch (htb + u32) {tc_seconds:.3} s, ratio {:.2}", shaper_seconds / tc_seconds);
 
+    // A two-level tree: parents of ten children each, every child with its own port.
+    let (tree_shaper, tree_tc) = tree_apply(router, count / 10, &batch)?;
+    println!(
+        "a tree of {} parents x 10 children: shaper batch {tree_shaper:.3} s, tc -batch {tree_tc:.3} s, ratio {:.2}",
+        count / 10,
+        tree_shaper / tree_tc
+    );
+
     // One rate change: shaper's CLI vs tc class change, each a whole command.
     let mut command = Command::new(shaper_tests::shaper_bin());
     command.args([
@@ -703,8 +739,71 @@ fn control_plane(lab: &Lab, effort: &Effort) -> Result<Value> {
         "classes": count,
         "apply_seconds": {"shaper_batch": shaper_seconds, "tc_batch_htb_u32": tc_seconds},
         "apply_ratio_shaper_to_tc": shaper_seconds / tc_seconds,
+        "tree_parents": count / 10,
+        "tree_apply_seconds": {"shaper_batch": tree_shaper, "tc_batch_htb_u32": tree_tc},
+        "tree_apply_ratio_shaper_to_tc": tree_shaper / tree_tc,
         "rate_change_seconds": {"shaper": shaper_change, "tc_class_change": tc_change},
     }))
+}
+
+/// Seconds to apply `parents` parents of ten children each: shaper (`batch -f`, children
+/// with `--parent` and `--ceil`) and the same htb tree through `tc -batch` (a u32 filter
+/// per child, whose port it matches). Each child's rate 1-10 Mbit/s, ceil its parent's.
+fn tree_apply(router: &Netns, parents: u32, batch: &std::path::Path) -> Result<(f64, f64)> {
+    for dev in ["tree0", "tree1"] {
+        let peer = format!("{dev}p");
+        router.run(
+            "ip",
+            &["link", "add", dev, "type", "veth", "peer", "name", &peer],
+        )?;
+    }
+    router.shaper(&["attach", "tree0"])?;
+    let port = |parent: u32, child: u32| 20_000 + parent * 10 + child;
+    let mut lines = Vec::new();
+    for p in 0..parents {
+        lines.push(format!(
+            "class add p{p} --dev tree0 --rate 100mbit --proto udp --dport {}-{}",
+            port(p, 0),
+            port(p, 9)
+        ));
+        for c in 0..10 {
+            lines.push(format!(
+                "class add p{p}c{c} --dev tree0 --parent p{p} --rate {}mbit --ceil 100mbit --proto udp --dport {}",
+                1 + c,
+                port(p, c)
+            ));
+        }
+    }
+    std::fs::write(batch, lines.join("\n"))?;
+    let mut command = Command::new(shaper_tests::shaper_bin());
+    command
+        .args(["--netns", &router.name, "batch", "-f"])
+        .arg(batch);
+    let shaper_seconds = timed(command)?;
+
+    let mut tc_lines = vec!["qdisc add dev tree1 root handle 1: htb default 0".to_string()];
+    for p in 0..parents {
+        let parent = p * 11 + 1;
+        tc_lines.push(format!(
+            "class add dev tree1 parent 1: classid 1:{parent:x} htb rate 100mbit"
+        ));
+        for c in 0..10 {
+            let minor = parent + 1 + c;
+            tc_lines.push(format!(
+                "class add dev tree1 parent 1:{parent:x} classid 1:{minor:x} htb rate {}mbit ceil 100mbit",
+                1 + c
+            ));
+            tc_lines.push(format!(
+                "filter add dev tree1 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport {} 0xffff flowid 1:{minor:x}",
+                port(p, c)
+            ));
+        }
+    }
+    std::fs::write(batch, tc_lines.join("\n"))?;
+    let mut command = router.command("tc");
+    command.arg("-batch").arg(batch);
+    let tc_seconds = timed(command)?;
+    Ok((shaper_seconds, tc_seconds))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -790,6 +889,13 @@ fn markdown(report: &Value) -> String {
         control["rate_change_seconds"]["shaper"].as_f64().unwrap_or(0.0) * 1e3,
         control["rate_change_seconds"]["tc_class_change"].as_f64().unwrap_or(0.0) * 1e3,
         control["rate_change_seconds"]["shaper"].as_f64().unwrap_or(0.0) / control["rate_change_seconds"]["tc_class_change"].as_f64().unwrap_or(1.0),
+    ));
+    out.push_str(&format!(
+        "| apply a tree of {} parents × 10 children (`--parent`, `--ceil` vs htb parent and child classes + u32 filters) | {:.3} s | {:.3} s | {:.2} |\n",
+        control["tree_parents"],
+        f(&control["tree_apply_seconds"]["shaper_batch"]),
+        f(&control["tree_apply_seconds"]["tc_batch_htb_u32"]),
+        f(&control["tree_apply_ratio_shaper_to_tc"]),
     ));
     out.push_str(&traffic_markdown(report));
     out.push_str(&latency::markdown(report));
@@ -888,6 +994,8 @@ impl Expected {
                 CASE_FLOOR.into(),
                 CASE_A.into(),
                 CASE_D.into(),
+                CASE_FLAT.into(),
+                CASE_CHAIN.into(),
                 case_b(effort.live_flows),
                 case_c(effort.classes),
             ],
@@ -932,6 +1040,17 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
             row["case"].as_str().unwrap_or_default()
         );
     }
+    let ns_of = |case: &str| {
+        per_packet
+            .iter()
+            .find(|row| row["case"] == case)
+            .map_or(f64::NAN, |row| f(&row["ns_median"]))
+    };
+    let chain = ns_of(CASE_CHAIN) / ns_of(CASE_FLAT);
+    println!(
+        "target 3-level chain ≤ 1.5× a flat class: {} ({chain:.2})",
+        if chain <= 1.5 { "meets" } else { "misses" }
+    );
     for case in &expected.per_packet {
         match per_packet.iter().find(|row| row["case"] == case.as_str()) {
             None => broken.push(format!("per-packet row missing: {case}")),
@@ -1026,6 +1145,20 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
             ));
         }
     }
+    for figure in ["shaper_batch", "tc_batch_htb_u32"] {
+        if !sane(&control["tree_apply_seconds"][figure], f64::INFINITY) {
+            broken.push(format!(
+                "control plane: tree_apply_seconds.{figure} is {}",
+                control["tree_apply_seconds"][figure]
+            ));
+        }
+    }
+    let tree_ratio = f(&control["tree_apply_ratio_shaper_to_tc"]);
+    println!(
+        "target: a {} x 10 tree applied faster than tc -batch: {} ({tree_ratio:.2})",
+        control["tree_parents"],
+        if tree_ratio < 1.0 { "meets" } else { "misses" }
+    );
     if !sane(&control["apply_ratio_shaper_to_tc"], f64::INFINITY) {
         broken.push(format!(
             "control plane: apply_ratio_shaper_to_tc is {}",
@@ -1176,6 +1309,9 @@ mod tests {
                 "classes": expected.control_plane_classes,
                 "apply_seconds": {"shaper_batch": 0.5, "tc_batch_htb_u32": 1.0},
                 "apply_ratio_shaper_to_tc": 0.5,
+                "tree_parents": 1000,
+                "tree_apply_seconds": {"shaper_batch": 0.5, "tc_batch_htb_u32": 1.0},
+                "tree_apply_ratio_shaper_to_tc": 0.5,
                 "rate_change_seconds": {"shaper": 0.01, "tc_class_change": 0.005},
             },
             "throughput": expected.throughput.iter().map(|setup| json!({
@@ -1214,7 +1350,7 @@ mod tests {
     fn the_quick_run_fails_on_a_missing_or_absurd_measurement() {
         let expected = Expected::of(&effort(true));
         // What the quick run must produce, derived from its effort.
-        assert_eq!(expected.per_packet.len(), 5);
+        assert_eq!(expected.per_packet.len(), 7);
         assert!(expected
             .per_packet
             .contains(&"(b) 1 class, 100000 live flows".into()));
@@ -1227,7 +1363,7 @@ mod tests {
 
         // A row missing, of each kind.
         let mut report = sane.clone();
-        report["per_packet"].as_array_mut().unwrap().remove(3);
+        report["per_packet"].as_array_mut().unwrap().remove(5);
         rejected(
             &report,
             &expected,
@@ -1253,6 +1389,9 @@ mod tests {
         let mut report = sane.clone();
         report["control_plane"]["rate_change_seconds"] = json!({});
         rejected(&report, &expected, "rate_change_seconds.shaper is null");
+        let mut report = sane.clone();
+        report["control_plane"]["tree_apply_seconds"] = json!({});
+        rejected(&report, &expected, "tree_apply_seconds.shaper_batch is null");
         let mut report = sane.clone();
         report["scaling"]["flows"].as_array_mut().unwrap().pop();
         rejected(&report, &expected, "scaling by flows");
