@@ -10,9 +10,15 @@ use shaper::{
     rules::PortRange,
     state::{self, Attachment, Location},
 };
+use shaper_common::Scope;
 
-/// Every class of every selected attachment, as JSON objects (shared with `stats`).
-pub(crate) fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Vec<Value>> {
+/// Every class of every selected attachment, as JSON objects (shared with `stats`);
+/// `keys`: with the flow-table census of `--per` classes (a walk of the table).
+pub(crate) fn collect(
+    netns: &Option<String>,
+    dev: &Option<String>,
+    keys: bool,
+) -> Result<Vec<Value>> {
     shaper::netns::check_netns_known(netns)?;
     let filter = netns.as_ref().map(|n| Some(n.clone()));
     let mut rows = Vec::new();
@@ -21,8 +27,30 @@ pub(crate) fn collect(netns: &Option<String>, dev: &Option<String>) -> Result<Ve
             continue;
         }
         let attachment = Attachment::open(&location)?;
-        for view in classes::read_classes(&attachment)? {
+        let views = classes::read_classes(&attachment)?;
+        let per_key = |view: &ClassView| view.spec.scope != Scope::Class;
+        let census = if keys && views.iter().any(per_key) {
+            attachment.key_census()?
+        } else {
+            Default::default()
+        };
+        for view in views {
             let mut row = class_json(&location, &view);
+            if keys && per_key(&view) {
+                // LRU pressure: keys the class created that the table no longer holds.
+                let held = census
+                    .get(&(view.id, view.seq as u32))
+                    .copied()
+                    .unwrap_or_default();
+                let created = attachment.new_keys(view.id)?;
+                let extra = json!({
+                    "keys": held.held,
+                    "keys_live": held.live,
+                    "new_keys": created,
+                    "evicted_keys": created.saturating_sub(held.held),
+                });
+                merge(&mut row, extra);
+            }
             if let Some(codel) = view.spec.codel {
                 let (delay_ns, dropping) = attachment.shape_queue(view.id)?;
                 let extra = json!({

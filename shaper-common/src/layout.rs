@@ -23,8 +23,8 @@ pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// their meaning. Bump it with any change to them; it is stamped in the `LAYOUT` map at
 /// attach, and every command refuses pins of another layout with a clear message (0: pins
 /// from before the stamp). Layout 2 gave classes parents (`ClassConfig::parent`, the
-/// ceiling in `peak_cost`) in the sizes of layout 1.
-pub const LAYOUT_VERSION: u32 = 2;
+/// ceiling in `peak_cost`) in the sizes of layout 1; layout 3 added `KEY_STATS`.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Map names, as declared in the eBPF object and pinned by userspace.
 pub mod map_names {
@@ -42,10 +42,12 @@ pub mod map_names {
     pub const CLASS_INDEX: &str = "CLASS_INDEX";
     pub const CREDIT: &str = "CREDIT";
     pub const CODEL: &str = "CODEL";
+    /// Per class and CPU: keys the class's packets created in the flow table.
+    pub const KEY_STATS: &str = "KEY_STATS";
     /// Packet-path scratch (one per-CPU slot), never read by userspace.
     pub const SHAPE_PACKET: &str = "SHAPE_PACKET";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         LAYOUT,
         GLOBALS,
         SHAPES,
@@ -58,6 +60,7 @@ pub mod map_names {
         CLASS_INDEX,
         CREDIT,
         CODEL,
+        KEY_STATS,
         SHAPE_PACKET,
     ];
 }
@@ -477,6 +480,14 @@ pub struct ClassStats {
     pub red_bytes: u64,
 }
 
+/// A class's keys in the flow table, per CPU: every key its packets created. Keys it
+/// holds are counted in the table itself, so the ones the LRU evicted are the difference.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyStats {
+    pub new_keys: u64,
+}
+
 impl ClassStats {
     /// Adds another CPU's counters.
     pub fn accumulate(&mut self, other: &ClassStats) {
@@ -577,6 +588,7 @@ mod pod {
     unsafe impl aya::Pod for Bucket {}
     unsafe impl aya::Pod for BucketKey {}
     unsafe impl aya::Pod for ClassStats {}
+    unsafe impl aya::Pod for KeyStats {}
     unsafe impl aya::Pod for ClassMeta {}
     unsafe impl aya::Pod for Credit {}
     unsafe impl aya::Pod for crate::codel::CodelState {}

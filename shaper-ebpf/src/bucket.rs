@@ -3,7 +3,7 @@
 //! compare-and-swap.
 
 use crate::{
-    maps::{CLASS_BUCKETS, CREDIT, KEYED_BUCKETS},
+    maps::{CLASS_BUCKETS, CREDIT, KEYED_BUCKETS, KEY_STATS},
     parse::Packet,
 };
 use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
@@ -93,8 +93,21 @@ pub(crate) fn keyed_bucket(
     }
     // A fresh bucket is full: tat = 0 is "long ago". NOEXIST keeps a racing CPU's bucket.
     let fresh = Bucket::default();
-    let _ = KEYED_BUCKETS.insert(&key, &fresh, BPF_NOEXIST as u64);
+    if KEYED_BUCKETS
+        .insert(&key, &fresh, BPF_NOEXIST as u64)
+        .is_ok()
+    {
+        count_new_key(class_id);
+    }
     KEYED_BUCKETS.get_ptr_mut(&key)
+}
+
+/// Counts a key the class created in the flow table (this CPU's slot: no atomics).
+#[inline(always)]
+pub(crate) fn count_new_key(class_id: u32) {
+    if let Some(stats) = KEY_STATS.get_ptr_mut(class_id) {
+        unsafe { (*stats).new_keys += 1 };
+    }
 }
 
 /// The flow table key of a packet's flow, source or destination in a class.

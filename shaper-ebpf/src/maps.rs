@@ -9,8 +9,8 @@ use aya_ebpf::{
 };
 use shaper_common::{
     codel::CodelState, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, Globals,
-    RuleKey, RuleValue, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, MAX_RULES,
-    MAX_SHAPES,
+    KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES,
+    MAX_RULES, MAX_SHAPES,
 };
 
 /// Userspace only: the layout version of this state (`shaper_common::LAYOUT_VERSION`).
@@ -41,6 +41,9 @@ pub(crate) static CREDIT: PerCpuArray<Credit> = PerCpuArray::with_max_entries(MA
 /// Shape classes' CoDel state, per class id (see `shaper_common::codel`).
 #[map]
 pub(crate) static CODEL: Array<CodelState> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Keys each class created in `KEYED_BUCKETS` (per CPU): LRU pressure for userspace.
+#[map]
+pub(crate) static KEY_STATS: PerCpuArray<KeyStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
 /// The packet being judged: parsed into this per-CPU slot and read from it by every stage
 /// (classify, bucket, meters, actions, the shape path), never kept in registers. Values
 /// in a map are unknown to the verifier, so the parser's many paths reach the rest of the

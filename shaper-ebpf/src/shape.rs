@@ -11,7 +11,7 @@
 
 use crate::{
     act::{count_drop, count_pass, stats_of},
-    bucket::{bucket_key, swap},
+    bucket::{bucket_key, count_new_key, swap},
     maps::{CLASSES, CLASS_BUCKETS, CODEL, KEYED_BUCKETS, SHAPE_PACKET},
     parse::Packet,
     rewrite::set_ecn_ce,
@@ -180,7 +180,12 @@ fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> b
                 tat: class.stamp(next),
                 tat2: 0,
             };
-            let _ = KEYED_BUCKETS.insert(&key, &fresh, BPF_NOEXIST as u64);
+            if KEYED_BUCKETS
+                .insert(&key, &fresh, BPF_NOEXIST as u64)
+                .is_ok()
+            {
+                count_new_key(class_id);
+            }
             sparse_flow
         }
     }

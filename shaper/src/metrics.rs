@@ -7,13 +7,12 @@ use crate::{
     state::{self, Attachment, Location},
 };
 use anyhow::Result;
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use prometheus_client::{
     encoding::text::encode,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-use shaper_common::{map_names, Bucket, BucketKey, Scope, MAX_CLASSES};
+use shaper_common::{Scope, MAX_CLASSES};
 use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(String, String)>;
@@ -44,6 +43,9 @@ struct Families {
     ceil: Family<Labels, FloatGauge>,
     cburst: Family<Labels, Gauge>,
     level: Family<Labels, Gauge>,
+    keys: Family<Labels, Gauge>,
+    keys_live: Family<Labels, Gauge>,
+    evicted: Family<Labels, Gauge>,
     keyed: Family<Labels, Gauge>,
     fill: Family<Labels, FloatGauge>,
     up: Family<Labels, Gauge>,
@@ -63,15 +65,6 @@ fn with(labels: &Labels, extra: &[(&str, &str)]) -> Labels {
     all
 }
 
-/// Live keys in the per-flow/src/dst table (walks the keys: O(entries)).
-fn live_keys(attachment: &Attachment) -> Result<(u64, u32)> {
-    let data = MapData::from_pin(attachment.dir().join(map_names::KEYED_BUCKETS))?;
-    let capacity = data.info()?.max_entries();
-    let table: BpfHashMap<MapData, BucketKey, Bucket> =
-        BpfHashMap::try_from(Map::from_map_data(data)?)?;
-    Ok((table.keys().filter(Result::is_ok).count() as u64, capacity))
-}
-
 fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
     let labels = location_labels(location);
     let attachment = Attachment::open(location)?;
@@ -79,6 +72,8 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
         .unwrap_or(false);
     families.up.get_or_create(&labels).set(i64::from(live));
     let views = classes::read_classes(&attachment)?;
+    // One walk of the flow table (O(entries)) for every class's keys and the total.
+    let census = attachment.key_census()?;
     for view in &views {
         let spec = &view.spec;
         // `parent`: the class's parent in a tree, empty at the top level (one label set).
@@ -122,6 +117,22 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
             let cburst = tree.cburst(spec.burst_bytes);
             families.cburst.get_or_create(&class).set(cburst as i64);
         }
+        if spec.scope != Scope::Class {
+            let held = census
+                .get(&(view.id, view.seq as u32))
+                .copied()
+                .unwrap_or_default();
+            let created = attachment.new_keys(view.id)?;
+            families.keys.get_or_create(&class).set(held.held as i64);
+            families
+                .keys_live
+                .get_or_create(&class)
+                .set(held.live as i64);
+            // A gauge, though it only grows: read beside a moving table, it may step
+            // back by the keys created during the scrape, which a counter must never do.
+            let evicted = created.saturating_sub(held.held);
+            families.evicted.get_or_create(&class).set(evicted as i64);
+        }
         if spec.scope == Scope::Class {
             // The word's own rate and burst (a shape class's in a tree drains at its ceil).
             let (rate, burst) = spec.drain();
@@ -129,7 +140,8 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
             families.level.get_or_create(&class).set(level as i64);
         }
     }
-    let (keys, capacity) = live_keys(&attachment)?;
+    let keys: u64 = census.values().map(|owner| owner.held).sum();
+    let capacity = attachment.flow_table_size()?;
     families.keyed.get_or_create(&labels).set(keys as i64);
     families
         .fill
@@ -155,6 +167,9 @@ pub fn render(health: Option<&Health>) -> Result<String> {
         ceil: Family::default(),
         cburst: Family::default(),
         level: Family::default(),
+        keys: Family::default(),
+        keys_live: Family::default(),
+        evicted: Family::default(),
         keyed: Family::default(),
         fill: Family::default(),
         up: Family::default(),
@@ -237,6 +252,21 @@ fn register_attachment_families(registry: &mut Registry, families: Families) {
         "shaper_class_bucket_level_bytes",
         "Tokens in a class-scoped bucket now (burst when idle, 0 when exhausted)",
         families.level,
+    );
+    registry.register(
+        "shaper_class_keys",
+        "Keys (flows, sources or destinations) a --per class holds in the flow table",
+        families.keys,
+    );
+    registry.register(
+        "shaper_class_keys_live",
+        "Keys of a --per class whose bucket is still refilling (evicted, one would return with a full burst)",
+        families.keys_live,
+    );
+    registry.register(
+        "shaper_class_keys_evicted",
+        "Keys a --per class created that the flow table's LRU has since evicted",
+        families.evicted,
     );
     registry.register(
         "shaper_keyed_buckets",

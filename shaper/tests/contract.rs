@@ -7,7 +7,7 @@
 
 use shaper_common::{
     codel::CodelState, map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta,
-    ClassStats, Credit, Globals, RuleKey, RuleValue, Shape, CLASS_NAME_LEN,
+    ClassStats, Credit, Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN,
     DEFAULT_FLOW_TABLE_SIZE, LAYOUT_VERSION, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 use std::mem::size_of;
@@ -45,7 +45,7 @@ const fn map(
 
 const U32: usize = size_of::<u32>();
 
-const EXPECTED: [Expected; 13] = [
+const EXPECTED: [Expected; 14] = [
     map(map_names::LAYOUT, ARRAY, U32, U32, 1),
     map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
     map(
@@ -118,6 +118,13 @@ const EXPECTED: [Expected; 13] = [
         size_of::<CodelState>(),
         MAX_CLASSES,
     ),
+    map(
+        map_names::KEY_STATS,
+        PERCPU_ARRAY,
+        U32,
+        size_of::<KeyStats>(),
+        MAX_CLASSES,
+    ),
     // The packet path's own scratch (shaper-ebpf's `repr(C)` Packet); userspace only pins it.
     map(map_names::SHAPE_PACKET, PERCPU_ARRAY, U32, 64, 1),
 ];
@@ -175,8 +182,8 @@ fn the_ebpf_object_declares_the_maps_userspace_expects() {
 /// change of any pinned type changes them: the test then asks for a new layout version
 /// (with the migration `shaper upgrade` needs), so pins of the old layout are never read
 /// as the new one.
-const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 13]) = (
-    2,
+const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 14]) = (
+    3,
     [
         ("LAYOUT", 4, 4),
         ("GLOBALS", 4, 32),
@@ -190,6 +197,7 @@ const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 13]) = (
         ("CLASS_INDEX", 48, 4),
         ("CREDIT", 4, 16),
         ("CODEL", 4, 16),
+        ("KEY_STATS", 4, 8),
         ("SHAPE_PACKET", 4, 64),
     ],
 );

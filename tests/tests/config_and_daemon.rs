@@ -426,6 +426,13 @@ cburst = "32k"
 proto = "tcp"
 dport = 8080
 
+[[interface.class]]
+name = "flows"
+rate = "1mbit"
+per = "flow"
+proto = "udp"
+dport = 9999
+
 [[interface]]
 dev = "tap0"
 netns = "{router}"
@@ -574,6 +581,14 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
         .is_some(),
         "{metrics}"
     );
+    // A --per class's LRU pressure: no keys yet, none evicted.
+    for metric in ["shaper_class_keys", "shaper_class_keys_evicted"] {
+        assert_eq!(
+            sample(&metrics, metric, &["class=\"flows\""]),
+            Some(0.0),
+            "{metric}"
+        );
+    }
     let level = sample(
         &metrics,
         "shaper_class_bucket_level_bytes",

@@ -426,3 +426,66 @@ fn a_class_moves_between_parents_in_place() {
     assert_within("flat again: tenant", run(), 10e6, 0.03);
     assert!(passed("tenant") > flat);
 }
+
+/// LRU pressure: a sender with a new source port per datagram through a `--per flow`
+/// class; stats count the keys the class created, the keys it holds and those the LRU
+/// evicted. In a table with room for every key nothing is evicted; in a 1 024-key table
+/// all but about 1 024 are.
+#[test]
+fn stats_count_the_keys_the_lru_evicted() {
+    let lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    let churn = |table_size: &str| {
+        router
+            .attach(ROUTER_TO_SERVER, &["--flow-table-size", table_size])
+            .unwrap();
+        router
+            .class_add(
+                "flows",
+                ROUTER_TO_SERVER,
+                &[
+                    "--per", "flow", "--rate", "5mbit", "--proto", "udp", "--dport", "5400",
+                ],
+            )
+            .unwrap();
+        let churner = udp_port_churn(
+            &lab.client,
+            SERVER_V4,
+            5400,
+            20e6,
+            Duration::from_secs(2),
+            1400,
+        );
+        churner.join().expect("the churning sender").unwrap();
+        let row = router.stats_row("flows").unwrap();
+        let table = router.shaper(&["stats"]).unwrap();
+        router.shaper(&["detach", ROUTER_TO_SERVER]).unwrap();
+        let packets = counter(&row, "passed_packets") + counter(&row, "dropped_packets");
+        let [keys, new_keys, evicted, live] =
+            ["keys", "new_keys", "evicted_keys", "keys_live"].map(|field| counter(&row, field));
+        println!(
+            "table {table_size}: {packets} datagrams classified, {new_keys} keys created, \
+             {keys} held, {evicted} evicted, {live} live"
+        );
+        assert!(packets > 2000, "only {packets} datagrams reached the class");
+        // One key per datagram, but for the ephemeral ports the sender drew twice while
+        // their first key was still held (a few per cent of 3 500 draws from 28 000).
+        assert!(
+            new_keys <= packets && new_keys as f64 >= 0.9 * packets as f64,
+            "{new_keys} keys for {packets} datagrams"
+        );
+        assert!(
+            table.contains(&format!("{keys} ({evicted})")),
+            "the table shows keys and evictions: {table}"
+        );
+        (keys, new_keys, evicted)
+    };
+    let (keys, new_keys, evicted) = churn("65536");
+    assert_eq!((keys, evicted), (new_keys, 0), "room for every key");
+    let (keys, new_keys, evicted) = churn("1024");
+    assert!(
+        keys <= 1024 && keys > 512,
+        "{keys} keys held in a 1024-key table"
+    );
+    assert_eq!(evicted, new_keys - keys);
+}

@@ -150,7 +150,11 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
         });
         std::thread::sleep(Duration::from_millis(2500));
         let before = counted(&router)?;
-        std::fs::remove_file(pin_dir(&router).join(map_names::LAYOUT))?;
+        // Layout 0 pins: no LAYOUT stamp, and no KEY_STATS (layout 3), which the
+        // upgrade creates.
+        for map in [map_names::LAYOUT, map_names::KEY_STATS] {
+            std::fs::remove_file(pin_dir(&router).join(map))?;
+        }
         let upgraded = router.shaper(&["upgrade", dev, "--reload"])?;
         let run = traffic.join().expect("the UDP run")?;
         Ok((run, upgraded, before))
@@ -163,6 +167,10 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
     );
     let row = router.status_row()?;
     ensure!(row["problem"].is_null(), "{row}");
+    ensure!(
+        pin_dir(&router).join(map_names::KEY_STATS).exists(),
+        "the upgrade did not create KEY_STATS"
+    );
     ensure!(
         row["program_id"] != old_program,
         "the program was not swapped: {row}"

@@ -220,7 +220,7 @@ pub(crate) fn action_text(row: &serde_json::Value) -> String {
 
 fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
     prepare(&None)?;
-    let rows = crate::rows::collect(&netns, &args.dev)?;
+    let rows = crate::rows::collect(&netns, &args.dev, false)?;
     let header = [
         "NAME", "DEV", "DIR", "PRIO", "RATE", "CEIL", "BURST", "PER", "ACTION", "PROTO", "SRC",
         "DST", "SPORT", "DPORT",

@@ -19,7 +19,7 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
     if args.watch {
         return watch(&netns, &args, interval);
     }
-    let rows = crate::rows::collect(&netns, &args.dev)?;
+    let rows = crate::rows::collect(&netns, &args.dev, true)?;
     let header = [
         "NAME",
         "DEV",
@@ -32,6 +32,7 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
         "MARKED PKTS",
         "MARKED BYTES",
         "QUEUE",
+        "KEYS (EVICTED)",
     ];
     print_rows(&rows, args.json, &header, |row| {
         vec![
@@ -46,8 +47,17 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
             text(&row["marked_packets"]),
             text(&row["marked_bytes"]),
             queue_text(row),
+            keys_text(row),
         ]
     })
+}
+
+/// A `--per` class's keys in the flow table, and how many it lost to the LRU.
+fn keys_text(row: &Value) -> String {
+    match (row["keys"].as_u64(), row["evicted_keys"].as_u64()) {
+        (Some(keys), Some(evicted)) => format!("{keys} ({evicted})"),
+        _ => "-".into(),
+    }
 }
 
 /// A shape class's virtual queue: its delay now, and whether CoDel is dropping.
@@ -103,13 +113,13 @@ pub fn rates(before: &Value, after: &Value, seconds: f64) -> Value {
 fn watch(netns: &Option<String>, args: &StatsArgs, interval: Duration) -> Result<()> {
     let mut previous: HashMap<String, Value> = HashMap::new();
     let mut taken = Instant::now();
-    for row in crate::rows::collect(netns, &args.dev)? {
+    for row in crate::rows::collect(netns, &args.dev, false)? {
         previous.insert(key(&row), row);
     }
     let mut samples = 0;
     while args.count.is_none_or(|count| samples < count) {
         std::thread::sleep(interval);
-        let rows = crate::rows::collect(netns, &args.dev)?;
+        let rows = crate::rows::collect(netns, &args.dev, false)?;
         let now = Instant::now();
         let seconds = now.duration_since(taken).as_secs_f64();
         taken = now;

@@ -17,8 +17,8 @@ use aya::maps::{MapError, PerCpuValues};
 use shaper_common::{
     codel::{sparse_cost, CodelState},
     hierarchy::MAX_LEVELS,
-    Action, Bucket, ClassConfig, ClassMeta, ClassStats, RuleKey, RuleValue, Shape, MAX_CLASSES,
-    MAX_RULES, MAX_SHAPES,
+    Action, Bucket, ClassConfig, ClassMeta, ClassStats, KeyStats, RuleKey, RuleValue, Shape,
+    MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 use std::collections::BTreeMap;
 
@@ -26,6 +26,8 @@ fn zero_stats(attachment: &Attachment, id: u32) -> Result<()> {
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
     let zeros = PerCpuValues::try_from(vec![ClassStats::default(); cpus])?;
     attachment.stats()?.set(id, zeros, 0)?;
+    let zeros = PerCpuValues::try_from(vec![KeyStats::default(); cpus])?;
+    attachment.key_stats()?.set(id, zeros, 0)?;
     Ok(())
 }
 

@@ -12,9 +12,16 @@ use aya::{
 use shaper_common::{
     bucket::TAT_MASK,
     codel::{sojourn_ns, CodelState, Control},
-    map_names, Bucket, ClassConfig, ClassMeta, ClassStats, CostKind, Credit, Globals, RuleKey,
-    RuleValue, Shape, CLASS_NAME_LEN, LAYOUT_VERSION,
+    map_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, CostKind, Credit, Globals,
+    KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, LAYOUT_VERSION,
 };
+
+/// A class's keys in the flow table now (`Attachment::key_census`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyCensus {
+    pub held: u64,
+    pub live: u64,
+}
 use std::path::{Path, PathBuf};
 
 /// One line on what to do with pins of a layout this shaper does not read.
@@ -172,6 +179,36 @@ impl Attachment {
 
     pub fn stats(&self) -> Result<PerCpuArray<MapData, ClassStats>> {
         self.map(map_names::STATS)
+    }
+
+    pub fn key_stats(&self) -> Result<PerCpuArray<MapData, KeyStats>> {
+        self.map(map_names::KEY_STATS)
+    }
+
+    /// Keys class `class_id` created in the flow table since it was added (all CPUs).
+    pub fn new_keys(&self, class_id: u32) -> Result<u64> {
+        let per_cpu = self.key_stats()?.get(&class_id, 0)?;
+        Ok(per_cpu.iter().map(|cpu| cpu.new_keys).sum())
+    }
+
+    /// The flow table by owner, in one walk: (class id, generation) -> the keys it holds
+    /// and how many of them are live (their bucket still refilling: evicted, such a key
+    /// would come back with a full burst it had not earned).
+    pub fn key_census(&self) -> Result<std::collections::HashMap<(u32, u32), KeyCensus>> {
+        let table: BpfHashMap<MapData, BucketKey, Bucket> = self.map(map_names::KEYED_BUCKETS)?;
+        let now = shaper_common::bucket::ticks(monotonic_ns());
+        let mut census = std::collections::HashMap::<(u32, u32), KeyCensus>::new();
+        for entry in table.iter() {
+            let Ok((key, bucket)) = entry else {
+                continue; // evicted while the walk went on
+            };
+            let owner = census.entry((key.class_id, key.generation)).or_default();
+            owner.held += 1;
+            if bucket.tat & TAT_MASK > now {
+                owner.live += 1;
+            }
+        }
+        Ok(census)
     }
 
     pub fn credit(&self) -> Result<PerCpuArray<MapData, Credit>> {

@@ -426,6 +426,9 @@ fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
         // Layout 2 kept layout 1's sizes (classes gained parents in spare fields) and
         // ranks classes by depth too.
         0 | 1 => Some(migrate_to_trees),
+        // Layout 3 only added KEY_STATS, which loading the object creates (counting from
+        // the upgrade on).
+        2 => Some(|_| Ok(())),
         _ => None,
     }
 }

@@ -1391,7 +1391,11 @@ mod tests {
         rejected(&report, &expected, "rate_change_seconds.shaper is null");
         let mut report = sane.clone();
         report["control_plane"]["tree_apply_seconds"] = json!({});
-        rejected(&report, &expected, "tree_apply_seconds.shaper_batch is null");
+        rejected(
+            &report,
+            &expected,
+            "tree_apply_seconds.shaper_batch is null",
+        );
         let mut report = sane.clone();
         report["scaling"]["flows"].as_array_mut().unwrap().pop();
         rejected(&report, &expected, "scaling by flows");
