@@ -17,13 +17,91 @@
 //! aggregate: its key's word is the key's ceiling, and every packet borrows from the
 //! parent. The words of levels that borrow are left alone (htb refills them).
 //!
+//! Fair borrowing: htb splits a parent's spare evenly between the children that borrow
+//! it (deficit round robin with equal quanta); a policer has no queues to take turns
+//! from, so first come would be first served. Instead each parent learns a fair share
+//! (`share`, a cost per byte) and each child has a fair word (`fair_tat`) at that share:
+//! a borrowed packet must fit the borrower's fair word as well as the parent. The share
+//! rises while a fair word refuses a packet the parent had room for (more than half its
+//! burst left), and falls whenever the parent refuses a borrowed packet; so it settles
+//! where the borrowers' fair words, not the order of their packets, divide the spare,
+//! with the parent's rate word running between half full and empty.
+//!
 //! [`TreeModel`] is the host model the property tests and the BPF test runs check the
 //! program against; the program runs the same steps word by word with compare-and-swap.
 
-use crate::bucket::{advance, conform, ByteCost};
+use crate::bucket::{advance, conform, ticks, ByteCost, FRAC_BITS, MIN_RATE_BITS_PER_SEC};
 
 /// Levels in a tree, the class a packet is classified to included.
 pub const MAX_LEVELS: usize = 4;
+
+/// How far a borrower may run ahead of its fair share (the fair word's burst), in ns.
+pub const FAIR_TOLERANCE_NS: u64 = 20_000_000;
+/// A share moves by 1/32 of itself per step.
+const SHARE_STEP_SHIFT: u32 = 5;
+/// A share goes no lower than 2^-10 of the parent's rate.
+const SHARE_FLOOR_SHIFT: u32 = 10;
+
+/// A fair share as a cost: fixed-point ticks per byte (`ticks_per_byte << FRAC_BITS |
+/// frac`), between the parent's own rate (a lone borrower may take all of it) and 1/1024
+/// of it (or the lowest rate the arithmetic supports), so a share that overload pushed
+/// down climbs back within a few hundred steps. 0 (never learned) is the parent's rate.
+#[inline(always)]
+pub fn fair_share(share: u64, parent: &ByteCost) -> u64 {
+    let fastest = fixed(parent);
+    let slowest = if fastest > MIN_RATE_FIXED >> SHARE_FLOOR_SHIFT {
+        MIN_RATE_FIXED
+    } else {
+        fastest << SHARE_FLOOR_SHIFT
+    };
+    if share < fastest {
+        fastest
+    } else if share > slowest {
+        slowest
+    } else {
+        share
+    }
+}
+
+/// The fixed-point cost of the lowest rate (8 bit/s: one byte a second).
+const MIN_RATE_FIXED: u64 = ((8 * 1_000_000_000u64) << 4 << FRAC_BITS) / MIN_RATE_BITS_PER_SEC;
+
+#[inline(always)]
+fn fixed(cost: &ByteCost) -> u64 {
+    (cost.ticks_per_byte << FRAC_BITS) | cost.ticks_per_byte_frac
+}
+
+/// The fair word's cost at `share` (see [`fair_share`]).
+#[inline(always)]
+pub fn fair_cost(share: u64) -> ByteCost {
+    ByteCost {
+        ticks_per_byte: share >> FRAC_BITS,
+        ticks_per_byte_frac: share & ((1 << FRAC_BITS) - 1),
+        tolerance_ticks: ticks(FAIR_TOLERANCE_NS),
+        burst_bytes: 0,
+    }
+}
+
+/// A larger share (a lower cost): a fair word refused what the parent had room for.
+#[inline(always)]
+pub fn share_up(share: u64, parent: &ByteCost) -> u64 {
+    let share = fair_share(share, parent);
+    fair_share(share - (share >> SHARE_STEP_SHIFT), parent)
+}
+
+/// A smaller share: the parent refused a borrowed packet.
+#[inline(always)]
+pub fn share_down(share: u64, parent: &ByteCost) -> u64 {
+    let share = fair_share(share, parent);
+    fair_share(share + (share >> SHARE_STEP_SHIFT) + 1, parent)
+}
+
+/// Whether a word has more than half its burst left (its occupancy below half).
+#[inline(always)]
+pub fn has_room(tat: u64, now_ns: u64, cost: &ByteCost) -> bool {
+    let now = ticks(now_ns);
+    tat <= now || tat - now < cost.tolerance_ticks / 2
+}
 
 /// A word charged in debt: `max(tat, now) + cost`, conforming or not.
 #[inline(always)]
@@ -50,6 +128,10 @@ pub struct ModelClass {
     pub per_key: bool,
     pub rate_tat: u64,
     pub ceil_tat: u64,
+    /// The class's fair word against its parent's share (see the module's text).
+    pub fair_tat: u64,
+    /// The fair share the class gives each child that borrows from it.
+    pub share: u64,
 }
 
 /// Up to 16 classes in trees; the serial semantics of the program's walk.
@@ -91,6 +173,21 @@ impl TreeModel {
             let id = path[level];
             let c = self.classes[id];
             let has_parent = level + 1 < depth;
+            if level > 0 {
+                // The child below borrows: it must fit its fair word at this class's share.
+                let child = path[level - 1];
+                let share = fair_share(c.share, &c.rate);
+                let fair = self.classes[child].fair_tat;
+                match conform(fair, now_ns, bytes, &fair_cost(share)) {
+                    Some(next) => self.classes[child].fair_tat = next,
+                    None => {
+                        if has_room(c.rate_tat, now_ns, &c.rate) {
+                            self.classes[id].share = share_up(c.share, &c.rate);
+                        }
+                        return self.refuse(&path, &charged, key_word, level - 1, bytes);
+                    }
+                }
+            }
             if level == 0 && c.per_key {
                 let word = key_word
                     .as_deref_mut()
@@ -108,7 +205,10 @@ impl TreeModel {
             if has_parent {
                 match conform(c.ceil_tat, now_ns, bytes, &c.ceil) {
                     Some(next) => self.classes[id].ceil_tat = next,
-                    None => return self.refuse(&path, &charged, key_word, level, bytes),
+                    None => {
+                        self.refused_borrowing(id, level);
+                        return self.refuse(&path, &charged, key_word, level, bytes);
+                    }
                 }
                 charged[level] = true;
             }
@@ -117,13 +217,15 @@ impl TreeModel {
                 return self.lent(&path, depth, level, now_ns, bytes);
             }
             if !has_parent {
+                self.refused_borrowing(id, level);
                 return self.refuse(&path, &charged, key_word, level, bytes);
             }
         }
         unreachable!("the top level lends or refuses")
     }
 
-    /// Gives back the ceiling words charged below (and at) `level`.
+    /// Gives back the ceiling words charged below (and at) `level` (fair words are not
+    /// given back: a borrower's refused packets count against its share too).
     fn refuse(
         &mut self,
         path: &[usize; MAX_LEVELS],
@@ -144,6 +246,14 @@ impl TreeModel {
             }
         }
         Outcome::Refused { level }
+    }
+
+    /// A class above the packet's refused what its child borrowed: its share falls.
+    fn refused_borrowing(&mut self, id: usize, level: usize) {
+        if level > 0 {
+            let c = &mut self.classes[id];
+            c.share = share_down(c.share, &c.rate);
+        }
     }
 
     /// The levels above the lender go into debt.

@@ -117,8 +117,7 @@ fn build(case: &Case) -> (TreeModel, Vec<(u64, u64, u64, u64)>) {
             rate: ByteCost::new(rate, burst),
             ceil: ByteCost::new(ceil, cburst),
             per_key: id == 5,
-            rate_tat: 0,
-            ceil_tat: 0,
+            ..ModelClass::default()
         };
     }
     (model, settings)
@@ -252,4 +251,59 @@ fn hierarchy_bounds_hold_under_overload() {
     );
     assert!(refusing.get() > CASES * 9 / 10);
     assert!(borrowing.get() > CASES * 9 / 10);
+}
+
+/// Two children (rate 3, ceil 10 Mbit/s) of a 10 Mbit/s parent, each offered 20 Mbit/s
+/// of 1442-byte packets, B's always just after A's: first come, first served, A would
+/// take nearly all the spare. Fair words split it evenly, as htb's round robin does,
+/// and for one borrower alone they leave it the whole spare.
+#[test]
+fn borrowers_split_the_spare_evenly_whatever_the_order_of_their_packets() {
+    let split = |offered_by_b: u64| {
+        let mut model = TreeModel::default();
+        model.classes[0] = ModelClass {
+            rate: ByteCost::new(10_000_000, 131_072),
+            ceil: ByteCost::new(10_000_000, 131_072),
+            ..ModelClass::default()
+        };
+        for child in [1, 2] {
+            model.classes[child] = ModelClass {
+                parent: Some(0),
+                rate: ByteCost::new(3_000_000, 131_072),
+                ceil: ByteCost::new(10_000_000, 131_072),
+                ..ModelClass::default()
+            };
+        }
+        let gap = |rate: u64| 1442 * 8 * 1_000_000_000 / rate;
+        let (gap_a, gap_b) = (gap(20_000_000), gap(offered_by_b.max(1)));
+        let (mut next_a, mut next_b) = (0u64, if offered_by_b == 0 { u64::MAX } else { 1_000 });
+        let mut passed = [0u64; 3];
+        let (warm, end) = (2_000_000_000, 8_000_000_000);
+        while next_a.min(next_b) < end {
+            let (class, now) = if next_a <= next_b {
+                next_a += gap_a;
+                (1, next_a - gap_a)
+            } else {
+                next_b += gap_b;
+                (2, next_b - gap_b)
+            };
+            if let Outcome::Lent { .. } = model.admit(class, None, now, 1442) {
+                if now >= warm {
+                    passed[class] += 1442;
+                }
+            }
+        }
+        let mbit = |bytes: u64| bytes as f64 * 8.0 / ((end - warm) as f64 / 1e9) / 1e6;
+        (mbit(passed[1]), mbit(passed[2]))
+    };
+    let (a, b) = split(20_000_000);
+    println!("A and B at 20 Mbit/s each: {a:.3} / {b:.3} Mbit/s");
+    assert!((a + b - 10.0).abs() < 0.3, "{a} + {b}");
+    assert!(
+        (a - 5.0).abs() < 0.25 && (b - 5.0).abs() < 0.25,
+        "{a} / {b}"
+    );
+    let (alone, _) = split(0);
+    println!("A alone: {alone:.3} Mbit/s");
+    assert!((alone - 10.0).abs() < 0.3, "{alone}");
 }

@@ -66,7 +66,11 @@ fn short_flow_passes(credit: u64, bytes: u64) -> f64 {
 
 #[test]
 fn a_smaller_initial_credit_cannot_hold_a_churner_and_costs_short_flows() {
-    let credits = [("full burst (156 KB)", BURST), ("16 KiB", 16_384), ("one frame", FRAME)];
+    let credits = [
+        ("full burst (156 KB)", BURST),
+        ("16 KiB", 16_384),
+        ("one frame", FRAME),
+    ];
     println!(
         "{:22} {:>12} {:>12} {:>12} {:>14} {:>14}",
         "initial credit", "churn k=1", "churn k=4", "churn k=64", "100 KB flow", "1 MB flow"

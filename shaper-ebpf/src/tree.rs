@@ -8,7 +8,7 @@
 use crate::{
     act::{apply, count_drop, count_pass, stats_of},
     bucket::{keyed_bucket, swap, CAS_ATTEMPTS},
-    maps::{CLASSES, CLASS_BUCKETS, SHAPE_PACKET},
+    maps::{CLASSES, CLASS_BUCKETS, CODEL, SHAPE_PACKET},
     rewrite::set_ecn_ce,
 };
 use aya_ebpf::{
@@ -19,7 +19,7 @@ use core::intrinsics::{atomic_xadd, atomic_xsub, AtomicOrdering};
 use shaper_common::{
     bucket::{ticks, TAT_MASK},
     conform,
-    hierarchy::{in_debt, MAX_LEVELS},
+    hierarchy::{fair_cost, fair_share, has_room, in_debt, share_down, share_up, MAX_LEVELS},
     Action, ByteCost, ClassConfig, CostKind, Scope,
 };
 
@@ -41,7 +41,7 @@ pub(crate) fn charge_tree(ctx: &TcContext, class_id: u32, now: u64) -> i32 {
     let bytes = packet.wire_len;
     // A per-key class's word for this packet's key (its ceiling), once taken.
     let mut key_word: *mut u64 = core::ptr::null_mut();
-    let mut id = class_id;
+    let (mut id, mut child_id) = (class_id, class_id);
     let mut lender = MAX_LEVELS;
     // ECN classes mark early, once the lending bucket is half drained.
     let (mut marks_early, mut half_drained) = (false, false);
@@ -51,6 +51,14 @@ pub(crate) fn charge_tree(ctx: &TcContext, class_id: u32, now: u64) -> i32 {
         };
         if level == 0 {
             marks_early = class.action == Action::Ecn as u8;
+        } else if take_fair(child_id, id, now, bytes) == REFUSED {
+            // The child below borrows beyond its fair share of this class's spare: refused
+            // there, with the ceilings taken up to it given back.
+            give_back(class_id, level, key_word, bytes);
+            let Some(child) = CLASSES.get(child_id) else {
+                return TC_ACT_UNSPEC;
+            };
+            return refuse(ctx, child_id, child, packet);
         }
         let has_parent = class.parent != 0;
         let refused = if level == 0 && class.scope != Scope::Class as u8 {
@@ -93,9 +101,14 @@ pub(crate) fn charge_tree(ctx: &TcContext, class_id: u32, now: u64) -> i32 {
             !within_ceiling || !has_parent
         };
         if refused {
+            if level > 0 {
+                // It refused what its child borrowed: its fair share falls.
+                lower_share(id);
+            }
             give_back(class_id, level, key_word, bytes);
             return refuse(ctx, id, class, packet);
         }
+        child_id = id;
         id = class.parent as u32 - 1;
     }
     if lender == MAX_LEVELS {
@@ -130,6 +143,54 @@ pub(crate) fn charge_tree(ctx: &TcContext, class_id: u32, now: u64) -> i32 {
         id = class.parent as u32 - 1;
     }
     TC_ACT_UNSPEC
+}
+
+/// Takes `bytes` from `child`'s fair word at `parent`'s fair share
+/// (`shaper_common::hierarchy`); `REFUSED` when it cannot, and then, if the parent had
+/// more than half its burst left, the share rises. The share and the fair word live in
+/// the classes' `CODEL` entries, which policing classes do not otherwise use (`control`:
+/// the share a class gives its children; `first_above`: its own fair word).
+#[inline(never)]
+fn take_fair(child: u32, parent: u32, now: u64, bytes: u64) -> u64 {
+    let (Some(config), Some(bucket), Some(parent_state), Some(child_state)) = (
+        CLASSES.get(parent),
+        CLASS_BUCKETS.get_ptr(parent),
+        CODEL.get_ptr_mut(parent),
+        CODEL.get_ptr_mut(child),
+    ) else {
+        return 0;
+    };
+    let share_word = unsafe { &raw mut (*parent_state).control };
+    let stored_share = unsafe { core::ptr::read_volatile(share_word) };
+    let cost = fair_cost(fair_share(stored_share, &config.cost));
+    let word = unsafe { &raw mut (*child_state).first_above };
+    let mut stored = unsafe { core::ptr::read_volatile(word) };
+    for _ in 0..CAS_ATTEMPTS {
+        let Some(next) = conform(stored, now, bytes, &cost) else {
+            let parent_tat = unsafe { core::ptr::read_volatile(&raw const (*bucket).tat) };
+            if has_room(parent_tat & TAT_MASK, now, &config.cost) {
+                let raised = share_up(stored_share, &config.cost);
+                unsafe { core::ptr::write_volatile(share_word, raised) };
+            }
+            return REFUSED;
+        };
+        if swap(word, stored, next) {
+            return 0;
+        }
+        stored = unsafe { core::ptr::read_volatile(word) };
+    }
+    // Lost every race: on to the parent, whose own words still decide.
+    0
+}
+
+/// `id` refused a packet its child borrowed: its fair share falls.
+#[inline(never)]
+fn lower_share(id: u32) {
+    if let (Some(config), Some(state)) = (CLASSES.get(id), CODEL.get_ptr_mut(id)) {
+        let word = unsafe { &raw mut (*state).control };
+        let share = unsafe { core::ptr::read_volatile(word) };
+        unsafe { core::ptr::write_volatile(word, share_down(share, &config.cost)) };
+    }
 }
 
 /// Gives back the ceiling words the levels below `refused_at` took (the key's word for

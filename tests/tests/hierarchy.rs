@@ -44,6 +44,42 @@ fn tenant_with_two_children(router: &Netns) {
     }
 }
 
+/// A and B at 20 Mbit/s each at once: their L2 rates at the server.
+fn both_busy(lab: &mut Lab) -> (f64, f64) {
+    let (client, server) = (lab.client.clone(), lab.server.clone());
+    let (a, b) = (at_20mbit(PORT_A), at_20mbit(PORT_B));
+    let both = lab
+        .udp_concurrently(&[
+            (&client, &server, SERVER_V4, &a),
+            (&client, &server, SERVER_V4, &b),
+        ])
+        .unwrap();
+    (both[0].total_l2_bps(), both[1].total_l2_bps())
+}
+
+/// The same tree in htb on the router's egress: parent 1:1 at 10 Mbit/s, children 1:10
+/// and 1:20 at rate 3 / ceil 10, u32 filters by destination port.
+fn htb_tree(router: &Netns) {
+    let tc = |line: &str| {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        router.run("tc", &args).unwrap();
+    };
+    let dev = ROUTER_TO_SERVER;
+    tc(&format!("qdisc add dev {dev} root handle 1: htb default 0"));
+    tc(&format!(
+        "class add dev {dev} parent 1: classid 1:1 htb rate 10mbit ceil 10mbit"
+    ));
+    for (minor, port) in [(10, PORT_A), (20, PORT_B)] {
+        tc(&format!(
+            "class add dev {dev} parent 1:1 classid 1:{minor} htb rate 3mbit ceil 10mbit"
+        ));
+        tc(&format!(
+            "filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff \
+             match ip dport {port} 0xffff flowid 1:{minor}"
+        ));
+    }
+}
+
 fn at_20mbit(port: u16) -> Udp {
     Udp {
         rate: "20M",
@@ -64,15 +100,7 @@ fn a_child_alone_borrows_the_parents_rate_and_busy_children_share_it() {
         10e6,
         0.03,
     );
-    let (client, server) = (lab.client.clone(), lab.server.clone());
-    let (a, b) = (at_20mbit(PORT_A), at_20mbit(PORT_B));
-    let both = lab
-        .udp_concurrently(&[
-            (&client, &server, SERVER_V4, &a),
-            (&client, &server, SERVER_V4, &b),
-        ])
-        .unwrap();
-    let (rate_a, rate_b) = (both[0].total_l2_bps(), both[1].total_l2_bps());
+    let (rate_a, rate_b) = both_busy(&mut lab);
     println!(
         "both busy: A {:.3} Mbit/s, B {:.3} Mbit/s",
         rate_a / 1e6,
@@ -131,6 +159,17 @@ fn a_child_alone_borrows_the_parents_rate_and_busy_children_share_it() {
             rate / 1e6
         );
     }
+    // htb side by side on the same lab: the same split, class by class, within 5 %.
+    router.shaper(&["detach", ROUTER_TO_SERVER]).unwrap();
+    htb_tree(&router);
+    let (htb_a, htb_b) = both_busy(&mut lab);
+    println!(
+        "htb, both busy: A {:.3} Mbit/s, B {:.3} Mbit/s",
+        htb_a / 1e6,
+        htb_b / 1e6
+    );
+    assert_within("A against htb's A", rate_a, htb_a, 0.05);
+    assert_within("B against htb's B", rate_b, htb_b, 0.05);
 }
 
 /// Delivered L2 rate at the server over `from`..`to` seconds of a run that sends with

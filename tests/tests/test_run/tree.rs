@@ -29,6 +29,8 @@ const TREE: [&[&str]; 5] = [
     ],
 ];
 
+const PACKETS: usize = 4000;
+
 #[test]
 fn a_three_level_tree_matches_the_model_packet_by_packet() {
     let mut harness = Harness::new(&TREE);
@@ -48,8 +50,7 @@ fn a_three_level_tree_matches_the_model_packet_by_packet() {
             rate: config.cost,
             ceil: config.peak_cost,
             per_key: config.scope != shaper_common::Scope::Class as u8,
-            rate_tat: 0,
-            ceil_tat: 0,
+            ..ModelClass::default()
         };
     }
     let root = id("root") as usize;
@@ -66,12 +67,21 @@ fn a_three_level_tree_matches_the_model_packet_by_packet() {
     let mut now = 5_000_000_000u64;
     let mut mismatches = Vec::new();
     let (mut refused, mut borrowed, mut in_debt) = (0, 0, 0);
-    for index in 0..3000 {
-        // About 40 Mbit/s offered against the root's 20.
-        now += dice.next(300_000);
+    // Fair shares learned: how often one rose and fell (hierarchy's fair borrowing).
+    let (mut rises, mut falls) = (0, 0);
+    for index in 0..PACKETS {
+        // About 40 Mbit/s offered against the root's 20; then about 12 to `side` alone,
+        // which borrows what the root has spare: the fair shares that overload lowered
+        // rise again.
+        let overload = index < 2000;
+        now += dice.next(if overload { 300_000 } else { 900_000 });
         let cpu = dice.next(cpus as u64) as usize;
         run_on_cpu(cpu);
-        let dport = 9500 + dice.next(5) as u16;
+        let dport = if overload {
+            9500 + dice.next(5) as u16
+        } else {
+            9504
+        };
         let sport = 1000 + dice.next(3) as u16;
         let mut datagram = udp(dport, dice.next(1400) as usize);
         datagram.1[..2].copy_from_slice(&sport.to_be_bytes());
@@ -111,7 +121,18 @@ fn a_three_level_tree_matches_the_model_packet_by_packet() {
         } else {
             let key = (name == "flows").then(|| flow_words.entry(sport).or_insert(0));
             let (path, depth) = model.path(class);
-            match model.admit(class, key, now, bytes) {
+            let shares: Vec<u64> = model.classes.iter().map(|c| c.share).collect();
+            let outcome = model.admit(class, key, now, bytes);
+            for (before, after) in shares.iter().zip(model.classes.iter().map(|c| c.share)) {
+                // A share is a cost: lower is larger (0, never learned, is the largest).
+                match (*before, after) {
+                    (b, a) if a == b => {}
+                    (0, _) => falls += 1,
+                    (b, a) if a < b => rises += 1,
+                    _ => falls += 1,
+                }
+            }
+            match outcome {
                 Outcome::Lent { level } => {
                     if level > 0 {
                         borrowed += 1;
@@ -147,8 +168,10 @@ fn a_three_level_tree_matches_the_model_packet_by_packet() {
         mismatches[..mismatches.len().min(20)].join("\n")
     );
     println!(
-        "3000 packets through a 3-level tree on {cpus} CPUs: 0 mismatches; {refused} refused, \
-         {borrowed} borrowed, {in_debt} charged a level above the lender in debt"
+        "{PACKETS} packets through a 3-level tree on {cpus} CPUs: 0 mismatches; {refused} refused, \
+         {borrowed} borrowed, {in_debt} charged a level above the lender in debt; fair \
+         shares rose {rises} and fell {falls} times"
     );
     assert!(refused > 300 && borrowed > 100 && in_debt > 100);
+    assert!(rises > 20 && falls > 20, "fair shares barely moved");
 }
