@@ -332,17 +332,15 @@ fn shape_children_share_their_parent_with_two_cubic_flows() {
     router
         .shaper(&["class", "del", "b", "--dev", ROUTER_TO_SERVER])
         .unwrap();
-    router
-        .shaper(&[
-            "class",
-            "change",
-            "a",
-            "--dev",
-            ROUTER_TO_SERVER,
-            "--rate",
-            "4mbit",
-        ])
-        .unwrap();
+    let change_a = |options: &[&str]| {
+        let args = [
+            &["class", "change", "a", "--dev", ROUTER_TO_SERVER][..],
+            options,
+        ]
+        .concat();
+        router.shaper(&args).unwrap();
+    };
+    change_a(&["--rate", "4mbit"]);
     let classes = htb_classes(&router);
     assert!(
         classes.contains_key("5348:1") && !classes.contains_key("5348:3"),
@@ -362,17 +360,7 @@ fn shape_children_share_their_parent_with_two_cubic_flows() {
     router
         .class_add("other", ROUTER_TO_SERVER, &[&other[..], &shape].concat())
         .unwrap();
-    router
-        .shaper(&[
-            "class",
-            "change",
-            "a",
-            "--dev",
-            ROUTER_TO_SERVER,
-            "--parent",
-            "other",
-        ])
-        .unwrap();
+    change_a(&["--parent", "other"]);
     let classes = htb_classes(&router);
     assert!(
         classes["5348:2"].contains(" parent 5348:3 ")
@@ -527,4 +515,47 @@ fn stats_count_the_keys_the_lru_evicted() {
         "{keys} keys held in a 1024-key table"
     );
     assert_eq!(evicted, new_keys - keys);
+}
+
+/// Depth: a four-level chain changes in place, a subtree moves as long as the tree stays
+/// within four levels, and a move that would make more is refused with one line.
+#[test]
+fn four_levels_change_and_move_within_the_limit() {
+    let lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    let mut parent: Option<&str> = None;
+    for name in ["l1", "l2", "l3", "l4", "other", "deep", "deep2"] {
+        let mut options = vec!["--rate", "1mbit"];
+        if let Some(parent) = parent {
+            options.extend(["--parent", parent]);
+        }
+        router.class_add(name, ROUTER_TO_SERVER, &options).unwrap();
+        parent = match name {
+            "l4" | "other" => None,
+            _ => Some(name),
+        };
+    }
+    let change = |options: &[&str]| {
+        let args = [
+            &["class", "change"][..],
+            options,
+            &["--dev", ROUTER_TO_SERVER],
+        ]
+        .concat();
+        router.shaper_output(&args)
+    };
+    assert!(
+        change(&["l4", "--burst", "64k"]).status.success(),
+        "a level-4 class changes"
+    );
+    // l2 brings l3 and l4: under `other`, the tree is four levels again.
+    let moved = change(&["l2", "--parent", "other"]);
+    assert!(moved.status.success(), "{}", stderr(&moved));
+    let refused = change(&["other", "--parent", "deep2"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(
+        stderr(&refused).trim(),
+        "shaper: a tree is at most 4 levels deep; under 'deep2' class 'other' would make 6"
+    );
 }

@@ -13,7 +13,7 @@ use crate::{
     state::{decode_name, Attachment},
 };
 use anyhow::Result;
-use aya::maps::{MapError, PerCpuValues};
+use aya::maps::{Array, MapData, MapError, PerCpuValues};
 use shaper_common::{
     codel::{sparse_cost, CodelState},
     hierarchy::MAX_LEVELS,
@@ -253,7 +253,8 @@ impl TreeView {
             depth += 1;
             above = self.classes.get(&id).and_then(|node| node.parent);
         }
-        let below = moving.map_or(0, |id| self.height(id));
+        // `depth` counts the class itself; a class that moves brings its subtree along.
+        let below = moving.map_or(0, |id| self.height(id) - 1);
         if depth + below > MAX_LEVELS {
             return Err(runtime(format!(
                 "a tree is at most {MAX_LEVELS} levels deep; under '{}' class '{}' would make {}",
@@ -639,19 +640,27 @@ fn children_rate(tree: &TreeView, id: u32) -> u64 {
     tree.children(id).map(|(_, node)| node.guaranteed()).sum()
 }
 
-/// Rewrites the classifier entries whose best class changed rank (after a move).
-fn rerank(attachment: &Attachment) -> Result<()> {
-    let all = attachment.class_list()?;
-    let tree = TreeView::read(attachment, &all)?;
-    let configs = attachment.classes()?;
-    let classes = all
-        .iter()
+/// Every class with its spec and its classifier rank (prio, depth in the tree, age).
+fn ranked(
+    all: &[(u32, ClassMeta)],
+    tree: &TreeView,
+    configs: &Array<MapData, ClassConfig>,
+) -> Result<Vec<(u32, ClassSpec, u64)>> {
+    all.iter()
         .map(|(class_id, meta)| {
             let spec = ClassSpec::from_meta(meta, &configs.get(class_id, 0)?);
             let depth = tree.depth_of(tree.classes.get(class_id).and_then(|n| n.parent));
             Ok((*class_id, spec, rank(meta.prio, depth, meta.seq)))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// Rewrites the classifier entries whose best class changed rank (after a move).
+fn rerank(attachment: &Attachment) -> Result<()> {
+    let all = attachment.class_list()?;
+    let tree = TreeView::read(attachment, &all)?;
+    let configs = attachment.classes()?;
+    let classes = ranked(&all, &tree, &configs)?;
     let mut shapes = ShapeTable::read(attachment)?;
     let wanted = remaining_without(&classes, u32::MAX, &mut shapes)?.wanted;
     let mut rules = attachment.rules()?;
@@ -767,14 +776,7 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     let before = ShapeTable {
         slots: shapes.slots.clone(),
     };
-    let classes = all
-        .iter()
-        .map(|(class_id, meta)| {
-            let spec = ClassSpec::from_meta(meta, &configs.get(class_id, 0)?);
-            let depth = tree.depth_of(tree.classes.get(class_id).and_then(|n| n.parent));
-            Ok((*class_id, spec, rank(meta.prio, depth, meta.seq)))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let classes = ranked(&all, &tree, &configs)?;
     let Remaining {
         wanted,
         deleted_keys,
