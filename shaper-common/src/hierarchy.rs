@@ -35,7 +35,10 @@ use crate::bucket::{advance, conform, ticks, ByteCost, FRAC_BITS, MIN_RATE_BITS_
 /// Levels in a tree, the class a packet is classified to included.
 pub const MAX_LEVELS: usize = 4;
 
-/// How far a borrower may run ahead of its fair share (the fair word's burst), in ns.
+/// How far a borrower may run ahead of its fair share (the fair word's burst): 20 ms, and
+/// never less than the packet at hand, so a full-size or GSO packet fits an idle fair
+/// word at any share (a burst in bytes instead would let every borrower at a small share
+/// run far ahead of it).
 pub const FAIR_TOLERANCE_NS: u64 = 20_000_000;
 /// A share moves by 1/32 of itself per step.
 const SHARE_STEP_SHIFT: u32 = 5;
@@ -43,9 +46,10 @@ const SHARE_STEP_SHIFT: u32 = 5;
 const SHARE_FLOOR_SHIFT: u32 = 10;
 
 /// A fair share as a cost: fixed-point ticks per byte (`ticks_per_byte << FRAC_BITS |
-/// frac`), between the parent's own rate (a lone borrower may take all of it) and 1/1024
-/// of it (or the lowest rate the arithmetic supports), so a share that overload pushed
-/// down climbs back within a few hundred steps. 0 (never learned) is the parent's rate.
+/// frac`), between what the parent can pass (`parent`: its rate at the top, its ceiling
+/// below; a lone borrower may take all of it) and 1/1024 of it (or the lowest rate the
+/// arithmetic supports), so a share that overload pushed down climbs back within a few
+/// hundred steps. 0 (never learned) is the fastest.
 #[inline(always)]
 pub fn fair_share(share: u64, parent: &ByteCost) -> u64 {
     let fastest = fixed(parent);
@@ -71,14 +75,31 @@ fn fixed(cost: &ByteCost) -> u64 {
     (cost.ticks_per_byte << FRAC_BITS) | cost.ticks_per_byte_frac
 }
 
-/// The fair word's cost at `share` (see [`fair_share`]).
+/// The fair word's cost at `share` (see [`fair_share`]) for a packet of `bytes`.
 #[inline(always)]
-pub fn fair_cost(share: u64) -> ByteCost {
-    ByteCost {
+pub fn fair_cost(share: u64, bytes: u64) -> ByteCost {
+    let mut cost = ByteCost {
         ticks_per_byte: share >> FRAC_BITS,
         ticks_per_byte_frac: share & ((1 << FRAC_BITS) - 1),
         tolerance_ticks: ticks(FAIR_TOLERANCE_NS),
         burst_bytes: 0,
+    };
+    let packet = cost.ticks_for(bytes);
+    if packet > cost.tolerance_ticks {
+        cost.tolerance_ticks = packet;
+    }
+    cost
+}
+
+/// Of a parent's rate and ceiling word (each given with its cost), the one that says what
+/// it can pass for a borrowing child: its rate word at the top of a tree, its ceiling word
+/// below (it borrows in turn).
+#[inline(always)]
+pub fn lending_word<T>(has_parent: bool, rate: T, ceil: T) -> T {
+    if has_parent {
+        ceil
+    } else {
+        rate
     }
 }
 
@@ -176,13 +197,15 @@ impl TreeModel {
             if level > 0 {
                 // The child below borrows: it must fit its fair word at this class's share.
                 let child = path[level - 1];
-                let share = fair_share(c.share, &c.rate);
+                let (word, lends) =
+                    lending_word(has_parent, (c.rate_tat, &c.rate), (c.ceil_tat, &c.ceil));
+                let share = fair_share(c.share, lends);
                 let fair = self.classes[child].fair_tat;
-                match conform(fair, now_ns, bytes, &fair_cost(share)) {
+                match conform(fair, now_ns, bytes, &fair_cost(share, bytes)) {
                     Some(next) => self.classes[child].fair_tat = next,
                     None => {
-                        if has_room(c.rate_tat, now_ns, &c.rate) {
-                            self.classes[id].share = share_up(c.share, &c.rate);
+                        if has_room(word, now_ns, lends) {
+                            self.classes[id].share = share_up(c.share, lends);
                         }
                         return self.refuse(&path, &charged, key_word, level - 1, bytes);
                     }
@@ -252,7 +275,8 @@ impl TreeModel {
     fn refused_borrowing(&mut self, id: usize, level: usize) {
         if level > 0 {
             let c = &mut self.classes[id];
-            c.share = share_down(c.share, &c.rate);
+            let lends = lending_word(c.parent.is_some(), &c.rate, &c.ceil);
+            c.share = share_down(c.share, lends);
         }
     }
 

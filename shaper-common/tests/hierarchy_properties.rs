@@ -307,3 +307,35 @@ fn borrowers_split_the_spare_evenly_whatever_the_order_of_their_packets() {
     println!("A alone: {alone:.3} Mbit/s");
     assert!((alone - 10.0).abs() < 0.3, "{alone}");
 }
+
+/// Three levels: a leaf (rate 1, ceil 10) under a middle class (rate 3, ceil 10) under a
+/// 10 Mbit/s root, offered 20 Mbit/s alone, borrows through the middle class up to the
+/// root's 10: the middle class's share is bounded by its ceiling, not its rate.
+#[test]
+fn a_lone_leaf_borrows_through_two_levels() {
+    let mut model = TreeModel::default();
+    let class = |parent, rate, ceil| ModelClass {
+        parent,
+        rate: ByteCost::new(rate, 131_072),
+        ceil: ByteCost::new(ceil, 131_072),
+        ..ModelClass::default()
+    };
+    model.classes[0] = class(None, 10_000_000, 10_000_000);
+    model.classes[1] = class(Some(0), 3_000_000, 10_000_000);
+    model.classes[2] = class(Some(1), 1_000_000, 10_000_000);
+    let gap = 1442 * 8 * 1_000_000_000 / 20_000_000;
+    let (warm, end) = (2_000_000_000u64, 8_000_000_000u64);
+    let mut passed = 0u64;
+    let mut now = 0;
+    while now < end {
+        if let Outcome::Lent { .. } = model.admit(2, None, now, 1442) {
+            if now >= warm {
+                passed += 1442;
+            }
+        }
+        now += gap;
+    }
+    let mbit = passed as f64 * 8.0 / ((end - warm) as f64 / 1e9) / 1e6;
+    println!("a lone leaf two levels down: {mbit:.3} Mbit/s");
+    assert!((mbit - 10.0).abs() < 0.3, "{mbit}");
+}

@@ -38,7 +38,9 @@ pub(crate) static STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries
 /// Per-CPU prepaid credit on class-scoped buckets (see `shaper_common::bucket`).
 #[map]
 pub(crate) static CREDIT: PerCpuArray<Credit> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
-/// Shape classes' CoDel state, per class id (see `shaper_common::codel`).
+/// Shape classes' CoDel state, per class id (see `shaper_common::codel`); in policing
+/// trees, a class's fair share for its children and its own fair word
+/// (`shaper_common::hierarchy`).
 #[map]
 pub(crate) static CODEL: Array<CodelState> = Array::with_max_entries(MAX_CLASSES, 0);
 /// Keys each class created in `KEYED_BUCKETS` (per CPU): LRU pressure for userspace.

@@ -2,8 +2,9 @@
 //! compare-and-swap. Up from the packet's class, each level's ceiling word must take
 //! the packet (else it is refused there and the ceiling words taken below are given
 //! back), and the first level whose rate word takes it lends; the levels above go into
-//! debt. Counted per level: every level on the way passes the packet, or the level that
-//! refused it counts the drop (or its action's mark).
+//! debt. A level that borrows must also fit its fair word at its parent's share, or it
+//! refuses the packet itself. Counted per level: every level on the way passes the
+//! packet, or the level that refused it counts the drop (or its action's mark).
 
 use crate::{
     act::{apply, count_drop, count_pass, stats_of},
@@ -19,7 +20,9 @@ use core::intrinsics::{atomic_xadd, atomic_xsub, AtomicOrdering};
 use shaper_common::{
     bucket::{ticks, TAT_MASK},
     conform,
-    hierarchy::{fair_cost, fair_share, has_room, in_debt, share_down, share_up, MAX_LEVELS},
+    hierarchy::{
+        fair_cost, fair_share, has_room, in_debt, lending_word, share_down, share_up, MAX_LEVELS,
+    },
     Action, ByteCost, ClassConfig, CostKind, Scope,
 };
 
@@ -162,14 +165,19 @@ fn take_fair(child: u32, parent: u32, now: u64, bytes: u64) -> u64 {
     };
     let share_word = unsafe { &raw mut (*parent_state).control };
     let stored_share = unsafe { core::ptr::read_volatile(share_word) };
-    let cost = fair_cost(fair_share(stored_share, &config.cost));
+    let (lending, lends): (*const u64, &ByteCost) = lending_word(
+        config.parent != 0,
+        (unsafe { &raw const (*bucket).tat }, &config.cost),
+        (unsafe { &raw const (*bucket).tat2 }, &config.peak_cost),
+    );
+    let cost = fair_cost(fair_share(stored_share, lends), bytes);
     let word = unsafe { &raw mut (*child_state).first_above };
     let mut stored = unsafe { core::ptr::read_volatile(word) };
     for _ in 0..CAS_ATTEMPTS {
         let Some(next) = conform(stored, now, bytes, &cost) else {
-            let parent_tat = unsafe { core::ptr::read_volatile(&raw const (*bucket).tat) };
-            if has_room(parent_tat & TAT_MASK, now, &config.cost) {
-                let raised = share_up(stored_share, &config.cost);
+            let parent_tat = unsafe { core::ptr::read_volatile(lending) };
+            if has_room(parent_tat & TAT_MASK, now, lends) {
+                let raised = share_up(stored_share, lends);
                 unsafe { core::ptr::write_volatile(share_word, raised) };
             }
             return REFUSED;
@@ -189,7 +197,8 @@ fn lower_share(id: u32) {
     if let (Some(config), Some(state)) = (CLASSES.get(id), CODEL.get_ptr_mut(id)) {
         let word = unsafe { &raw mut (*state).control };
         let share = unsafe { core::ptr::read_volatile(word) };
-        unsafe { core::ptr::write_volatile(word, share_down(share, &config.cost)) };
+        let lends = lending_word(config.parent != 0, &config.cost, &config.peak_cost);
+        unsafe { core::ptr::write_volatile(word, share_down(share, lends)) };
     }
 }
 

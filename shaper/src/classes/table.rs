@@ -88,6 +88,14 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
                 qdisc::Backend::Htb => {
                     let htb = qdisc::htb_class(&spec, parent, 0);
                     qdisc::set_class(&dev, id, &htb, true)?;
+                    if let Some(parent) = parent {
+                        // The parent's own leaves give up the guarantee the child takes.
+                        let joining = TreeNode::of_spec(&spec, Some(parent)).guaranteed();
+                        if let Err(error) = refresh_htb(attachment, &tree, parent, joining) {
+                            let _ = qdisc::delete_class(&dev, id);
+                            return Err(error);
+                        }
+                    }
                     qdisc::bulk_leaf(id)
                 }
                 qdisc::Backend::EdtFq => 0,
@@ -124,6 +132,9 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
             let _ = write_shapes(attachment, &kernel_shapes, &shapes);
             if spec.action.action == Action::Shape && spec.action.arg != 0 {
                 let _ = qdisc::delete_class(&dev, id);
+                if let Some(parent) = parent {
+                    let _ = refresh_htb(attachment, &tree, parent, 0);
+                }
             }
             return Err(error);
         }
@@ -135,11 +146,6 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         used.insert(id);
         ids.push(id);
         tree.insert(id, &spec, parent);
-        let in_htb = spec.action.action == Action::Shape && spec.action.arg != 0;
-        if let Some(parent) = parent.filter(|_| in_htb) {
-            // A shape parent's own leaves give up the guarantee its new child takes.
-            refresh_htb(attachment, &tree, &attachment.class_list()?, parent)?;
-        }
     }
     Ok(ids)
 }
@@ -489,10 +495,11 @@ fn placed(current: Option<Tree>, change: &Change, spec: &ClassSpec) -> Result<Op
     Ok(Some(tree))
 }
 
-/// Changes rate, burst and/or action in place: counters and classifier entries are
-/// untouched, and each bucket word is converted to the new rate and burst by the first
-/// packet that meets it (tokens kept, clipped to the new burst), so the change is
-/// effective at the next packet with neither a blackout nor a free refill.
+/// Changes rate, burst, action, CoDel knobs, parent, ceil and/or cburst in place: counters
+/// are untouched, and each bucket word is converted to the new rate and burst by the
+/// first packet that meets it (tokens kept, clipped to the new burst), so the change is
+/// effective at the next packet with neither a blackout nor a free refill. A move ranks
+/// the classifier entries again at the class's new depth.
 pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()> {
     let moves = change.moves();
     let Change {
@@ -569,13 +576,24 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
     if shaping {
         let spec = ClassSpec::from_meta(&meta, &config);
         if config.action_arg != 0 {
+            let dev = &attachment.location.dev;
             let htb = qdisc::htb_class(&spec, new_parent, children_rate(&tree, id));
             if moved {
                 // HTB cannot re-parent a class: it is made again under the new parent
-                // (the few packets in its queues are dropped).
-                qdisc::delete_class(&attachment.location.dev, id)?;
+                // (the few packets in its queues are dropped); if that fails, again under
+                // the old one, so the class keeps shaping where its state says it is.
+                qdisc::delete_class(dev, id)?;
+                if let Err(error) = qdisc::set_class(dev, id, &htb, true) {
+                    // The maps still hold the class as it was.
+                    let (meta, config) = (attachment.meta()?.get(&id, 0)?, classes.get(&id, 0)?);
+                    let was = ClassSpec::from_meta(&meta, &config);
+                    let before = qdisc::htb_class(&was, old_parent, children_rate(&tree, id));
+                    let _ = qdisc::set_class(dev, id, &before, true);
+                    return Err(error);
+                }
+            } else {
+                qdisc::set_class(dev, id, &htb, false)?;
             }
-            qdisc::set_class(&attachment.location.dev, id, &htb, moved)?;
         }
         config.codel = spec.codel.unwrap_or_default().config(drain_rate);
         config.sparse_cost = sparse_cost(drain_rate);
@@ -626,10 +644,9 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
     }
     if shaping && config.action_arg != 0 && (rate_bits_per_sec.is_some() || moved) {
         // The parents' own leaves are guaranteed what their children are not.
-        let list = attachment.class_list()?;
-        let tree = TreeView::read(attachment, &list)?;
+        let tree = TreeView::read(attachment, &attachment.class_list()?)?;
         for parent in [old_parent, new_parent].into_iter().flatten() {
-            refresh_htb(attachment, &tree, &list, parent)?;
+            refresh_htb(attachment, &tree, parent, 0)?;
         }
     }
     Ok(())
@@ -672,22 +689,18 @@ fn rerank(attachment: &Attachment) -> Result<()> {
     Ok(())
 }
 
-fn refresh_htb(
-    attachment: &Attachment,
-    tree: &TreeView,
-    list: &[(u32, ClassMeta)],
-    id: u32,
-) -> Result<()> {
+/// Re-sets the HTB classes of shape class `id` from its state and `tree` (its own leaves
+/// guaranteed its rate less its children's and `joining`, a child's rate not in `tree`
+/// yet); nothing for a class that does not shape through HTB.
+fn refresh_htb(attachment: &Attachment, tree: &TreeView, id: u32, joining: u64) -> Result<()> {
     let config = attachment.classes()?.get(&id, 0)?;
-    let Some((_, meta)) = list.iter().find(|(class_id, _)| *class_id == id) else {
-        return Ok(());
-    };
     if config.action != Action::Shape as u8 || config.action_arg == 0 {
         return Ok(());
     }
+    let meta = attachment.meta()?.get(&id, 0)?;
     let parent = tree.classes.get(&id).and_then(|node| node.parent);
-    let spec = ClassSpec::from_meta(meta, &config);
-    let htb = qdisc::htb_class(&spec, parent, children_rate(tree, id));
+    let spec = ClassSpec::from_meta(&meta, &config);
+    let htb = qdisc::htb_class(&spec, parent, children_rate(tree, id) + joining);
     qdisc::set_class(&attachment.location.dev, id, &htb, false)
 }
 
@@ -806,13 +819,8 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     if in_htb {
         qdisc::delete_class(&attachment.location.dev, id)?;
         if let Some(parent) = tree.classes.get(&id).and_then(|node| node.parent) {
-            let list = attachment.class_list()?;
-            refresh_htb(
-                attachment,
-                &TreeView::read(attachment, &list)?,
-                &list,
-                parent,
-            )?;
+            let tree = TreeView::read(attachment, &attachment.class_list()?)?;
+            refresh_htb(attachment, &tree, parent, 0)?;
         }
     }
     // Free shapes no class uses any more.

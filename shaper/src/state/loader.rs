@@ -452,9 +452,10 @@ fn migrate_to_trees(attachment: &Attachment) -> Result<()> {
     Ok(())
 }
 
-/// Layout 0 is the last unstamped one: the same maps as layouts 1 and 2 but `LAYOUT`,
-/// which loading the object creates; layout 1 pins have no parents set. Older unstamped
-/// pins differ in some map's sizes: they are refused, not misread.
+/// Layout 0 is the last unstamped one: the same maps as layouts 1 and 2 but `LAYOUT` (and
+/// `KEY_STATS`, which layout 3 added), which loading the object creates; layout 1 pins
+/// have no parents set. Older unstamped pins differ in some map's sizes: they are
+/// refused, not misread.
 fn migrate_unstamped(attachment: &Attachment) -> Result<()> {
     let object = aya_obj::Object::parse(crate::EBPF_OBJECT)
         .map_err(|e| runtime(format!("cannot read the eBPF object: {e}")))?;
