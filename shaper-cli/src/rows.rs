@@ -37,17 +37,12 @@ pub(crate) fn collect(
         for view in views {
             let mut row = class_json(&location, &view);
             if keys && per_key(&view) {
-                // LRU pressure: keys the class created that the table no longer holds.
-                let held = census
-                    .get(&(view.id, view.seq as u32))
-                    .copied()
-                    .unwrap_or_default();
-                let created = attachment.new_keys(view.id)?;
+                let keys = attachment.key_pressure(&census, view.id, view.seq as u32)?;
                 let extra = json!({
-                    "keys": held.held,
-                    "keys_live": held.live,
-                    "new_keys": created,
-                    "evicted_keys": created.saturating_sub(held.held),
+                    "keys": keys.held,
+                    "keys_live": keys.live,
+                    "new_keys": keys.created,
+                    "evicted_keys": keys.evicted,
                 });
                 merge(&mut row, extra);
             }

@@ -73,7 +73,13 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
             (judge_id, sojourn) = (ancestor, ancestor_sojourn);
         }
     }
-    let (Some(judge), Some(codel)) = (CLASSES.get(judge_id), CODEL.get_ptr_mut(judge_id)) else {
+    // The class's own config unless an ancestor judges: no second lookup on the flat path.
+    let judge = if judge_id == class_id {
+        Some(class)
+    } else {
+        CLASSES.get(judge_id)
+    };
+    let (Some(judge), Some(codel)) = (judge, CODEL.get_ptr_mut(judge_id)) else {
         return TC_ACT_UNSPEC;
     };
     // Sparse flows queue apart (their own bounded leaf, or no wait under EDT): the cap

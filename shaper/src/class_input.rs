@@ -264,53 +264,22 @@ impl ClassInput {
         meter: Meter,
         c: &mut Checker,
     ) -> Option<Option<Tree>> {
+        let problem = tree_problem(
+            &self.name,
+            f.parent.as_deref(),
+            (f.ceil, f.cburst),
+            f.rate,
+            f.scope,
+            action,
+            meter,
+        );
+        if let Some((field, message)) = problem {
+            c.fail(field, message);
+            return None;
+        }
         let Some(parent) = f.parent.clone() else {
-            if f.ceil.is_some() || f.cburst.is_some() {
-                let field = if f.ceil.is_some() { "ceil" } else { "cburst" };
-                c.fail(
-                    field,
-                    "--ceil and --cburst need --parent: a class without a parent has nothing to borrow from",
-                );
-                return None;
-            }
             return Some(None);
         };
-        if parent == self.name {
-            c.fail("parent", "a class cannot be its own parent");
-            return None;
-        }
-        if meter != Meter::None {
-            c.fail(
-                "parent",
-                "--parent works with the plain actions (drop, ecn, dscp, fwmark, pass, shape) so far; meters stay top-level classes",
-            );
-            return None;
-        }
-        if action == Action::Shape && f.scope != Scope::Class {
-            c.fail(
-                "per",
-                "a shape class in a tree is one htb class: --per is for policing and marking children",
-            );
-            return None;
-        }
-        if f.scope != Scope::Class && (f.ceil.is_some() || f.cburst.is_some()) {
-            c.fail(
-                "ceil",
-                "a --per class's --rate is each key's limit and its parent's the aggregate; --ceil and --cburst are for class-wide buckets",
-            );
-            return None;
-        }
-        if f.ceil.is_some_and(|ceil| ceil < f.rate) {
-            c.fail(
-                "ceil",
-                format!(
-                    "--ceil {} is below --rate {}: the ceiling is what a class may borrow up to",
-                    self.ceil.as_deref().unwrap_or_default(),
-                    self.rate
-                ),
-            );
-            return None;
-        }
         Some(Some(Tree {
             parent,
             ceil_bits_per_sec: f.ceil,
@@ -390,6 +359,64 @@ impl ClassInput {
                 })
             }
         }
+    }
+}
+
+/// The first rule a class's place in a tree breaks, as (field, message), for `class add`
+/// and `class change` alike: `--ceil`/`--cburst` need a parent, a class is not its own
+/// parent, meters stay top-level, a shape class in a tree is class-wide, a per-key class
+/// has no ceiling of its own, and a ceiling is at least the rate.
+pub(crate) fn tree_problem(
+    name: &str,
+    parent: Option<&str>,
+    (ceil, cburst): (Option<u64>, Option<u64>),
+    rate: u64,
+    scope: Scope,
+    action: Action,
+    meter: Meter,
+) -> Option<(&'static str, String)> {
+    let problem = |field, message: &str| Some((field, message.to_string()));
+    let Some(parent) = parent else {
+        if ceil.is_some() || cburst.is_some() {
+            let field = if ceil.is_some() { "ceil" } else { "cburst" };
+            return problem(
+                field,
+                "--ceil and --cburst need --parent: a class without a parent has nothing to borrow from",
+            );
+        }
+        return None;
+    };
+    if parent == name {
+        return problem("parent", "a class cannot be its own parent");
+    }
+    if meter != Meter::None {
+        return problem(
+            "parent",
+            "--parent works with the plain actions (drop, ecn, dscp, fwmark, pass, shape) so far; meters stay top-level classes",
+        );
+    }
+    if action == Action::Shape && scope != Scope::Class {
+        return problem(
+            "per",
+            "a shape class in a tree is one htb class: --per is for policing and marking children",
+        );
+    }
+    if scope != Scope::Class && (ceil.is_some() || cburst.is_some()) {
+        return problem(
+            "ceil",
+            "a --per class's --rate is each key's limit and its parent's the aggregate; --ceil and --cburst are for class-wide buckets",
+        );
+    }
+    match ceil {
+        Some(ceil) if ceil < rate => Some((
+            "ceil",
+            format!(
+                "--ceil {} is below --rate {}: the ceiling is what a class may borrow up to",
+                crate::units::format_rate(ceil),
+                crate::units::format_rate(rate)
+            ),
+        )),
+        _ => None,
     }
 }
 

@@ -118,20 +118,18 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
             families.cburst.get_or_create(&class).set(cburst as i64);
         }
         if spec.scope != Scope::Class {
-            let held = census
-                .get(&(view.id, view.seq as u32))
-                .copied()
-                .unwrap_or_default();
-            let created = attachment.new_keys(view.id)?;
-            families.keys.get_or_create(&class).set(held.held as i64);
+            let keys = attachment.key_pressure(&census, view.id, view.seq as u32)?;
+            families.keys.get_or_create(&class).set(keys.held as i64);
             families
                 .keys_live
                 .get_or_create(&class)
-                .set(held.live as i64);
+                .set(keys.live as i64);
             // A gauge, though it only grows: read beside a moving table, it may step
             // back by the keys created during the scrape, which a counter must never do.
-            let evicted = created.saturating_sub(held.held);
-            families.evicted.get_or_create(&class).set(evicted as i64);
+            families
+                .evicted
+                .get_or_create(&class)
+                .set(keys.evicted as i64);
         }
         if spec.scope == Scope::Class {
             // The word's own rate and burst (a shape class's in a tree drains at its ceil).

@@ -446,53 +446,32 @@ fn placed(current: Option<Tree>, change: &Change, spec: &ClassSpec) -> Result<Op
         Some(parent) => parent.clone(),
         None => current.as_ref().map(|tree| tree.parent.clone()),
     };
-    let Some(parent) = parent else {
-        if matches!(change.ceil_bits_per_sec, Some(Some(_)))
-            || matches!(change.cburst_bytes, Some(Some(_)))
-        {
-            return Err(usage(
-                "--ceil and --cburst need --parent: a class without a parent has nothing to borrow from",
-            ));
-        }
-        return Ok(None);
-    };
-    if parent == spec.name {
-        return Err(usage("a class cannot be its own parent"));
+    // A class that stays in a tree (under its parent or a new one) keeps its ceiling
+    // unless the change sets it; one that leaves the tree has none.
+    let kept = current.filter(|_| parent.is_some());
+    let ceil = change
+        .ceil_bits_per_sec
+        .unwrap_or_else(|| kept.as_ref().and_then(|t| t.ceil_bits_per_sec));
+    let cburst = change
+        .cburst_bytes
+        .unwrap_or_else(|| kept.as_ref().and_then(|t| t.cburst_bytes));
+    let problem = crate::class_input::tree_problem(
+        &spec.name,
+        parent.as_deref(),
+        (ceil, cburst),
+        spec.rate_bits_per_sec,
+        spec.scope,
+        spec.action.action,
+        spec.meter,
+    );
+    if let Some((_, message)) = problem {
+        return Err(usage(message));
     }
-    if spec.meter != Meter::None {
-        return Err(usage(
-            "meters stay top-level classes so far: --parent is for the plain actions",
-        ));
-    }
-    let kept = current.filter(|tree| tree.parent == parent || change.parent.is_some());
-    let tree = Tree {
+    Ok(parent.map(|parent| Tree {
         parent,
-        ceil_bits_per_sec: change
-            .ceil_bits_per_sec
-            .unwrap_or_else(|| kept.as_ref().and_then(|t| t.ceil_bits_per_sec)),
-        cburst_bytes: change
-            .cburst_bytes
-            .unwrap_or_else(|| kept.as_ref().and_then(|t| t.cburst_bytes)),
-    };
-    let per_key = spec.scope != shaper_common::Scope::Class;
-    if per_key && (tree.ceil_bits_per_sec.is_some() || tree.cburst_bytes.is_some()) {
-        return Err(usage(
-            "a --per class's --rate is each key's limit and its parent's the aggregate; --ceil and --cburst are for class-wide buckets",
-        ));
-    }
-    if per_key && spec.action.action == Action::Shape {
-        return Err(usage(
-            "a shape class in a tree is one htb class: --per is for policing and marking children",
-        ));
-    }
-    if tree.ceil(spec.rate_bits_per_sec) < spec.rate_bits_per_sec {
-        return Err(usage(format!(
-            "--ceil {} is below --rate {}: the ceiling is what a class may borrow up to",
-            crate::units::format_rate(tree.ceil(spec.rate_bits_per_sec)),
-            crate::units::format_rate(spec.rate_bits_per_sec)
-        )));
-    }
-    Ok(Some(tree))
+        ceil_bits_per_sec: ceil,
+        cburst_bytes: cburst,
+    }))
 }
 
 /// Changes rate, burst, action, CoDel knobs, parent, ceil and/or cburst in place: counters

@@ -16,6 +16,16 @@ use shaper_common::{
     KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, LAYOUT_VERSION,
 };
 
+/// A `--per` class's keys: held now (of them live), created since it was added, and
+/// evicted by the LRU (`Attachment::key_pressure`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyPressure {
+    pub held: u64,
+    pub live: u64,
+    pub created: u64,
+    pub evicted: u64,
+}
+
 /// A class's keys in the flow table now (`Attachment::key_census`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyCensus {
@@ -209,6 +219,28 @@ impl Attachment {
             }
         }
         Ok(census)
+    }
+
+    /// LRU pressure on class `class_id` (created as generation `generation`), from a
+    /// census of the table: the keys it holds, of them live, created, and evicted
+    /// (created but no longer held).
+    pub fn key_pressure(
+        &self,
+        census: &std::collections::HashMap<(u32, u32), KeyCensus>,
+        class_id: u32,
+        generation: u32,
+    ) -> Result<KeyPressure> {
+        let held = census
+            .get(&(class_id, generation))
+            .copied()
+            .unwrap_or_default();
+        let created = self.new_keys(class_id)?;
+        Ok(KeyPressure {
+            held: held.held,
+            live: held.live,
+            created,
+            evicted: created.saturating_sub(held.held),
+        })
     }
 
     pub fn credit(&self) -> Result<PerCpuArray<MapData, Credit>> {

@@ -20,7 +20,7 @@ mod loader;
 mod names;
 mod pins;
 
-pub use attachment::{Attachment, AttachmentStatus, KeyCensus};
+pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
 pub use loader::{
     attach_fresh, detach, forget, load_object, load_program, reattach, upgrade, Upgraded,
 };
