@@ -250,6 +250,17 @@ pub struct ClassAddArgs {
     /// With --parent: the burst at the ceiling (default: as --burst).
     #[arg(long, value_name = "SIZE")]
     pub cburst: Option<String>,
+    /// A limit across hosts: --rate is for all hosts with this key together, and
+    /// `shaper daemon` with `[coordination]` sets this host's share (it starts at --floor).
+    #[arg(long, value_name = "KEY")]
+    pub global: Option<String>,
+    /// With --global, when Redis cannot be reached: static (keep the share, then the limit
+    /// over the last host count), open (the whole --rate) or closed (--floor).
+    #[arg(long, value_name = "MODE")]
+    pub on_coordinator_loss: Option<String>,
+    /// With --global: the least this host keeps (default: 1 % of --rate, at least 64kbit).
+    #[arg(long, value_name = "RATE")]
+    pub floor: Option<String>,
 }
 
 /// CoDel's knobs on a shape class (`class add` and `class change`).
@@ -365,6 +376,9 @@ impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
             parent: args.parent.clone(),
             ceil: args.ceil.clone(),
             cburst: args.cburst.clone(),
+            global: args.global.clone(),
+            on_coordinator_loss: args.on_coordinator_loss.clone(),
+            floor: args.floor.clone(),
         }
     }
 }

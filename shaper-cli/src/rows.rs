@@ -46,6 +46,20 @@ pub(crate) fn collect(
                 });
                 merge(&mut row, extra);
             }
+            if let Some(global) = &view.spec.global {
+                let share =
+                    shaper::global::ShareView::of(&classes::share_of(&attachment, view.id)?);
+                let extra = json!({
+                    "global": global.key,
+                    "on_coordinator_loss": global.on_loss.name(),
+                    "floor_bps": global.floor_bits_per_sec,
+                    "share_bps": share.share_bits_per_sec,
+                    "hosts": share.hosts,
+                    "share_age_seconds": share.age_seconds,
+                    "share_expired": share.expired,
+                });
+                merge(&mut row, extra);
+            }
             if let Some(codel) = view.spec.codel {
                 let (delay_ns, dropping) = attachment.shape_queue(view.id)?;
                 let extra = json!({
@@ -128,6 +142,25 @@ fn class_json(location: &Location, view: &ClassView) -> Value {
         merge(&mut row, extra);
     }
     row
+}
+
+/// A global class's share on this host: "KEY 9.8Mbit of 3 hosts, 0.2s ago" (its floor
+/// and "expired" once the packet path fell to it); "-" for a class of this host alone.
+pub(crate) fn share_text(row: &Value) -> String {
+    let Some(key) = row["global"].as_str() else {
+        return "-".into();
+    };
+    let share = shaper::units::format_rate(row["share_bps"].as_u64().unwrap_or(0));
+    if row["share_expired"].as_bool() == Some(true) {
+        return format!("{key} {share} (floor: share expired)");
+    }
+    match row["share_age_seconds"].as_f64() {
+        Some(age) => format!(
+            "{key} {share} of {} hosts, {age:.1}s ago",
+            row["hosts"].as_u64().unwrap_or(0)
+        ),
+        None => format!("{key} {share} (floor: no answer yet)"),
+    }
 }
 
 /// Rows with each class's children right after it (a depth-first walk from the

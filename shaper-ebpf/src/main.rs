@@ -45,7 +45,7 @@ mod entry {
         act::act,
         bucket::charge_bucket,
         classify::classify,
-        maps::{CLASSES, SHAPE_PACKET},
+        maps::{CLASSES, SHAPE_PACKET, SHARES},
         meter::meter,
         parse::{parse, Packet},
         shape::shape,
@@ -84,6 +84,24 @@ mod entry {
         TC_ACT_OK as i32
     }
 
+    /// Installs a global class's floor once its share has expired (one subprogram: a
+    /// global class pays for it, every other class reads one flag).
+    #[inline(never)]
+    fn expire_share(class_id: u32, now: u64) -> u64 {
+        let (Some(share), Some(config)) =
+            (SHARES.get_ptr_mut(class_id), CLASSES.get_ptr_mut(class_id))
+        else {
+            return 0;
+        };
+        let share = unsafe { &mut *share };
+        if !share.expired(now) {
+            return 0;
+        }
+        share.install_floor(unsafe { &mut *config });
+        share.expires_ns = 0;
+        1
+    }
+
     #[inline(always)]
     fn run<const BARE_IP: bool>(ctx: &TcContext, now: u64) -> i32 {
         // The packet lives in memory, not registers: parsed into a per-CPU map slot and
@@ -99,9 +117,15 @@ mod entry {
         let Some(class_id) = classify(packet) else {
             return TC_ACT_UNSPEC;
         };
-        let Some(class) = CLASSES.get(class_id) else {
+        let Some(class_slot) = CLASSES.get_ptr_mut(class_id) else {
             return TC_ACT_UNSPEC;
         };
+        // A global class whose daemon stopped renewing its share falls to its floor here,
+        // before anything reads the costs.
+        if unsafe { core::ptr::read_volatile(&raw const (*class_slot).global) } != 0 {
+            expire_share(class_id, now);
+        }
+        let class = unsafe { &*class_slot };
         if class.in_use == 0 {
             return TC_ACT_UNSPEC;
         }

@@ -8,9 +8,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use shaper_common::{
-    codel::CodelState, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, Globals,
-    KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES,
-    MAX_RULES, MAX_SHAPES,
+    codel::CodelState, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, GlobalShare,
+    Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE,
+    MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 
 /// Userspace only: the layout version of this state (`shaper_common::LAYOUT_VERSION`).
@@ -53,6 +53,10 @@ pub(crate) static KEY_STATS: PerCpuArray<KeyStats> = PerCpuArray::with_max_entri
 /// 941 019 -> 104 487). The name is the one pinned since the shape path alone used it.
 #[map]
 pub(crate) static SHAPE_PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entries(1, 0);
+/// Global classes: this host's share of a limit across hosts and its expiry (see
+/// `shaper_common::GlobalShare`); read only for classes flagged `global`.
+#[map]
+pub(crate) static SHARES: Array<GlobalShare> = Array::with_max_entries(MAX_CLASSES, 0);
 /// Userspace bookkeeping only (names, rules); declared here so it is created and pinned
 /// with the rest of the attachment's state.
 #[map]

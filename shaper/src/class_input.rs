@@ -6,7 +6,9 @@
 
 use crate::{
     actions::ActionSpec,
-    classes::{check_name, parse_scope, ClassSpec, Codel, Meter, Tree},
+    classes::{
+        check_name, default_floor, parse_scope, ClassSpec, Codel, Global, Meter, OnLoss, Tree,
+    },
     rules::{parse_cidr, PortRange, Proto, Rule},
     state::Direction,
     units::{default_burst, default_shape_burst, parse_rate, parse_size},
@@ -44,6 +46,12 @@ pub struct ClassInput {
     /// The ceiling a class with a parent may borrow up to, and its burst.
     pub ceil: Option<String>,
     pub cburst: Option<String>,
+    /// The key of a limit shared with other hosts (`rate` is then the limit for all).
+    pub global: Option<String>,
+    /// A global class without Redis: `static`, `open` or `closed`.
+    pub on_coordinator_loss: Option<String>,
+    /// The least a global class keeps on this host.
+    pub floor: Option<String>,
 }
 
 /// One problem with one field (named as in the TOML file: `peak_rate`, `dport`, ...).
@@ -110,6 +118,9 @@ struct Fields {
     parent: Option<String>,
     ceil: Option<u64>,
     cburst: Option<u64>,
+    global: Option<String>,
+    on_loss: Option<OnLoss>,
+    floor: Option<u64>,
 }
 
 impl ClassInput {
@@ -158,6 +169,13 @@ impl ClassInput {
         });
         let ceil = c.optional("ceil", &self.ceil, parse_rate);
         let cburst = c.optional("cburst", &self.cburst, parse_size);
+        let global = c.optional("global", &self.global, parse_global_key);
+        let on_loss = c.optional(
+            "on_coordinator_loss",
+            &self.on_coordinator_loss,
+            OnLoss::from_name,
+        );
+        let floor = c.optional("floor", &self.floor, parse_rate);
         name?;
         Some(Fields {
             direction: direction?.unwrap_or(Direction::Egress),
@@ -184,6 +202,9 @@ impl ClassInput {
             parent: parent?,
             ceil: ceil?,
             cburst: cburst?,
+            global: global?,
+            on_loss: on_loss?,
+            floor: floor?,
         })
     }
 
@@ -239,7 +260,9 @@ impl ClassInput {
         });
         let codel = self.codel(&f, action.action, c)?;
         let tree = self.tree(&f, action.action, meter, c)?;
+        let global = self.global(&f, meter, c)?;
         let spec = ClassSpec {
+            global,
             tree,
             codel,
             name: self.name.clone(),
@@ -284,6 +307,64 @@ impl ClassInput {
             parent,
             ceil_bits_per_sec: f.ceil,
             cburst_bytes: f.cburst,
+        }))
+    }
+
+    /// A limit across hosts: a top-level class-wide bucket (each host's share is one
+    /// rate), a floor below the limit, the loss mode and floor only with a key.
+    fn global(&self, f: &Fields, meter: Meter, c: &mut Checker) -> Option<Option<Global>> {
+        let Some(key) = f.global.clone() else {
+            let given = [
+                ("on_coordinator_loss", f.on_loss.is_some()),
+                ("floor", f.floor.is_some()),
+            ];
+            if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
+                c.fail(
+                    field,
+                    "on_coordinator_loss and floor tune a global class: set global = \"KEY\" too",
+                );
+                return None;
+            }
+            return Some(None);
+        };
+        let problem = if f.parent.is_some() {
+            Some((
+                "parent",
+                "a global class is a top-level class so far (its share is one rate on this host)",
+            ))
+        } else if meter != Meter::None {
+            Some((
+                "global",
+                "a global class polices, marks or shapes at one rate; meters are per host so far",
+            ))
+        } else if f.scope != Scope::Class {
+            Some((
+                "per",
+                "a global class's limit is for the class as a whole: --per is per host",
+            ))
+        } else {
+            None
+        };
+        if let Some((field, message)) = problem {
+            c.fail(field, message);
+            return None;
+        }
+        let floor = f.floor.unwrap_or_else(|| default_floor(f.rate));
+        if floor >= f.rate {
+            c.fail(
+                "floor",
+                format!(
+                    "floor {} is not below the limit {}",
+                    crate::units::format_rate(floor),
+                    crate::units::format_rate(f.rate)
+                ),
+            );
+            return None;
+        }
+        Some(Some(Global {
+            key,
+            on_loss: f.on_loss.unwrap_or_default(),
+            floor_bits_per_sec: floor,
         }))
     }
 
@@ -360,6 +441,19 @@ impl ClassInput {
             }
         }
     }
+}
+
+/// A global key: what every host writes for the same limit; letters, digits and `-_.:`,
+/// at most `GLOBAL_KEY_LEN` bytes.
+fn parse_global_key(text: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
+    if text.is_empty() || text.len() > shaper_common::GLOBAL_KEY_LEN || !text.chars().all(allowed) {
+        return Err(format!(
+            "bad global key '{text}' (1 to {} letters, digits, '-', '_', '.' or ':')",
+            shaper_common::GLOBAL_KEY_LEN
+        ));
+    }
+    Ok(text.to_string())
 }
 
 /// The first rule a class's place in a tree breaks, as (field, message), for `class add`

@@ -245,6 +245,7 @@ pub fn desired(conf: &NetConf, dev: &str) -> Result<Option<Desired>> {
         return Ok(None);
     }
     Ok(Some(Desired {
+        coordination: None,
         interfaces: vec![interface],
     }))
 }

@@ -11,6 +11,7 @@ pub mod classes;
 pub mod cni;
 pub mod config;
 pub mod error;
+pub mod global;
 pub mod metrics;
 pub mod netns;
 pub mod qdisc;

@@ -31,6 +31,9 @@ pub struct Health {
     pub apply_errors: u64,
     /// Ticks skipped because another shaper held the state lock.
     pub lock_busy: u64,
+    /// Global classes' reports to Redis answered, and those that failed or timed out.
+    pub coordination_ok: u64,
+    pub coordination_failed: u64,
 }
 
 struct Families {
@@ -49,6 +52,10 @@ struct Families {
     keyed: Family<Labels, Gauge>,
     fill: Family<Labels, FloatGauge>,
     up: Family<Labels, Gauge>,
+    global_share: Family<Labels, FloatGauge>,
+    global_hosts: Family<Labels, Gauge>,
+    global_age: Family<Labels, FloatGauge>,
+    global_expired: Family<Labels, Gauge>,
 }
 
 fn location_labels(location: &Location) -> Labels {
@@ -117,6 +124,25 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
             let cburst = tree.cburst(spec.burst_bytes);
             families.cburst.get_or_create(&class).set(cburst as i64);
         }
+        if let Some(global) = &spec.global {
+            let share = crate::global::ShareView::of(&classes::share_of(&attachment, view.id)?);
+            let keyed = with(&class, &[("global", &global.key)]);
+            families
+                .global_share
+                .get_or_create(&keyed)
+                .set(share.share_bits_per_sec as f64 / 8.0);
+            families
+                .global_hosts
+                .get_or_create(&keyed)
+                .set(share.hosts as i64);
+            if let Some(age) = share.age_seconds {
+                families.global_age.get_or_create(&keyed).set(age);
+            }
+            families
+                .global_expired
+                .get_or_create(&keyed)
+                .set(i64::from(share.expired));
+        }
         if spec.scope != Scope::Class {
             let keys = attachment.key_pressure(&census, view.id, view.seq as u32)?;
             families.keys.get_or_create(&class).set(keys.held as i64);
@@ -171,6 +197,10 @@ pub fn render(health: Option<&Health>) -> Result<String> {
         keyed: Family::default(),
         fill: Family::default(),
         up: Family::default(),
+        global_share: Family::default(),
+        global_hosts: Family::default(),
+        global_age: Family::default(),
+        global_expired: Family::default(),
     };
     let mut errors = 0;
     for location in state::list_locations(None)? {
@@ -281,6 +311,26 @@ fn register_attachment_families(registry: &mut Registry, families: Families) {
         "1 when the attachment's program is hooked to its interface, 0 when stale",
         families.up,
     );
+    registry.register(
+        "shaper_class_global_share_bytes_per_second",
+        "A global class's share of its limit on this host now (its rate is the limit for all hosts)",
+        families.global_share,
+    );
+    registry.register(
+        "shaper_class_global_hosts",
+        "Hosts sharing a global class's limit at Redis's last answer",
+        families.global_hosts,
+    );
+    registry.register(
+        "shaper_class_global_share_age_seconds",
+        "Seconds since Redis last answered for a global class",
+        families.global_age,
+    );
+    registry.register(
+        "shaper_class_global_share_expired",
+        "1 when a global class's share expired and the packet path holds it at its floor",
+        families.global_expired,
+    );
 }
 
 fn register_daemon_health(registry: &mut Registry, health: &Health) {
@@ -334,5 +384,17 @@ fn register_daemon_health(registry: &mut Registry, health: &Health) {
         "shaper_daemon_lock_busy",
         "Checks skipped because another shaper command held the state lock",
         lock_busy,
+    );
+    let reports: Family<Labels, Counter> = Family::default();
+    reports
+        .get_or_create(&vec![("result".into(), "answered".into())])
+        .inc_by(health.coordination_ok);
+    reports
+        .get_or_create(&vec![("result".into(), "failed".into())])
+        .inc_by(health.coordination_failed);
+    registry.register(
+        "shaper_daemon_coordination_reports",
+        "Global classes' reports to Redis, by result (a failed one follows on_coordinator_loss)",
+        reports,
     );
 }

@@ -24,6 +24,8 @@ use std::collections::HashMap;
 
 #[path = "test_run/differential.rs"]
 mod differential;
+#[path = "test_run/global.rs"]
+mod global;
 #[path = "test_run/tree.rs"]
 mod tree;
 
@@ -1258,6 +1260,7 @@ fn two_hundred_classes_of_one_shape_cost_one_lookup() {
             exceed: Default::default(),
             codel: None,
             tree: None,
+            global: None,
         };
         classes::add(&harness.attachment, &spec).unwrap();
     }

@@ -222,8 +222,21 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
     prepare(&None)?;
     let rows = crate::rows::collect(&netns, &args.dev, false)?;
     let header = [
-        "NAME", "DEV", "DIR", "PRIO", "RATE", "CEIL", "BURST", "PER", "ACTION", "PROTO", "SRC",
-        "DST", "SPORT", "DPORT",
+        "NAME",
+        "DEV",
+        "DIR",
+        "PRIO",
+        "RATE",
+        "CEIL",
+        "BURST",
+        "PER",
+        "ACTION",
+        "PROTO",
+        "SRC",
+        "DST",
+        "SPORT",
+        "DPORT",
+        "GLOBAL SHARE",
     ];
     print_rows(&rows, args.json, &header, |row| {
         vec![
@@ -243,6 +256,7 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
             text(&row["dst"]),
             text(&row["sport"]),
             text(&row["dport"]),
+            crate::rows::share_text(row),
         ]
     })
 }

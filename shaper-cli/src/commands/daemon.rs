@@ -68,14 +68,15 @@ pub fn run(netns: Option<String>, args: DaemonArgs) -> Result<()> {
     local.block_on(&runtime, daemon(args, interval, address))
 }
 
-/// The daemon's state, shared by the control loop and the metrics server.
-struct Daemon {
+/// The daemon's state, shared by the control loop, the coordination loop and the metrics
+/// server.
+pub(super) struct Daemon {
     file: String,
     /// The last configuration that parsed.
-    desired: Desired,
+    pub(super) desired: Desired,
     /// The file's content as last read (to notice changes).
     last_text: Option<String>,
-    health: Health,
+    pub(super) health: Health,
     /// Missing interfaces at the last check (logged when this changes).
     missing: Vec<String>,
     /// Readers of each attached program's log ring buffer, by program id.
@@ -86,7 +87,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn interfaces(desired: &Desired) -> Vec<(Option<String>, String)> {
+    pub(super) fn interfaces(desired: &Desired) -> Vec<(Option<String>, String)> {
         desired
             .interfaces
             .iter()
@@ -320,6 +321,7 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
         humantime::format_duration(interval)
     );
     tokio::task::spawn_local(serve_metrics(listener, daemon.clone()));
+    tokio::task::spawn_local(super::coordinate::run(daemon.clone()));
     let mut hangup = signal(SignalKind::hangup())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;

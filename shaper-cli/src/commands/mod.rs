@@ -4,6 +4,7 @@ mod apply;
 mod attach;
 mod batch;
 mod class;
+mod coordinate;
 mod daemon;
 mod detach;
 mod stats;

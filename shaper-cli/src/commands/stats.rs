@@ -33,6 +33,7 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
         "MARKED BYTES",
         "QUEUE",
         "KEYS (EVICTED)",
+        "GLOBAL SHARE",
     ];
     print_rows(&rows, args.json, &header, |row| {
         vec![
@@ -48,6 +49,7 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
             text(&row["marked_bytes"]),
             queue_text(row),
             keys_text(row),
+            crate::rows::share_text(row),
         ]
     })
 }

@@ -88,6 +88,8 @@ impl ClassSpec {
                 ceil_bits_per_sec: Some(meta.peak_rate_bits_per_sec).filter(|&c| c != 0),
                 cburst_bytes: Some(meta.peak_burst_bytes).filter(|&c| c != 0),
             }),
+            // Filled in by `read_classes`, from the class's `SHARES` entry.
+            global: None,
         }
     }
 
@@ -238,10 +240,14 @@ pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
         .iter()
         .map(|(id, meta)| (*id, decode_name(&meta.name)))
         .collect();
+    let shares = attachment.shares()?;
     let mut views = Vec::new();
     for (id, meta) in list {
         let config = configs.get(&id, 0)?;
         let mut spec = ClassSpec::from_meta(&meta, &config);
+        if config.global != 0 {
+            spec.global = Some(super::share::global_of(&shares.get(&id, 0)?));
+        }
         if let Some(tree) = &mut spec.tree {
             tree.parent = names
                 .get(&(config.parent as u32 - 1))

@@ -12,11 +12,13 @@ use shaper_common::{
 
 mod encode;
 mod shapes;
+mod share;
 mod table;
 
 pub(crate) use encode::bucket_cost;
 pub use encode::read_classes;
 pub(crate) use shapes::rank;
+pub use share::{set_share, share_of, ShareUpdate};
 pub use table::{add, add_many, change, delete, find, Change};
 
 /// Everything that defines a class.
@@ -37,6 +39,94 @@ pub struct ClassSpec {
     pub codel: Option<Codel>,
     /// A class with a parent; `None` for a top-level class.
     pub tree: Option<Tree>,
+    /// A limit shared with other hosts (`rate` and `burst` are the limit for all of them
+    /// together); `None` for a class of this host alone.
+    pub global: Option<Global>,
+}
+
+/// A class whose rate is a limit across hosts: each host enforces its share, which the
+/// daemons agree on through Redis (`shaper::global`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Global {
+    /// The key all hosts share for this class.
+    pub key: String,
+    pub on_loss: OnLoss,
+    /// The least this host keeps: its start, `closed`, an expired share.
+    pub floor_bits_per_sec: u64,
+}
+
+/// What a global class's share becomes when Redis cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnLoss {
+    /// The last share for a few intervals, then the limit over the last host count.
+    #[default]
+    Static,
+    /// The class's own rate: the whole limit, on this host alone.
+    Open,
+    /// The floor.
+    Closed,
+}
+
+impl OnLoss {
+    pub const ALL: [OnLoss; 3] = [OnLoss::Static, OnLoss::Open, OnLoss::Closed];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OnLoss::Static => "static",
+            OnLoss::Open => "open",
+            OnLoss::Closed => "closed",
+        }
+    }
+
+    pub fn from_name(text: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|mode| mode.name() == text)
+            .ok_or_else(|| {
+                format!(
+                    "unknown on_coordinator_loss '{text}' (expected {})",
+                    expected(Self::ALL.iter().map(|m| m.name()))
+                )
+            })
+    }
+
+    pub(crate) fn to_u8(self) -> u8 {
+        match self {
+            OnLoss::Static => shaper_common::on_loss::STATIC,
+            OnLoss::Open => shaper_common::on_loss::OPEN,
+            OnLoss::Closed => shaper_common::on_loss::CLOSED,
+        }
+    }
+
+    pub(crate) fn from_u8(value: u8) -> Self {
+        match value {
+            shaper_common::on_loss::OPEN => OnLoss::Open,
+            shaper_common::on_loss::CLOSED => OnLoss::Closed,
+            _ => OnLoss::Static,
+        }
+    }
+}
+
+/// The default floor of a global class: a hundredth of its limit, at least 64 kbit/s
+/// (a host keeps a trickle: ARP-sized control traffic, a TCP connection's keepalives).
+pub fn default_floor(limit_bits_per_sec: u64) -> u64 {
+    (limit_bits_per_sec / 100)
+        .max(64_000)
+        .min(limit_bits_per_sec)
+}
+
+/// A share's burst: the limit's burst split in proportion to the share, never below two
+/// full frames (a smaller bucket would refuse a full-sized packet outright).
+pub fn share_burst(
+    limit_bits_per_sec: u64,
+    limit_burst_bytes: u64,
+    share_bits_per_sec: u64,
+) -> u64 {
+    let split = (limit_burst_bytes as u128 * share_bits_per_sec as u128
+        / limit_bits_per_sec.max(1) as u128) as u64;
+    split
+        .max(2 * FRAME_BYTES)
+        .min(limit_burst_bytes.max(2 * FRAME_BYTES))
 }
 
 /// A class's place under a parent (`shaper_common::hierarchy`).

@@ -4,7 +4,11 @@
 //! bucket and counters exist before any classifier entry points to it, and its entries
 //! are gone (or re-pointed at the next-best class) before its config is cleared.
 
-use super::{shapes::*, *};
+use super::{
+    shapes::*,
+    share::{at_share, global_share, new_share, next_version},
+    *,
+};
 use crate::{
     actions::ActionSpec,
     class_input::format_duration_ns,
@@ -53,6 +57,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         attachment.codel()?,
         attachment.rules()?,
     );
+    let mut shares = attachment.shares()?;
     let mut index = attachment.class_index()?;
     let mut tree = TreeView::read(attachment, &existing)?;
     let dev = attachment.location.dev.clone();
@@ -81,12 +86,22 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         };
         let keys = class_entries(&spec.rule, &mut shapes)?;
         let mut spec = spec.clone();
+        // A global class starts at its floor: this host holds no share until the hosts
+        // agree on one (a new host never pushes the sum above the limit).
+        let share = spec
+            .global
+            .as_ref()
+            .map(|global| new_share(&spec, global, global.floor_bits_per_sec));
+        let rated = match &share {
+            Some(share) => at_share(&spec, share),
+            None => spec.clone(),
+        };
         if spec.action.action == Action::Shape {
             // The HTB class exists before anything steers packets into it; under fq the
             // program paces by departure time (action_arg 0).
             spec.action.arg = match qdisc::ensure_root(&dev)? {
                 qdisc::Backend::Htb => {
-                    let htb = qdisc::htb_class(&spec, parent, 0);
+                    let htb = qdisc::htb_class(&rated, parent, 0);
                     qdisc::set_class(&dev, id, &htb, true)?;
                     if let Some(parent) = parent {
                         // The parent's own leaves give up the guarantee the child takes.
@@ -110,9 +125,16 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         zero_stats(attachment, id)?;
         buckets.set(id, Bucket::default(), 0)?;
         codel.set(id, CodelState::default(), 0)?;
-        let mut config = spec.config(seq as u32, parent);
+        let mut rated = rated;
+        rated.action = spec.action;
+        let mut config = rated.config(seq as u32, parent);
         if spec.action.action == Action::Shape && spec.action.arg != 0 {
             config.sparse_priority = qdisc::sparse_leaf(id);
+        }
+        if let Some(mut share) = share {
+            config.global = 1;
+            share.floor_version = next_version(&config);
+            shares.set(id, share, 0)?;
         }
         configs.set(id, config, 0)?;
         metas.set(id, meta, 0)?;
@@ -169,6 +191,8 @@ struct TreeNode {
     metered: bool,
     /// A shape class's tree is an htb tree: shape classes parent shape classes only.
     shapes: bool,
+    /// A global class's share is one rate on this host: it has no children (yet).
+    global: bool,
 }
 
 impl TreeView {
@@ -232,6 +256,12 @@ impl TreeView {
         if parent.metered {
             return Err(runtime(format!(
                 "class '{}' cannot be a parent: meters stay leaves so far",
+                tree.parent
+            )));
+        }
+        if parent.global {
+            return Err(runtime(format!(
+                "class '{}' cannot be a parent: a global class's share is one rate on this host, a leaf so far",
                 tree.parent
             )));
         }
@@ -316,6 +346,7 @@ impl TreeNode {
             per_key: config.scope != shaper_common::Scope::Class as u8,
             metered: config.meter != shaper_common::meter::METER_NONE,
             shapes: config.action == Action::Shape as u8,
+            global: config.global != 0,
         }
     }
 
@@ -327,6 +358,7 @@ impl TreeNode {
             per_key: spec.scope != shaper_common::Scope::Class,
             metered: spec.meter != Meter::None,
             shapes: spec.action.action == Action::Shape,
+            global: spec.global.is_some(),
         }
     }
 
@@ -551,9 +583,18 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         meta.peak_rate_bits_per_sec = tree.and_then(|t| t.ceil_bits_per_sec).unwrap_or(0);
         meta.peak_burst_bytes = tree.and_then(|t| t.cburst_bytes).unwrap_or(0);
     }
-    let (drain_rate, drain_burst) = ClassSpec::from_meta(&meta, &config).drain();
+    // A global class runs at its share: the limit (`meta`'s rate) is for all hosts.
+    let share = global_share(attachment, id, &config, &meta)?;
+    let rated = |meta: &ClassMeta| {
+        let spec = ClassSpec::from_meta(meta, &config);
+        match &share {
+            Some(share) => at_share(&spec, share),
+            None => spec,
+        }
+    };
+    let (drain_rate, drain_burst) = rated(&meta).drain();
     if shaping {
-        let spec = ClassSpec::from_meta(&meta, &config);
+        let spec = rated(&meta);
         if config.action_arg != 0 {
             let dev = &attachment.location.dev;
             let htb = qdisc::htb_class(&spec, new_parent, children_rate(&tree, id));
@@ -795,6 +836,11 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     let config = configs.get(&id, 0)?;
     let in_htb = config.action == Action::Shape as u8 && config.action_arg != 0;
     configs.set(id, ClassConfig::default(), 0)?;
+    if config.global != 0 {
+        attachment
+            .shares()?
+            .set(id, shaper_common::GlobalShare::default(), 0)?;
+    }
     if in_htb {
         qdisc::delete_class(&attachment.location.dev, id)?;
         if let Some(parent) = tree.classes.get(&id).and_then(|node| node.parent) {

@@ -56,6 +56,12 @@ fn export_class(direction: Direction, spec: &ClassSpec) -> ExportClass {
             .and_then(|t| t.ceil_bits_per_sec)
             .map(exact_rate),
         cburst: spec.tree.as_ref().and_then(|t| t.cburst_bytes),
+        global: spec.global.as_ref().map(|g| g.key.clone()),
+        on_coordinator_loss: spec.global.as_ref().map(|g| g.on_loss.name().to_string()),
+        floor: spec
+            .global
+            .as_ref()
+            .map(|g| exact_rate(g.floor_bits_per_sec)),
     }
 }
 

@@ -34,7 +34,7 @@ mod schema;
 
 pub use execute::execute;
 pub use export::export;
-pub use parse::{parse, Desired, DesiredInterface, Problem, Problems};
+pub use parse::{parse, Coordination, Desired, DesiredInterface, Problem, Problems};
 pub use plan::{plan, Plan, Prune, Step};
 
 /// A small file with CLI defaults left out, for the unit tests.

@@ -1,6 +1,6 @@
 //! Parsing and checking a file: every problem comes back with its line and field.
 
-use super::schema::{ClassEntry, Field, FileConfig, InterfaceEntry, Scalar};
+use super::schema::{ClassEntry, CoordinationEntry, Field, FileConfig, InterfaceEntry, Scalar};
 use crate::{
     class_input::ClassInput,
     classes::ClassSpec,
@@ -66,7 +66,31 @@ impl DesiredInterface {
 /// A parsed, checked configuration.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Desired {
+    pub coordination: Option<Coordination>,
     pub interfaces: Vec<DesiredInterface>,
+}
+
+/// `[coordination]`: where global classes agree on their shares.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Coordination {
+    /// `redis://[user:password@]host:port/db` (or `rediss://`).
+    pub redis: String,
+    /// This host's name among the hosts sharing a limit.
+    pub host_id: String,
+    /// How often each host reports its demand and reads its share.
+    pub interval: std::time::Duration,
+}
+
+/// The shortest and longest coordination interval.
+const INTERVALS: std::ops::RangeInclusive<std::time::Duration> =
+    std::time::Duration::from_millis(50)..=std::time::Duration::from_secs(10);
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 fn line_of(text: &str, span: Range<usize>) -> usize {
@@ -104,12 +128,28 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
         interfaces: BTreeMap::new(),
     };
     let desired = Desired {
+        coordination: config
+            .coordination
+            .as_ref()
+            .and_then(|entry| checker.coordination(entry)),
         interfaces: config
             .interface
             .iter()
             .map(|entry| checker.interface(entry))
             .collect(),
     };
+    if desired.coordination.is_none() && config.coordination.is_none() {
+        for entry in config.interface.iter().flat_map(|i| &i.class) {
+            if let Some(key) = &entry.global {
+                checker.report(
+                    key.span(),
+                    "global",
+                    "a global class needs [coordination] redis = \"redis://HOST:PORT\" in the file"
+                        .to_string(),
+                );
+            }
+        }
+    }
     let mut found = checker.found;
     if found.is_empty() {
         Ok(desired)
@@ -138,6 +178,56 @@ impl FileChecker<'_> {
             field: field.to_string(),
             message,
         });
+    }
+
+    /// `[coordination]`: a Redis URL the client accepts, a host id as a key part, an
+    /// interval within `INTERVALS`.
+    fn coordination(&mut self, entry: &toml::Spanned<CoordinationEntry>) -> Option<Coordination> {
+        let entry = entry.get_ref();
+        let url = entry.redis.get_ref();
+        let mut ok = true;
+        if let Err(error) = crate::global::check_url(url) {
+            self.report(entry.redis.span(), "redis", error);
+            ok = false;
+        }
+        let host_id = match &entry.host_id {
+            None => host_name(),
+            Some(id) => {
+                let text = id.get_ref();
+                let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
+                if text.is_empty() || text.len() > 64 || !text.chars().all(allowed) {
+                    let message = format!(
+                        "bad host_id '{text}' (1 to 64 letters, digits, '-', '_', '.' or ':')"
+                    );
+                    self.report(id.span(), "host_id", message);
+                    ok = false;
+                }
+                text.clone()
+            }
+        };
+        let interval = match &entry.interval {
+            None => crate::global::DEFAULT_INTERVAL,
+            Some(text) => match humantime::parse_duration(text.get_ref()) {
+                Ok(interval) if INTERVALS.contains(&interval) => interval,
+                Ok(_) => {
+                    let message = format!("interval {} is not within 50ms..=10s", text.get_ref());
+                    self.report(text.span(), "interval", message);
+                    ok = false;
+                    crate::global::DEFAULT_INTERVAL
+                }
+                Err(error) => {
+                    let message = format!("bad interval '{}': {error}", text.get_ref());
+                    self.report(text.span(), "interval", message);
+                    ok = false;
+                    crate::global::DEFAULT_INTERVAL
+                }
+            },
+        };
+        ok.then(|| Coordination {
+            redis: url.clone(),
+            host_id,
+            interval,
+        })
     }
 
     /// One `[[interface]]`: its own fields, then its classes.
@@ -290,6 +380,9 @@ fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), 
         parent: string(&entry.parent),
         ceil: scalar(&entry.ceil),
         cburst: scalar(&entry.cburst),
+        global: string(&entry.global),
+        on_coordinator_loss: string(&entry.on_coordinator_loss),
+        floor: scalar(&entry.floor),
     };
     input.check().map_err(|errors| {
         errors
@@ -328,6 +421,9 @@ fn field_span(entry: &ClassEntry, field: &str) -> Range<usize> {
         "target" => text(&entry.target),
         "interval" => text(&entry.interval),
         "ecn" => entry.ecn.as_ref().map(|ecn| ecn.span()),
+        "global" => text(&entry.global),
+        "on_coordinator_loss" => text(&entry.on_coordinator_loss),
+        "floor" => scalar(&entry.floor),
         "parent" => text(&entry.parent),
         "ceil" => scalar(&entry.ceil),
         "cburst" => scalar(&entry.cburst),

@@ -28,8 +28,18 @@ pub(super) type Field<T> = Option<Spanned<T>>;
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct FileConfig {
+    pub(super) coordination: Option<Spanned<CoordinationEntry>>,
     #[serde(default)]
     pub(super) interface: Vec<InterfaceEntry>,
+}
+
+/// `[coordination]`: the Redis that global classes agree on their shares through.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CoordinationEntry {
+    pub(super) redis: Spanned<String>,
+    pub(super) host_id: Field<String>,
+    pub(super) interval: Field<String>,
 }
 
 #[derive(Deserialize)]
@@ -70,6 +80,9 @@ pub(super) struct ClassEntry {
     pub(super) parent: Field<String>,
     pub(super) ceil: Field<Scalar>,
     pub(super) cburst: Field<Scalar>,
+    pub(super) global: Field<String>,
+    pub(super) on_coordinator_loss: Field<String>,
+    pub(super) floor: Field<Scalar>,
 }
 
 // ---- written
@@ -133,4 +146,10 @@ pub(super) struct ExportClass {
     pub(super) ceil: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) cburst: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) global: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) on_coordinator_loss: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) floor: Option<String>,
 }

@@ -12,8 +12,8 @@ use aya::{
 use shaper_common::{
     bucket::TAT_MASK,
     codel::{sojourn_ns, CodelState, Control},
-    map_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, CostKind, Credit, Globals,
-    KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, LAYOUT_VERSION,
+    map_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, CostKind, Credit,
+    GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, LAYOUT_VERSION,
 };
 
 /// A `--per` class's keys: held now (of them live), created since it was added, and
@@ -245,6 +245,11 @@ impl Attachment {
 
     pub fn credit(&self) -> Result<PerCpuArray<MapData, Credit>> {
         self.map(map_names::CREDIT)
+    }
+
+    /// Global classes' shares (`shaper_common::GlobalShare`), by class id.
+    pub fn shares(&self) -> Result<Array<MapData, GlobalShare>> {
+        self.map(map_names::SHARES)
     }
 
     pub fn codel(&self) -> Result<Array<MapData, CodelState>> {

@@ -426,9 +426,10 @@ fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
         // Layout 2 kept layout 1's sizes (classes gained parents in spare fields) and
         // ranks classes by depth too.
         0 | 1 => Some(migrate_to_trees),
-        // Layout 3 only added KEY_STATS, which loading the object creates (counting from
-        // the upgrade on).
-        2 => Some(|_| Ok(())),
+        // Layout 3 only added KEY_STATS, and layout 4 SHARES (global classes, in a byte
+        // that was padding before), which loading the object creates (counting from the
+        // upgrade on).
+        2 | 3 => Some(|_| Ok(())),
         _ => None,
     }
 }

@@ -126,7 +126,7 @@ impl std::fmt::Display for AttachMode {
 }
 
 /// Where an attachment lives: an interface in the host or a named network namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Location {
     pub netns: Option<String>,
     pub dev: String,
@@ -154,7 +154,7 @@ impl Location {
 }
 
 /// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns().
-pub(crate) fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
         .unwrap_or(0)

@@ -263,6 +263,7 @@ fn udp_class(name: String, dport: u16, scope: Scope) -> ClassSpec {
         exceed: Default::default(),
         codel: None,
         tree: None,
+        global: None,
     }
 }
 

@@ -1,0 +1,432 @@
+//! Global classes: one limit across hosts. Each host keeps enforcing locally in eBPF at
+//! its share of the limit; every interval its daemon reports the class's demand to Redis
+//! and reads back its share from a max-min fill of the limit over the hosts that reported
+//! lately (`allocate.lua`, one EVALSHA per class, host and interval). Redis is never on
+//! the packet path: when it cannot be reached the share follows the class's
+//! `on_coordinator_loss`, and when the daemon stops renewing it the packet path itself
+//! falls to the floor at the share's expiry.
+//!
+//! [`Tracker`] is the per-class decision (pure, tested on the host); [`Coordinator`] the
+//! Redis side.
+
+use crate::{
+    classes::{self, OnLoss, ShareUpdate},
+    state::{self, Attachment, Location},
+};
+use std::time::Duration;
+
+/// How often hosts report and re-read their shares unless `[coordination] interval` says.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);
+/// Parts per million of the limit the fill leaves free: shares that move between two
+/// reports never add up above the limit.
+pub const HEADROOM_PPM: u64 = 20_000;
+/// Intervals a `static` host keeps its last share without Redis, before it falls to the
+/// limit over the last host count.
+pub const STATIC_HOLD_INTERVALS: u32 = 3;
+/// A share written into the packet path lasts this many intervals unless renewed: a host
+/// whose daemon died falls to its floor when the others (which forget a host silent for
+/// three intervals, then rise an interval later) may already take its share.
+pub const EXPIRY_INTERVALS: u32 = 3;
+
+/// The allocation script (see its header).
+pub const ALLOCATE: &str = include_str!("allocate.lua");
+
+/// The Redis key of global key `key`: one hash, hash-tagged so a Redis Cluster keeps each
+/// class's state in one slot.
+pub fn redis_key(key: &str) -> String {
+    format!("shaper:{{{key}}}")
+}
+
+/// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`).
+pub fn check_url(url: &str) -> Result<(), String> {
+    redis::Client::open(url)
+        .map(|_| ())
+        .map_err(|error| format!("bad Redis URL '{url}': {error}"))
+}
+
+/// A class's counters at one moment (bytes since the class was added).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub passed_bytes: u64,
+    pub dropped_bytes: u64,
+    pub marked_bytes: u64,
+}
+
+/// What this host asks for, from the class's counters over the last interval: a host
+/// that was held back (it dropped or marked more than 1 % of what it offered, or sent
+/// 95 % of its share) could use more, and asks for what it was offered, at least a
+/// quarter above its share; any other host asks for what it sent and a tenth more (so a
+/// steady sender below its share is never held back by its own demand).
+pub fn demand(before: &Usage, after: &Usage, elapsed: Duration, share_bits_per_sec: u64) -> u64 {
+    let seconds = elapsed.as_secs_f64().max(1e-3);
+    let rate = |bytes: u64| bytes as f64 * 8.0 / seconds;
+    let passed = after.passed_bytes.saturating_sub(before.passed_bytes);
+    let dropped = after.dropped_bytes.saturating_sub(before.dropped_bytes);
+    let marked = after.marked_bytes.saturating_sub(before.marked_bytes);
+    let offered = passed + dropped;
+    let share = share_bits_per_sec as f64;
+    let held_back =
+        (dropped + marked) * 100 > offered || rate(passed) >= 0.95 * share && share > 0.0;
+    let wanted = if held_back {
+        rate(offered).max(1.25 * share)
+    } else {
+        1.1 * rate(passed)
+    };
+    wanted as u64
+}
+
+/// Redis's answer for one class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub share_bits_per_sec: u64,
+    pub hosts: u32,
+    /// When the class's state in Redis began (ms): a new one means Redis lost it.
+    pub epoch_ms: u64,
+}
+
+/// One global class's share on this host, from one tick to the next.
+#[derive(Clone, Debug)]
+pub struct Tracker {
+    pub limit_bits_per_sec: u64,
+    pub floor_bits_per_sec: u64,
+    pub on_loss: OnLoss,
+    /// The share in force on this host.
+    pub applied: u64,
+    /// The last answer's share: a higher share is applied only when two answers in a row
+    /// allow it, so a host never rises before the others have lowered.
+    last_answer: Option<u64>,
+    /// Hosts at the last answer.
+    pub hosts: u32,
+    /// Ticks in a row without an answer.
+    pub missed: u32,
+    pub epoch_ms: Option<u64>,
+}
+
+/// What a tick changed, for the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Steady,
+    /// Redis answered with a state younger than the one this host knew.
+    Relearning,
+    /// The first tick without Redis.
+    Lost,
+    /// The first answer after a loss.
+    Back,
+}
+
+impl Tracker {
+    pub fn new(limit: u64, floor: u64, on_loss: OnLoss, applied: u64) -> Self {
+        Self {
+            limit_bits_per_sec: limit,
+            floor_bits_per_sec: floor,
+            on_loss,
+            applied: applied.clamp(floor, limit),
+            last_answer: None,
+            hosts: 0,
+            missed: 0,
+            epoch_ms: None,
+        }
+    }
+
+    /// Redis answered: lower at once, rise an answer later.
+    pub fn answered(&mut self, answer: Answer) -> Event {
+        let share = answer
+            .share_bits_per_sec
+            .clamp(self.floor_bits_per_sec, self.limit_bits_per_sec);
+        let event = if self.missed > 0 {
+            Event::Back
+        } else if self.epoch_ms.is_some_and(|known| known != answer.epoch_ms) {
+            Event::Relearning
+        } else {
+            Event::Steady
+        };
+        let allowed = self.last_answer.unwrap_or(self.applied);
+        self.applied = share.min(allowed);
+        self.last_answer = Some(share);
+        self.hosts = answer.hosts;
+        self.missed = 0;
+        self.epoch_ms = Some(answer.epoch_ms);
+        event
+    }
+
+    /// No answer this tick: `static` holds the share, then takes the limit (less the
+    /// headroom) over the last host count; `open` the limit; `closed` the floor.
+    pub fn lost(&mut self) -> Event {
+        self.missed += 1;
+        self.last_answer = None;
+        self.applied = match self.on_loss {
+            // A host that never had an answer knows no host count: it keeps its floor.
+            OnLoss::Static if self.missed <= STATIC_HOLD_INTERVALS || self.hosts == 0 => {
+                self.applied
+            }
+            OnLoss::Static => {
+                let budget =
+                    self.limit_bits_per_sec - self.limit_bits_per_sec * HEADROOM_PPM / 1_000_000;
+                (budget / self.hosts.max(1) as u64).max(self.floor_bits_per_sec)
+            }
+            OnLoss::Open => self.limit_bits_per_sec,
+            OnLoss::Closed => self.floor_bits_per_sec,
+        };
+        if self.missed == 1 {
+            Event::Lost
+        } else {
+            Event::Steady
+        }
+    }
+}
+
+/// A global class as this host runs it: where, which, and its counters now.
+#[derive(Clone, Debug)]
+pub struct HostClass {
+    pub location: Location,
+    pub name: String,
+    pub key: String,
+    pub limit_bits_per_sec: u64,
+    pub floor_bits_per_sec: u64,
+    pub on_loss: OnLoss,
+    /// The share in force (the class's rate on this host).
+    pub share_bits_per_sec: u64,
+    pub usage: Usage,
+}
+
+/// Every global class attached on `interfaces` (netns, dev), read from the pins.
+pub fn host_classes(interfaces: &[(Option<String>, String)]) -> anyhow::Result<Vec<HostClass>> {
+    let mut found = Vec::new();
+    for location in state::list_locations(None)? {
+        if !interfaces.contains(&(location.netns.clone(), location.dev.clone())) {
+            continue;
+        }
+        let Ok(attachment) = Attachment::open(&location) else {
+            continue;
+        };
+        for view in classes::read_classes(&attachment)? {
+            let Some(global) = view.spec.global else {
+                continue;
+            };
+            let share = classes::share_of(&attachment, view.id)?;
+            found.push(HostClass {
+                location: location.clone(),
+                name: view.spec.name,
+                key: global.key,
+                limit_bits_per_sec: view.spec.rate_bits_per_sec,
+                floor_bits_per_sec: global.floor_bits_per_sec,
+                on_loss: global.on_loss,
+                share_bits_per_sec: share.share_bits_per_sec,
+                usage: Usage {
+                    passed_bytes: view.stats.passed_bytes,
+                    dropped_bytes: view.stats.dropped_bytes,
+                    marked_bytes: view.stats.marked_bytes,
+                },
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Installs a share on a global class (inside its namespace: a shape class's HTB class
+/// follows), arming the expiry `EXPIRY_INTERVALS` intervals from now. Needs the state
+/// lock. Whether the rate changed.
+pub fn install(
+    class: &HostClass,
+    share_bits_per_sec: u64,
+    hosts: u32,
+    answered_unix_ms: u64,
+    interval: Duration,
+) -> anyhow::Result<bool> {
+    let expires_ns = state::monotonic_ns() + (interval * EXPIRY_INTERVALS).as_nanos() as u64;
+    let update = ShareUpdate {
+        share_bits_per_sec,
+        hosts,
+        answered_unix_ms,
+        expires_ns,
+    };
+    crate::netns::in_namespace(&class.location.netns, || {
+        let attachment = Attachment::open(&class.location)?;
+        classes::set_share(&attachment, &class.name, update)
+    })
+}
+
+/// A global class's share as `stats`, `class list` and metrics show it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ShareView {
+    pub limit_bits_per_sec: u64,
+    /// The share in force: the floor once the packet path installed it.
+    pub share_bits_per_sec: u64,
+    pub hosts: u32,
+    /// Seconds since Redis last answered (`None`: never).
+    pub age_seconds: Option<f64>,
+    /// The daemon stopped renewing the share and the packet path fell to the floor.
+    pub expired: bool,
+}
+
+impl ShareView {
+    pub fn of(share: &shaper_common::GlobalShare) -> Self {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let expired = if share.expires_ns == 0 {
+            share.answered_unix_ms != 0
+        } else {
+            state::monotonic_ns() > share.expires_ns
+        };
+        Self {
+            limit_bits_per_sec: share.limit_bits_per_sec,
+            share_bits_per_sec: if expired {
+                share.floor_bits_per_sec
+            } else {
+                share.share_bits_per_sec
+            },
+            hosts: share.hosts,
+            age_seconds: (share.answered_unix_ms != 0)
+                .then(|| now_ms.saturating_sub(share.answered_unix_ms) as f64 / 1000.0),
+            expired,
+        }
+    }
+}
+
+/// The Redis side: one lazily connected manager (it reconnects by itself) and the
+/// allocation script (EVALSHA; reloaded after NOSCRIPT, as after a Redis restart).
+pub struct Coordinator {
+    connection: redis::aio::ConnectionManager,
+    script: redis::Script,
+    host_id: String,
+    interval: Duration,
+}
+
+impl Coordinator {
+    /// Never waits for Redis: the connection is made at the first report.
+    pub fn new(url: &str, host_id: &str, interval: Duration) -> anyhow::Result<Self> {
+        let client = redis::Client::open(url)?;
+        // A report must answer within the interval or count as lost.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(interval / 2))
+            .set_response_timeout(Some(interval / 2))
+            .set_number_of_retries(1)
+            .set_max_delay(interval);
+        Ok(Self {
+            connection: client.get_connection_manager_lazy(config)?,
+            script: redis::Script::new(ALLOCATE),
+            host_id: host_id.to_string(),
+            interval,
+        })
+    }
+
+    /// Reports this host's demand for `key` and returns its share.
+    pub async fn report(
+        &mut self,
+        key: &str,
+        demand: u64,
+        tracker: &Tracker,
+    ) -> redis::RedisResult<Answer> {
+        let (share, hosts, epoch): (u64, u32, u64) = self
+            .script
+            .key(redis_key(key))
+            .arg(&self.host_id)
+            .arg(demand)
+            .arg(tracker.applied)
+            .arg(tracker.limit_bits_per_sec)
+            .arg(tracker.floor_bits_per_sec)
+            .arg(self.interval.as_millis() as u64)
+            .arg(HEADROOM_PPM)
+            .invoke_async(&mut self.connection)
+            .await?;
+        Ok(Answer {
+            share_bits_per_sec: share,
+            hosts,
+            epoch_ms: epoch,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MBIT: u64 = 1_000_000;
+
+    fn usage(passed: u64, dropped: u64) -> Usage {
+        Usage {
+            passed_bytes: passed,
+            dropped_bytes: dropped,
+            marked_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_held_back_host_asks_for_what_it_was_offered() {
+        let second = Duration::from_secs(1);
+        // 10 Mbit/s passed, 20 dropped, share 10: offered 30.
+        let wanted = demand(
+            &usage(0, 0),
+            &usage(10 * MBIT / 8, 20 * MBIT / 8),
+            second,
+            10 * MBIT,
+        );
+        assert_eq!(wanted, 30 * MBIT);
+        // An elastic sender using its whole share asks for a quarter more.
+        let wanted = demand(&usage(0, 0), &usage(10 * MBIT / 8, 0), second, 10 * MBIT);
+        assert_eq!(wanted, 12_500_000);
+        // A steady 5 Mbit/s sender with a share of 10 asks for 5.5.
+        let wanted = demand(&usage(0, 0), &usage(5 * MBIT / 8, 0), second, 10 * MBIT);
+        assert_eq!(wanted, 5_500_000);
+        // ... and keeps it at its own share of 5.5: 5 is below 95 % of it.
+        let wanted = demand(&usage(0, 0), &usage(5 * MBIT / 8, 0), second, 5_500_000);
+        assert_eq!(wanted, 5_500_000);
+    }
+
+    #[test]
+    fn a_higher_share_waits_an_answer_a_lower_one_does_not() {
+        let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT);
+        let answer = |share| Answer {
+            share_bits_per_sec: share,
+            hosts: 3,
+            epoch_ms: 7,
+        };
+        tracker.answered(answer(10 * MBIT));
+        assert_eq!(tracker.applied, MBIT, "the first answer does not raise");
+        tracker.answered(answer(12 * MBIT));
+        assert_eq!(
+            tracker.applied,
+            10 * MBIT,
+            "raised to the lower of two answers"
+        );
+        tracker.answered(answer(4 * MBIT));
+        assert_eq!(tracker.applied, 4 * MBIT, "lowered at once");
+        assert_eq!(tracker.answered(answer(40 * MBIT)), Event::Steady);
+        assert_eq!(tracker.applied, 4 * MBIT);
+        tracker.answered(answer(40 * MBIT));
+        assert_eq!(tracker.applied, 30 * MBIT, "never above the limit");
+        let mut restarted = answer(10 * MBIT);
+        restarted.epoch_ms = 8;
+        assert_eq!(tracker.answered(restarted), Event::Relearning);
+    }
+
+    #[test]
+    fn without_redis_each_mode_falls_where_it_says() {
+        let mut held = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, 5 * MBIT);
+        held.hosts = 3;
+        for _ in 0..STATIC_HOLD_INTERVALS {
+            held.lost();
+            assert_eq!(held.applied, 5 * MBIT);
+        }
+        held.lost();
+        assert_eq!(held.applied, 9_800_000, "(30 less 2 %) / 3");
+        let mut open = Tracker::new(30 * MBIT, MBIT, OnLoss::Open, 5 * MBIT);
+        assert_eq!(open.lost(), Event::Lost);
+        assert_eq!(open.applied, 30 * MBIT);
+        let mut closed = Tracker::new(30 * MBIT, MBIT, OnLoss::Closed, 5 * MBIT);
+        closed.lost();
+        assert_eq!(closed.applied, MBIT);
+        let back = Answer {
+            share_bits_per_sec: 10 * MBIT,
+            hosts: 3,
+            epoch_ms: 1,
+        };
+        assert_eq!(closed.answered(back), Event::Back);
+        assert_eq!(
+            closed.applied, MBIT,
+            "back from a loss, it rises an answer later"
+        );
+    }
+}
