@@ -245,11 +245,18 @@ fn set_tree(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<
     for (leaf, leaf_rate, prio) in leaves {
         let leaf = handle_text(leaf);
         htb_class(&inner, &leaf, leaf_rate, ceil, prio)?;
-        // Bounds the real queue (HTB's default leaf is a txqueuelen-long pfifo).
+        // Bounds the real queue (HTB's default leaf is a txqueuelen-long pfifo). An
+        // existing leaf is changed in place: replacing it would drop its queue, a burst
+        // of losses at every rate change (a global class's share moves every few seconds).
         let limit = class.leaf_limit_bytes.to_string();
-        tc(&[
-            "qdisc", "replace", "dev", dev, "parent", &leaf, "bfifo", "limit", &limit,
-        ])?;
+        let bfifo = |verb: &str| {
+            tc(&[
+                "qdisc", verb, "dev", dev, "parent", &leaf, "bfifo", "limit", &limit,
+            ])
+        };
+        if create || bfifo("change").is_err() {
+            bfifo("replace")?;
+        }
     }
     Ok(())
 }

@@ -14,6 +14,8 @@
 //! | [`process`] | bounded waits on every child ([`wait_bounded`], [`output_bounded`]), [`shaper_bin`], [`delay_line_bin`] |
 //! | [`state_lock`] | holding shaper's state lock from outside ([`StateLockHolder`]) |
 //! | [`cni`] | what CNI plugin runs leave behind ([`CniLeftovers`]) |
+//! | [`global`] | hosts with their own daemons sharing a global class through Redis ([`GlobalLab`]) |
+//! | [`redis`] | a real redis-server on a loopback port, stopped on drop ([`RedisServer`]) |
 //! | [`cleanup`] | removing a lab on drop, and what crashed runs left ([`Lab::new`] sweeps it) |
 //!
 //! Everything a test needs is re-exported here: `use shaper_tests::{Lab, Udp, …}`.
@@ -24,9 +26,11 @@ pub mod cleanup;
 pub mod cli;
 pub mod cni;
 pub mod delay;
+pub mod global;
 pub mod iperf;
 pub mod latency;
 pub mod process;
+pub mod redis;
 pub mod state_lock;
 pub mod topology;
 pub mod traffic;
@@ -41,6 +45,7 @@ pub use cni::{
     cni_record_path, CniLeftovers, CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES,
 };
 pub use delay::{describe_counters, DelayLine, DELAY_TO_ROUTER, DELAY_TO_SERVER};
+pub use global::{median, GlobalClass, GlobalLab};
 pub use iperf::{parse_iperf_rate, IPERF_GRACE};
 pub use latency::{
     idle_rtt_ms, parse_ping_reply, percentile, AddedRtt, LatencyProbe, PingReply, ProbeSamples,
@@ -50,6 +55,7 @@ pub use process::{
     delay_line_bin, output_bounded, shaper_bin, wait_bounded, wait_with_output_bounded,
     BoundedCommand, COMMAND_LIMIT,
 };
+pub use redis::RedisServer;
 pub use state_lock::{StateLockHolder, STATE_LOCK_FILE};
 pub use topology::{
     Lab, Netns, CLIENT_DEV, CLIENT_V4, CLIENT_V6, ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,

@@ -25,6 +25,10 @@ const PACKAGES: &[(&str, &str)] = &[
     // The reference CNI `bandwidth`, `bridge` and `host-local` plugins: the bench's and the
     // CNI tests' side-by-side peer.
     ("containernetworking-plugins", "/usr/lib/cni/bandwidth"),
+    // Global classes agree through Redis: the tests and the bench start their own
+    // redis-server on a loopback port they pick (redis-cli reads its INFO).
+    ("redis-server", "redis-server"),
+    ("redis-tools", "redis-cli"),
     // The font the bench's plots are labelled with.
     (
         "fonts-dejavu-core",
@@ -223,7 +227,29 @@ fn debian_packages() -> Result<()> {
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
     .context("apt-get install failed")?;
+    if missing.contains(&"redis-server") {
+        quiet_packaged_redis();
+    }
     Ok(())
+}
+
+/// Debian starts the packaged redis-server as a service on 127.0.0.1:6379; nothing here
+/// uses it (tests start their own, on ports they pick), so it is stopped and disabled.
+fn quiet_packaged_redis() {
+    if Path::new("/run/systemd/system").exists() {
+        step("redis-server: stopping the packaged service (tests start their own)");
+        let _ = Command::new("systemctl")
+            .args(["disable", "--now", "redis-server"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    } else {
+        let _ = Command::new("service")
+            .args(["redis-server", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
 }
 
 #[cfg(test)]

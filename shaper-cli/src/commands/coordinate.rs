@@ -32,10 +32,11 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Waits briefly for the state lock (a plan or a scrape holds it for milliseconds);
-/// `None` when it stays busy, so this tick installs nothing and the next one retries.
+/// Waits briefly (at most 100 ms) for the state lock, which another daemon's plan may
+/// hold for tens of milliseconds; `None` when it stays busy, so this tick installs nothing
+/// and the next one retries.
 async fn lock_briefly() -> Option<state::StateLock> {
-    for _ in 0..10 {
+    for _ in 0..20 {
         match state::try_lock() {
             Ok(Some(lock)) => return Some(lock),
             Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
@@ -83,11 +84,12 @@ pub(super) async fn run(daemon: Rc<RefCell<Daemon>>) {
         };
         let interval = settings.interval;
         let started = Instant::now();
-        let interfaces = Daemon::interfaces(&daemon.borrow().desired);
-        let classes = match global::host_classes(&interfaces) {
+        let desired = daemon.borrow().desired.clone();
+        let classes = match global::host_classes(&desired) {
             Ok(classes) => classes,
             Err(error) => {
                 log::error!("coordination: cannot read the global classes: {error:#}");
+                tokio::time::sleep(interval).await;
                 continue;
             }
         };
@@ -111,18 +113,29 @@ pub(super) async fn run(daemon: Rc<RefCell<Daemon>>) {
                 answered_unix_ms: 0,
             });
             report(coordinator, &daemon, class, entry).await;
-            let Some(_lock) = lock_briefly().await else {
-                daemon.borrow_mut().health.lock_busy += 1;
-                continue;
-            };
-            let installed = global::install(
-                class,
+            let update = global::update_for(
                 entry.tracker.applied,
                 entry.tracker.hosts,
                 entry.answered_unix_ms,
                 interval,
             );
-            match installed {
+            match global::renew(class, update) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(error) => {
+                    log::error!(
+                        "{} on {}: cannot renew its share: {error:#}",
+                        class.name,
+                        class.location.describe()
+                    );
+                    continue;
+                }
+            }
+            let Some(_lock) = lock_briefly().await else {
+                daemon.borrow_mut().health.lock_busy += 1;
+                continue;
+            };
+            match global::install(class, update) {
                 Ok(true) => log::debug!(
                     "{} on {}: share {}",
                     class.name,
@@ -158,12 +171,13 @@ async fn report(
         tracker.epoch_ms = None;
     }
     let now = Instant::now();
-    let demand = global::demand(
+    let demand = tracker.report_demand(global::demand(
         &entry.usage,
         &class.usage,
         now - entry.at,
         class.share_bits_per_sec,
-    );
+        tracker.fair_share(),
+    ));
     entry.usage = class.usage;
     entry.at = now;
     let event = match coordinator.report(&class.key, demand, tracker).await {

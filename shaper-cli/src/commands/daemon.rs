@@ -84,6 +84,10 @@ pub(super) struct Daemon {
     /// Whether the configured interfaces still get this build's program swapped in (once,
     /// at the first check that holds the lock).
     upgrade_pending: bool,
+    /// The last check found the lock held: check again after a short, per-process
+    /// jittered pause rather than a whole tick later (daemons started together would
+    /// otherwise meet the same holder at every tick).
+    retry_soon: bool,
 }
 
 impl Daemon {
@@ -101,11 +105,12 @@ impl Daemon {
     fn converge(&mut self, prune: Prune) -> Result<bool> {
         let Some(_lock) = state::try_lock()? else {
             self.health.lock_busy += 1;
-            log::warn!(
-                "another shaper command holds the state lock; checking again at the next tick"
-            );
+            if !std::mem::replace(&mut self.retry_soon, true) {
+                log::warn!("another shaper command holds the state lock; checking again shortly");
+            }
             return Ok(false);
         };
+        self.retry_soon = false;
         if std::mem::take(&mut self.upgrade_pending) {
             self.upgrade_attached();
         }
@@ -297,6 +302,7 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
         missing: Vec::new(),
         ebpf_logs: Default::default(),
         upgrade_pending: !args.no_upgrade,
+        retry_soon: false,
     }));
     {
         let mut state = daemon.borrow_mut();
@@ -328,8 +334,12 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
+    let mut retries: u64 = 0;
     loop {
+        let retry_soon = daemon.borrow().retry_soon;
+        retries += u64::from(retry_soon);
         tokio::select! {
+            _ = tokio::time::sleep(retry_pause(retries)), if retry_soon => daemon.borrow_mut().tick(),
             _ = hangup.recv() => daemon.borrow_mut().reload("SIGHUP"),
             _ = ticker.tick() => {
                 let mut state = daemon.borrow_mut();
@@ -346,6 +356,13 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
         log::info!("stopping; shaper stays attached (use --cleanup-on-exit to detach)");
     }
     Ok(())
+}
+
+/// 20-119 ms, differing between processes and attempts, so daemons that found the lock
+/// held do not all come back at the same moment.
+fn retry_pause(attempt: u64) -> Duration {
+    let spread = (u64::from(std::process::id()) * 7919 + attempt * 104_729) % 100;
+    Duration::from_millis(20 + spread)
 }
 
 async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {

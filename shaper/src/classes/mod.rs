@@ -18,7 +18,7 @@ mod table;
 pub(crate) use encode::bucket_cost;
 pub use encode::read_classes;
 pub(crate) use shapes::rank;
-pub use share::{set_share, share_of, ShareUpdate};
+pub use share::{renew_share, set_share, share_of, ShareUpdate};
 pub use table::{add, add_many, change, delete, find, Change};
 
 /// Everything that defines a class.
@@ -115,18 +115,20 @@ pub fn default_floor(limit_bits_per_sec: u64) -> u64 {
         .min(limit_bits_per_sec)
 }
 
-/// A share's burst: the limit's burst split in proportion to the share, never below two
-/// full frames (a smaller bucket would refuse a full-sized packet outright).
+/// A share's burst: the limit's burst split in proportion to the share, but never below
+/// `minimum` (the action's default burst at the share: what TCP needs to keep its rate
+/// through a policer, or a GSO packet through HTB) unless the limit's own burst is smaller.
 pub fn share_burst(
     limit_bits_per_sec: u64,
     limit_burst_bytes: u64,
     share_bits_per_sec: u64,
+    minimum: u64,
 ) -> u64 {
     let split = (limit_burst_bytes as u128 * share_bits_per_sec as u128
         / limit_bits_per_sec.max(1) as u128) as u64;
     split
+        .max(minimum.min(limit_burst_bytes))
         .max(2 * FRAME_BYTES)
-        .min(limit_burst_bytes.max(2 * FRAME_BYTES))
 }
 
 /// A class's place under a parent (`shaper_common::hierarchy`).

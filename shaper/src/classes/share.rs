@@ -29,10 +29,16 @@ pub(super) fn new_share(spec: &ClassSpec, global: &Global, share_bits_per_sec: u
 pub(super) fn at_share(spec: &ClassSpec, share: &GlobalShare) -> ClassSpec {
     let mut rated = spec.clone();
     rated.rate_bits_per_sec = share.share_bits_per_sec;
+    let minimum = if spec.action.action == shaper_common::Action::Shape {
+        crate::units::default_shape_burst(share.share_bits_per_sec)
+    } else {
+        crate::units::default_burst(share.share_bits_per_sec)
+    };
     rated.burst_bytes = share_burst(
         share.limit_bits_per_sec,
         share.limit_burst_bytes,
         share.share_bits_per_sec,
+        minimum,
     );
     rated
 }
@@ -94,10 +100,44 @@ pub fn share_of(attachment: &Attachment, id: u32) -> Result<GlobalShare> {
     Ok(attachment.shares()?.get(&id, 0)?)
 }
 
+/// Renews a global class's share as it is: when `update` keeps the share in force (and
+/// the packet path has not fallen to the floor), its hosts, answer time and expiry are
+/// written and `true` returned; otherwise nothing is written and the share must be
+/// installed with [`set_share`] (under the state lock). One map entry of the daemon's
+/// own: no lock needed.
+pub fn renew_share(attachment: &Attachment, name: &str, update: ShareUpdate) -> Result<bool> {
+    let Some((id, _)) = find(attachment, name)? else {
+        return Ok(false);
+    };
+    let config = attachment.classes()?.get(&id, 0)?;
+    let mut shares = attachment.shares()?;
+    let mut share = shares.get(&id, 0)?;
+    if config.global == 0 || needs_install(&config, &share, update.share_bits_per_sec) {
+        return Ok(false);
+    }
+    share.hosts = update.hosts;
+    share.answered_unix_ms = update.answered_unix_ms;
+    share.floor_version = next_version(&config);
+    share.expires_ns = update.expires_ns;
+    shares.set(id, share, 0)?;
+    Ok(true)
+}
+
+/// Whether `wanted` differs from the share in force, or the packet path installed the
+/// floor (the share expired) and the share must go back in.
+fn needs_install(config: &ClassConfig, share: &GlobalShare, wanted: u64) -> bool {
+    let wanted = wanted.clamp(share.floor_bits_per_sec, share.limit_bits_per_sec);
+    let floored = share.expires_ns == 0
+        && config.version == share.floor_version
+        && config.cost == share.floor.cost
+        && share.share_bits_per_sec != share.floor_bits_per_sec;
+    wanted != share.share_bits_per_sec || floored
+}
+
 /// Installs `update` on global class `name`: a share that differs from the one in force
 /// (or a floor the packet path installed at expiry) is changed in place, bucket and
-/// counters kept; then the floor and the expiry are armed again. Returns whether the
-/// class's rate changed.
+/// counters kept; then the floor and the expiry are armed again. Needs the state lock.
+/// Returns whether the class's rate changed.
 pub fn set_share(attachment: &Attachment, name: &str, update: ShareUpdate) -> Result<bool> {
     let (id, meta) = find(attachment, name)?
         .ok_or_else(|| crate::error::runtime(format!("no class '{name}'")))?;
@@ -110,16 +150,10 @@ pub fn set_share(attachment: &Attachment, name: &str, update: ShareUpdate) -> Re
         )));
     }
     let mut share = shares.get(&id, 0)?;
-    let wanted = update
+    let changed = needs_install(&config, &share, update.share_bits_per_sec);
+    share.share_bits_per_sec = update
         .share_bits_per_sec
         .clamp(share.floor_bits_per_sec, share.limit_bits_per_sec);
-    // The packet path installed the floor (the share expired): the share goes back in.
-    let floored = share.expires_ns == 0
-        && config.version == share.floor_version
-        && config.cost == share.floor.cost
-        && share.share_bits_per_sec != share.floor_bits_per_sec;
-    let changed = wanted != share.share_bits_per_sec || floored;
-    share.share_bits_per_sec = wanted;
     share.hosts = update.hosts;
     share.answered_unix_ms = update.answered_unix_ms;
     if changed {

@@ -174,6 +174,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
 
 /// The classes' tree as far as checks need it: each class's name, parent and the rate it
 /// is guaranteed (0 for a per-key class, whose rate is per key).
+#[derive(Default)]
 struct TreeView {
     classes: BTreeMap<u32, TreeNode>,
     /// Indexes, so a batch of ten thousand children is placed in linear time.
@@ -563,7 +564,13 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
         }
     }
     // The class's place: where it is, or where the change moves it (checked like an add).
-    let tree = TreeView::read(attachment, &attachment.class_list()?)?;
+    // A global class is a top-level leaf: unless the change moves it, there is no tree to
+    // read (its share changes every few intervals).
+    let tree = if config.global != 0 && !moves {
+        TreeView::default()
+    } else {
+        TreeView::read(attachment, &attachment.class_list()?)?
+    };
     let old_parent = tree.classes.get(&id).and_then(|node| node.parent);
     let mut spec = ClassSpec::from_meta(&meta, &config);
     if let Some(placed) = &mut spec.tree {

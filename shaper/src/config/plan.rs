@@ -104,9 +104,20 @@ fn same_class(a: &ClassSpec, b: &ClassSpec) -> bool {
         if s.meter == Meter::None {
             s.exceed = ActionSpec::PASS;
         }
+        s.action = as_written(s.action);
         s
     };
     normal(a) == normal(b)
+}
+
+/// An action as a file writes it: a shape class's argument is the HTB leaf shaper picked,
+/// never part of the file.
+fn as_written(action: ActionSpec) -> ActionSpec {
+    if action.action == Action::Shape {
+        ActionSpec::plain(Action::Shape)
+    } else {
+        action
+    }
 }
 
 /// What differs, when only rate, burst and action differ.
@@ -124,7 +135,7 @@ fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::
     let change = classes::Change {
         rate_bits_per_sec: changed(current.rate_bits_per_sec, wanted.rate_bits_per_sec),
         burst_bytes: changed(current.burst_bytes, wanted.burst_bytes),
-        action: (current.action != wanted.action).then_some(wanted.action),
+        action: (as_written(current.action) != as_written(wanted.action)).then_some(wanted.action),
         codel_target_ns: current
             .codel
             .zip(wanted.codel)
@@ -422,6 +433,21 @@ mod tests {
         other_port.rule.dport = PortRange { lo: 1, hi: 1 };
         assert!(in_place_change(&current, &other_port).is_none());
         assert!(same_class(&current, &current.clone()));
+    }
+
+    #[test]
+    fn a_shape_class_read_back_with_its_htb_leaf_is_the_file_s_class() {
+        let file = "[[interface]]\ndev = \"planned0\"\n[[interface.class]]\nname = \"vm\"\nrate = \"10mbit\"\naction = \"shape\"\n";
+        let desired = parse("shape.toml", file).unwrap();
+        let wanted = desired.interfaces[0].classes[0].1.clone();
+        let mut current = wanted.clone();
+        // What `class add` stored: the class's bulk HTB leaf.
+        current.action.arg = 0x1_0002;
+        assert!(same_class(&current, &wanted));
+        let mut faster = wanted.clone();
+        faster.rate_bits_per_sec *= 2;
+        let (change, _) = in_place_change(&current, &faster).unwrap();
+        assert_eq!(change.action, None, "the leaf is not an action change");
     }
 
     #[test]

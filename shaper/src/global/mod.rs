@@ -50,14 +50,26 @@ pub struct Usage {
     pub passed_bytes: u64,
     pub dropped_bytes: u64,
     pub marked_bytes: u64,
+    /// A shape class's queue stands (its virtual queue above CoDel's target, or CoDel
+    /// dropping) at this moment: it holds back traffic that would go now.
+    pub backlogged: bool,
 }
 
-/// What this host asks for, from the class's counters over the last interval: a host
-/// that was held back (it dropped or marked more than 1 % of what it offered, or sent
-/// 95 % of its share) could use more, and asks for what it was offered, at least a
-/// quarter above its share; any other host asks for what it sent and a tenth more (so a
-/// steady sender below its share is never held back by its own demand).
-pub fn demand(before: &Usage, after: &Usage, elapsed: Duration, share_bits_per_sec: u64) -> u64 {
+/// What this host asks for, from the class's counters over the last interval. A host
+/// that was held back (its shape queue stands, it dropped or marked more than 1 % of
+/// what it offered, or it sent 95 % of its share) could use more: it asks for what it was offered, at least a quarter
+/// above its share and at least `fair_bits_per_sec` (the limit over the hosts last
+/// counted), so a host squeezed to a small share by elastic traffic elsewhere gets an
+/// equal part back at once instead of growing a quarter per interval. Any other host asks
+/// for what it sent and a tenth more (so a steady sender below its share is never held
+/// back by its own demand).
+pub fn demand(
+    before: &Usage,
+    after: &Usage,
+    elapsed: Duration,
+    share_bits_per_sec: u64,
+    fair_bits_per_sec: u64,
+) -> u64 {
     let seconds = elapsed.as_secs_f64().max(1e-3);
     let rate = |bytes: u64| bytes as f64 * 8.0 / seconds;
     let passed = after.passed_bytes.saturating_sub(before.passed_bytes);
@@ -65,10 +77,13 @@ pub fn demand(before: &Usage, after: &Usage, elapsed: Duration, share_bits_per_s
     let marked = after.marked_bytes.saturating_sub(before.marked_bytes);
     let offered = passed + dropped;
     let share = share_bits_per_sec as f64;
-    let held_back =
-        (dropped + marked) * 100 > offered || rate(passed) >= 0.95 * share && share > 0.0;
+    let held_back = after.backlogged
+        || (dropped + marked) * 100 > offered
+        || rate(passed) >= 0.95 * share && share > 0.0;
     let wanted = if held_back {
-        rate(offered).max(1.25 * share)
+        rate(offered)
+            .max(1.25 * share)
+            .max(fair_bits_per_sec as f64)
     } else {
         1.1 * rate(passed)
     };
@@ -99,6 +114,8 @@ pub struct Tracker {
     pub hosts: u32,
     /// Ticks in a row without an answer.
     pub missed: u32,
+    /// The demand last reported (see [`Tracker::report_demand`]).
+    pub demand: u64,
     pub epoch_ms: Option<u64>,
 }
 
@@ -124,8 +141,25 @@ impl Tracker {
             last_answer: None,
             hosts: 0,
             missed: 0,
+            demand: 0,
             epoch_ms: None,
         }
+    }
+
+    /// The demand to report from this interval's `measured` one: it rises at once but
+    /// falls by at most half per interval. An elastic sender (TCP) needs a few round
+    /// trips to grow into a share it was just given; judged by one interval it would look
+    /// idle, lose the share, collapse and ask again, never settling. A host that stopped
+    /// still gives its share up within a few intervals (30 Mbit/s to under 1 in five).
+    pub fn report_demand(&mut self, measured: u64) -> u64 {
+        self.demand = measured.max(self.demand / 2);
+        self.demand
+    }
+
+    /// An equal part of the limit among the hosts last counted (the whole limit before
+    /// any answer).
+    pub fn fair_share(&self) -> u64 {
+        self.limit_bits_per_sec / u64::from(self.hosts.max(1))
     }
 
     /// Redis answered: lower at once, rise an answer later.
@@ -189,33 +223,54 @@ pub struct HostClass {
     pub usage: Usage,
 }
 
-/// Every global class attached on `interfaces` (netns, dev), read from the pins.
-pub fn host_classes(interfaces: &[(Option<String>, String)]) -> anyhow::Result<Vec<HostClass>> {
+/// Every global class `desired` names that is in place now, with its share and counters
+/// (hash lookups only: no scan of the class table, which a debug build takes tens of
+/// milliseconds over). Classes not applied yet are left out.
+pub fn host_classes(desired: &crate::config::Desired) -> anyhow::Result<Vec<HostClass>> {
     let mut found = Vec::new();
-    for location in state::list_locations(None)? {
-        if !interfaces.contains(&(location.netns.clone(), location.dev.clone())) {
-            continue;
-        }
-        let Ok(attachment) = Attachment::open(&location) else {
-            continue;
-        };
-        for view in classes::read_classes(&attachment)? {
-            let Some(global) = view.spec.global else {
+    for interface in &desired.interfaces {
+        for (direction, spec) in &interface.classes {
+            let Some(global) = &spec.global else {
                 continue;
             };
-            let share = classes::share_of(&attachment, view.id)?;
+            let location = Location {
+                netns: interface.netns.clone(),
+                dev: interface.dev.clone(),
+                direction: *direction,
+            };
+            if !location.dir().exists() {
+                continue;
+            }
+            let Ok(attachment) = Attachment::open(&location) else {
+                continue;
+            };
+            let Some((id, _)) = attachment.find_class(&spec.name)? else {
+                continue;
+            };
+            let share = classes::share_of(&attachment, id)?;
+            if share.limit_bits_per_sec == 0 {
+                // Not (yet) a global class in the kernel.
+                continue;
+            }
+            let stats = attachment.class_stats(id)?;
+            let config = attachment.classes()?.get(&id, 0)?;
+            let backlogged = config.action == shaper_common::Action::Shape as u8 && {
+                let (delay_ns, dropping) = attachment.shape_queue(id)?;
+                dropping || delay_ns > config.codel.target_ns
+            };
             found.push(HostClass {
-                location: location.clone(),
-                name: view.spec.name,
-                key: global.key,
-                limit_bits_per_sec: view.spec.rate_bits_per_sec,
-                floor_bits_per_sec: global.floor_bits_per_sec,
+                location,
+                name: spec.name.clone(),
+                key: global.key.clone(),
+                limit_bits_per_sec: share.limit_bits_per_sec,
+                floor_bits_per_sec: share.floor_bits_per_sec,
                 on_loss: global.on_loss,
                 share_bits_per_sec: share.share_bits_per_sec,
                 usage: Usage {
-                    passed_bytes: view.stats.passed_bytes,
-                    dropped_bytes: view.stats.dropped_bytes,
-                    marked_bytes: view.stats.marked_bytes,
+                    passed_bytes: stats.passed_bytes,
+                    dropped_bytes: stats.dropped_bytes,
+                    marked_bytes: stats.marked_bytes,
+                    backlogged,
                 },
             });
         }
@@ -223,23 +278,32 @@ pub fn host_classes(interfaces: &[(Option<String>, String)]) -> anyhow::Result<V
     Ok(found)
 }
 
-/// Installs a share on a global class (inside its namespace: a shape class's HTB class
-/// follows), arming the expiry `EXPIRY_INTERVALS` intervals from now. Needs the state
-/// lock. Whether the rate changed.
-pub fn install(
-    class: &HostClass,
+/// A share for `class` as the packet path takes it: the expiry armed `EXPIRY_INTERVALS`
+/// intervals from now.
+pub fn update_for(
     share_bits_per_sec: u64,
     hosts: u32,
     answered_unix_ms: u64,
     interval: Duration,
-) -> anyhow::Result<bool> {
-    let expires_ns = state::monotonic_ns() + (interval * EXPIRY_INTERVALS).as_nanos() as u64;
-    let update = ShareUpdate {
+) -> ShareUpdate {
+    ShareUpdate {
         share_bits_per_sec,
         hosts,
         answered_unix_ms,
-        expires_ns,
-    };
+        expires_ns: state::monotonic_ns() + (interval * EXPIRY_INTERVALS).as_nanos() as u64,
+    }
+}
+
+/// Renews `class`'s share when it stays as it is (no lock needed); `false` when it must
+/// be installed with [`install`].
+pub fn renew(class: &HostClass, update: ShareUpdate) -> anyhow::Result<bool> {
+    let attachment = Attachment::open(&class.location)?;
+    classes::renew_share(&attachment, &class.name, update)
+}
+
+/// Installs a new share on `class`, inside its namespace (a shape class's HTB class
+/// follows). Needs the state lock. Whether the rate changed.
+pub fn install(class: &HostClass, update: ShareUpdate) -> anyhow::Result<bool> {
     crate::netns::in_namespace(&class.location.netns, || {
         let attachment = Attachment::open(&class.location)?;
         classes::set_share(&attachment, &class.name, update)
@@ -350,6 +414,7 @@ mod tests {
             passed_bytes: passed,
             dropped_bytes: dropped,
             marked_bytes: 0,
+            backlogged: false,
         }
     }
 
@@ -357,22 +422,54 @@ mod tests {
     fn a_held_back_host_asks_for_what_it_was_offered() {
         let second = Duration::from_secs(1);
         // 10 Mbit/s passed, 20 dropped, share 10: offered 30.
+        let fair = 10 * MBIT;
         let wanted = demand(
             &usage(0, 0),
             &usage(10 * MBIT / 8, 20 * MBIT / 8),
             second,
             10 * MBIT,
+            fair,
         );
         assert_eq!(wanted, 30 * MBIT);
         // An elastic sender using its whole share asks for a quarter more.
-        let wanted = demand(&usage(0, 0), &usage(10 * MBIT / 8, 0), second, 10 * MBIT);
+        let wanted = demand(
+            &usage(0, 0),
+            &usage(10 * MBIT / 8, 0),
+            second,
+            10 * MBIT,
+            fair,
+        );
         assert_eq!(wanted, 12_500_000);
+        // ... and one squeezed to 1 Mbit/s asks for an equal part at once.
+        let wanted = demand(&usage(0, 0), &usage(MBIT / 8, 0), second, MBIT, fair);
+        assert_eq!(wanted, fair);
         // A steady 5 Mbit/s sender with a share of 10 asks for 5.5.
-        let wanted = demand(&usage(0, 0), &usage(5 * MBIT / 8, 0), second, 10 * MBIT);
+        let wanted = demand(
+            &usage(0, 0),
+            &usage(5 * MBIT / 8, 0),
+            second,
+            10 * MBIT,
+            fair,
+        );
         assert_eq!(wanted, 5_500_000);
         // ... and keeps it at its own share of 5.5: 5 is below 95 % of it.
-        let wanted = demand(&usage(0, 0), &usage(5 * MBIT / 8, 0), second, 5_500_000);
+        let wanted = demand(
+            &usage(0, 0),
+            &usage(5 * MBIT / 8, 0),
+            second,
+            5_500_000,
+            fair,
+        );
         assert_eq!(wanted, 5_500_000);
+        // A shape class whose queue stands is held back, whatever it sent.
+        let standing = Usage {
+            backlogged: true,
+            ..usage(MBIT / 8, 0)
+        };
+        assert_eq!(
+            demand(&usage(0, 0), &standing, second, 5 * MBIT, fair),
+            fair
+        );
     }
 
     #[test]
@@ -400,6 +497,15 @@ mod tests {
         let mut restarted = answer(10 * MBIT);
         restarted.epoch_ms = 8;
         assert_eq!(tracker.answered(restarted), Event::Relearning);
+    }
+
+    #[test]
+    fn demand_rises_at_once_and_halves_at_most_per_interval() {
+        let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT);
+        assert_eq!(tracker.report_demand(20 * MBIT), 20 * MBIT);
+        assert_eq!(tracker.report_demand(MBIT), 10 * MBIT);
+        assert_eq!(tracker.report_demand(0), 5 * MBIT);
+        assert_eq!(tracker.report_demand(8 * MBIT), 8 * MBIT);
     }
 
     #[test]

@@ -320,14 +320,17 @@ impl Attachment {
         Ok((meta.in_use != 0 && meta.name == key).then_some((id, meta)))
     }
 
-    /// Every class in use: (class id, description), in creation order.
+    /// Every class in use: (class id, description), in creation order. Walks the name
+    /// index (as many entries as classes), not the 16 384 slots of the class table: the
+    /// daemon reads the list at every check.
     pub fn class_list(&self) -> Result<Vec<(u32, ClassMeta)>> {
         let meta = self.meta()?;
         let mut list = Vec::new();
-        for (id, entry) in meta.iter().enumerate() {
-            let entry = entry?;
-            if entry.in_use != 0 {
-                list.push((id as u32, entry));
+        for entry in self.class_index()?.iter() {
+            let (name, id) = entry?;
+            let entry = meta.get(&id, 0)?;
+            if entry.in_use != 0 && entry.name == name {
+                list.push((id, entry));
             }
         }
         list.sort_by_key(|(_, m)| m.seq);

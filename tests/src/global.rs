@@ -1,0 +1,547 @@
+//! The lab for global classes: hosts, each a namespace with its own attachment and its
+//! own `shaper daemon` (own config, own metrics port), one sink namespace they all send
+//! to, and a real redis-server on loopback that the daemons agree through.
+//!
+//! ```text
+//!  [pod i ns]                        host i ns                         sink ns
+//!  [p0 198.18.(40+i).2 ─── v0 198.18.(40+i).1]  h0 198.18.(20+i).2/24 ─── s<i> 198.18.(20+i).1/24
+//! ```
+//! With pods ([`GlobalClass::pods`]), each host forwards a pod's traffic to the sink, as a
+//! node forwards its containers' (the TCP test sends from the pods).
+//! Each host's class on `h0` egress is the global class (`global = KEY`, rate = the
+//! limit); what each host gets through is read at the sink (`s<i>` rx bytes) in 500 ms
+//! windows. Daemons run in the host's namespace as root sees it (the file names the
+//! namespace), so they reach Redis on loopback. Everything is removed on drop.
+
+use crate::{
+    cleanup::{remove_namespace, sweep_stale},
+    process::{output_bounded, shaper_bin, wait_bounded},
+    redis::{free_port, RedisServer},
+    topology::{Netns, NAME_PREFIX},
+};
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+/// The window the targets take medians over.
+pub const WINDOW: Duration = Duration::from_millis(500);
+/// The host's device (in its namespace).
+pub const HOST_DEV: &str = "h0";
+
+static COUNTER: AtomicU32 = AtomicU32::new(500);
+
+/// A host's address, and the sink's address on the host's link.
+pub fn host_addr(index: usize) -> String {
+    format!("198.18.{}.2", 20 + index)
+}
+
+pub fn sink_addr(index: usize) -> String {
+    format!("198.18.{}.1", 20 + index)
+}
+
+/// The address of the pod behind host `index`.
+pub fn pod_addr(index: usize) -> String {
+    format!("198.18.{}.2", 40 + index)
+}
+
+/// One daemon process with its file and log.
+struct DaemonProcess {
+    child: Child,
+    metrics_port: u16,
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = wait_bounded(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+/// What a global class looks like in every host's file.
+#[derive(Clone, Debug)]
+pub struct GlobalClass {
+    pub limit: &'static str,
+    pub action: &'static str,
+    pub on_loss: &'static str,
+    pub interval: &'static str,
+    /// A pod namespace behind each host, whose traffic the host forwards.
+    pub pods: bool,
+}
+
+impl Default for GlobalClass {
+    fn default() -> Self {
+        Self {
+            limit: "30mbit",
+            action: "drop",
+            on_loss: "static",
+            interval: "250ms",
+            pods: false,
+        }
+    }
+}
+
+pub struct GlobalLab {
+    pub hosts: Vec<Netns>,
+    /// The pods behind the hosts (empty without [`GlobalClass::pods`]).
+    pub pods: Vec<Netns>,
+    pub sink: Netns,
+    pub redis: RedisServer,
+    pub class: GlobalClass,
+    /// The global key (unique per lab, so labs never share Redis state).
+    pub key: String,
+    daemons: Vec<Option<DaemonProcess>>,
+    files: Vec<PathBuf>,
+    logs: Vec<PathBuf>,
+    senders: Vec<Option<Child>>,
+}
+
+impl GlobalLab {
+    pub fn new(hosts: usize, class: GlobalClass) -> Result<Self> {
+        shaper_bin();
+        sweep_stale();
+        let id = format!(
+            "{NAME_PREFIX}{}x{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut lab = Self {
+            hosts: (0..hosts)
+                .map(|i| Netns {
+                    name: format!("{id}-g{i}"),
+                })
+                .collect(),
+            pods: (0..hosts)
+                .filter(|_| class.pods)
+                .map(|i| Netns {
+                    name: format!("{id}-p{i}"),
+                })
+                .collect(),
+            sink: Netns {
+                name: format!("{id}-sink"),
+            },
+            redis: RedisServer::start()?,
+            class,
+            key: format!("lab-{id}"),
+            daemons: Vec::new(),
+            files: Vec::new(),
+            logs: Vec::new(),
+            senders: (0..hosts).map(|_| None).collect(),
+        };
+        lab.build().context("building the global lab failed")?;
+        for index in 0..hosts {
+            lab.start_daemon(index)?;
+        }
+        lab.wait_attached()?;
+        Ok(lab)
+    }
+
+    fn build(&self) -> Result<()> {
+        let ip = |args: &[&str]| -> Result<()> {
+            let output = output_bounded(Command::new("ip").args(args), Duration::from_secs(10))?;
+            if !output.status.success() {
+                bail!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            Ok(())
+        };
+        ip(&["netns", "add", &self.sink.name])?;
+        ip(&["-n", &self.sink.name, "link", "set", "lo", "up"])?;
+        for (index, host) in self.hosts.iter().enumerate() {
+            let sink_dev = format!("s{index}");
+            ip(&["netns", "add", &host.name])?;
+            ip(&["-n", &host.name, "link", "set", "lo", "up"])?;
+            ip(&[
+                "-n",
+                &host.name,
+                "link",
+                "add",
+                HOST_DEV,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &sink_dev,
+                "netns",
+                &self.sink.name,
+            ])?;
+            let host_cidr = format!("{}/24", host_addr(index));
+            let sink_cidr = format!("{}/24", sink_addr(index));
+            ip(&["-n", &host.name, "addr", "add", &host_cidr, "dev", HOST_DEV])?;
+            ip(&[
+                "-n",
+                &self.sink.name,
+                "addr",
+                "add",
+                &sink_cidr,
+                "dev",
+                &sink_dev,
+            ])?;
+            ip(&["-n", &host.name, "link", "set", HOST_DEV, "up"])?;
+            ip(&["-n", &self.sink.name, "link", "set", &sink_dev, "up"])?;
+        }
+        for (index, (pod, host)) in self.pods.iter().zip(&self.hosts).enumerate() {
+            let pod_cidr = format!("{}/24", pod_addr(index));
+            let gateway = format!("198.18.{}.1", 40 + index);
+            let pod_net = format!("198.18.{}.0/24", 40 + index);
+            ip(&["netns", "add", &pod.name])?;
+            ip(&["-n", &pod.name, "link", "set", "lo", "up"])?;
+            ip(&[
+                "-n", &pod.name, "link", "add", "p0", "type", "veth", "peer", "name", "v0",
+                "netns", &host.name,
+            ])?;
+            ip(&["-n", &pod.name, "addr", "add", &pod_cidr, "dev", "p0"])?;
+            ip(&[
+                "-n",
+                &host.name,
+                "addr",
+                "add",
+                &format!("{gateway}/24"),
+                "dev",
+                "v0",
+            ])?;
+            ip(&["-n", &pod.name, "link", "set", "p0", "up"])?;
+            // The pods send wire-sized segments, not 64 KiB TSO aggregates: the shape
+            // path's CoDel drops a whole aggregate at once (see the README's limits).
+            let offloads = output_bounded(
+                pod.command("ethtool")
+                    .args(["-K", "p0", "tso", "off", "gso", "off"]),
+                Duration::from_secs(10),
+            )?;
+            if !offloads.status.success() {
+                bail!("cannot turn TSO/GSO off in {} (needs ethtool)", pod.name);
+            }
+            ip(&["-n", &host.name, "link", "set", "v0", "up"])?;
+            ip(&[
+                "-n",
+                &pod.name,
+                "route",
+                "add",
+                &format!("{}/32", sink_addr(index)),
+                "via",
+                &gateway,
+            ])?;
+            ip(&[
+                "-n",
+                &self.sink.name,
+                "route",
+                "add",
+                &pod_net,
+                "via",
+                &host_addr(index),
+            ])?;
+            let forward = output_bounded(
+                host.command("sysctl")
+                    .args(["-qw", "net.ipv4.ip_forward=1"]),
+                Duration::from_secs(10),
+            )?;
+            if !forward.status.success() {
+                bail!("cannot turn forwarding on in {}", host.name);
+            }
+        }
+        Ok(())
+    }
+
+    fn file_text(&self, index: usize) -> String {
+        let class = &self.class;
+        format!(
+            "[coordination]\nredis = \"{}\"\nhost_id = \"host-{index}\"\ninterval = \"{}\"\n\n\
+             [[interface]]\ndev = \"{HOST_DEV}\"\nnetns = \"{}\"\n\n\
+             [[interface.class]]\nname = \"tenant\"\nrate = \"{}\"\naction = \"{}\"\n\
+             global = \"{}\"\non_coordinator_loss = \"{}\"\n",
+            self.redis.url(),
+            class.interval,
+            self.hosts[index].name,
+            class.limit,
+            class.action,
+            self.key,
+            class.on_loss
+        )
+    }
+
+    /// Starts (or starts again) host `index`'s daemon.
+    pub fn start_daemon(&mut self, index: usize) -> Result<()> {
+        let dir = std::env::temp_dir();
+        let file = dir.join(format!("{}.toml", self.hosts[index].name));
+        let log = dir.join(format!("{}.log", self.hosts[index].name));
+        std::fs::write(&file, self.file_text(index))?;
+        let metrics_port = free_port()?;
+        let mut command = Command::new(shaper_bin());
+        // The daemons run outside the lab's namespaces: they die with this test process
+        // even when it is killed before its drops run.
+        unsafe {
+            use std::os::unix::process::CommandExt as _;
+            command.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let child = command
+            .args(["daemon", "-f"])
+            .arg(&file)
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
+            .args(["--interval", "1s"])
+            .env(
+                "RUST_LOG",
+                std::env::var("SHAPER_LAB_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("cannot start shaper daemon")?;
+        let process = DaemonProcess {
+            child,
+            metrics_port,
+        };
+        if index < self.daemons.len() {
+            self.daemons[index] = Some(process);
+        } else {
+            self.daemons.push(Some(process));
+            self.files.push(file);
+            self.logs.push(log);
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs host `index`'s daemon (what the kernel holds stays).
+    pub fn kill_daemon(&mut self, index: usize) {
+        self.daemons[index] = None;
+    }
+
+    pub fn daemon_log(&self, index: usize) -> String {
+        std::fs::read_to_string(&self.logs[index]).unwrap_or_default()
+    }
+
+    fn wait_attached(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for index in 0..self.hosts.len() {
+            while self.class_row(index).is_err() {
+                if Instant::now() > deadline {
+                    bail!(
+                        "host {index}'s daemon did not attach its class; log:\n{}",
+                        self.daemon_log(index)
+                    );
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// Host `index`'s global class as `shaper stats --json` shows it.
+    pub fn class_row(&self, index: usize) -> Result<Value> {
+        class_row_in(&self.hosts[index].name)
+    }
+
+    /// Host `index`'s share now (bit/s), as installed in its maps.
+    pub fn share(&self, index: usize) -> Result<u64> {
+        self.class_row(index)?["share_bps"]
+            .as_u64()
+            .context("no share_bps")
+    }
+
+    /// Starts (or restarts at another rate) host `index`'s UDP sender toward the sink:
+    /// iperf3 at `rate` for at most `seconds`, 1200-byte datagrams.
+    pub fn send(&mut self, index: usize, rate: &str, seconds: u32) -> Result<()> {
+        self.stop_sender(index);
+        let port = 5400 + index as u16;
+        // One server per host link, started once; iperf3 -s serves tests one after another.
+        if !self.sink_server_running(port) {
+            let server = self
+                .sink
+                .command("iperf3")
+                .args(["-s", "-p", &port.to_string(), "-B", &sink_addr(index)])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            std::mem::forget(server); // killed with the sink namespace
+            thread::sleep(Duration::from_millis(300));
+        }
+        let sender = self.hosts[index]
+            .command("iperf3")
+            .args(["-u", "-c", &sink_addr(index), "-p", &port.to_string()])
+            .args(["-b", rate, "-l", "1200", "-t", &seconds.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.senders[index] = Some(sender);
+        Ok(())
+    }
+
+    fn sink_server_running(&self, port: u16) -> bool {
+        output_bounded(
+            self.sink
+                .command("ss")
+                .args(["-Hltn", &format!("sport = :{port}")]),
+            Duration::from_secs(5),
+        )
+        .is_ok_and(|out| !out.stdout.is_empty())
+    }
+
+    pub fn stop_sender(&mut self, index: usize) {
+        if let Some(mut sender) = self.senders[index].take() {
+            let _ = sender.kill();
+            let _ = wait_bounded(&mut sender, Duration::from_secs(5));
+        }
+    }
+
+    /// Bytes each host link has delivered to the sink so far.
+    fn delivered(&self) -> Result<Vec<u64>> {
+        let output = output_bounded(
+            Command::new("ip").args(["-n", &self.sink.name, "-j", "-s", "link", "show"]),
+            Duration::from_secs(5),
+        )?;
+        let links: Value = serde_json::from_slice(&output.stdout)?;
+        (0..self.hosts.len())
+            .map(|index| {
+                let name = format!("s{index}");
+                links
+                    .as_array()
+                    .and_then(|links| links.iter().find(|l| l["ifname"] == name.as_str()))
+                    .and_then(|link| link["stats64"]["rx"]["bytes"].as_u64())
+                    .with_context(|| format!("no rx bytes for {name}"))
+            })
+            .collect()
+    }
+
+    /// Each host's delivered rate (bit/s, as on the wire) over consecutive windows of
+    /// `WINDOW` for `duration`; `during` runs once per window (to act mid-run).
+    pub fn windows(
+        &mut self,
+        duration: Duration,
+        mut during: impl FnMut(&mut Self, usize) -> Result<()>,
+    ) -> Result<Vec<Vec<f64>>> {
+        let count = (duration.as_millis() / WINDOW.as_millis()) as usize;
+        let mut rates = Vec::with_capacity(count);
+        let mut last = self.delivered()?;
+        let mut at = Instant::now();
+        let mut next = at + WINDOW;
+        for window in 0..count {
+            during(self, window)?;
+            let now = Instant::now();
+            if next > now {
+                thread::sleep(next - now);
+            }
+            let bytes = self.delivered()?;
+            let now = Instant::now();
+            let seconds = (now - at).as_secs_f64();
+            rates.push(
+                bytes
+                    .iter()
+                    .zip(&last)
+                    .map(|(after, before)| (after - before) as f64 * 8.0 / seconds)
+                    .collect(),
+            );
+            last = bytes;
+            at = now;
+            next += WINDOW;
+        }
+        Ok(rates)
+    }
+}
+
+impl GlobalLab {
+    /// One TCP flow (the namespaces' default congestion control, Cubic) from every host
+    /// (its pod, when it has one) to the sink at once for `seconds`: each client's iperf3
+    /// JSON.
+    pub fn tcp_all(&self, seconds: u32) -> Result<Vec<Value>> {
+        let senders = if self.pods.is_empty() {
+            &self.hosts
+        } else {
+            &self.pods
+        };
+        std::thread::scope(|scope| {
+            let runs: Vec<_> = senders
+                .iter()
+                .enumerate()
+                .map(|(index, host)| {
+                    let sink = &self.sink;
+                    scope.spawn(move || {
+                        let args: Vec<String> =
+                            ["-c", &sink_addr(index), "-t", &seconds.to_string()]
+                                .iter()
+                                .map(|arg| arg.to_string())
+                                .collect();
+                        crate::iperf::run(host, sink, 5500 + index as u16, &args, 1.0, seconds)
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .map(|run| run.join().expect("an iperf3 thread panicked"))
+                .collect()
+        })
+    }
+
+    /// Host `index`'s daemon's /metrics.
+    pub fn metrics(&self, index: usize) -> Result<String> {
+        use std::io::{Read as _, Write as _};
+        let daemon = self.daemons[index]
+            .as_ref()
+            .context("that daemon is stopped")?;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", daemon.metrics_port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    }
+}
+
+/// The global class `tenant` on `h0` in namespace `netns`, as `shaper stats --json`
+/// shows it (usable from another thread while the lab runs).
+pub fn class_row_in(netns: &str) -> Result<Value> {
+    let output = output_bounded(
+        Command::new(shaper_bin()).args(["--netns", netns, "stats", "--json", "--dev", HOST_DEV]),
+        Duration::from_secs(10),
+    )?;
+    if !output.status.success() {
+        bail!("{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let rows: Value = serde_json::from_slice(&output.stdout)?;
+    rows.as_array()
+        .and_then(|rows| rows.iter().find(|row| row["name"] == "tenant"))
+        .cloned()
+        .context("no class tenant yet")
+}
+
+/// The median of `values`.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+impl Drop for GlobalLab {
+    fn drop(&mut self) {
+        for index in 0..self.senders.len() {
+            self.stop_sender(index);
+        }
+        self.daemons.clear();
+        for ns in self
+            .pods
+            .iter()
+            .chain(&self.hosts)
+            .chain(std::iter::once(&self.sink))
+        {
+            remove_namespace(&ns.name);
+        }
+        for path in self.files.iter().chain(&self.logs) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! Global classes: one limit across hosts, agreed through a real redis-server.
+//!
+//! - the allocation script against Redis itself: warm-up, max-min fill, forgetting;
+//! - three hosts (namespaces), each with its own attachment and daemon, one sink: the
+//!   limit held together, an app-limited host, a host that stops, Redis killed and
+//!   restarted empty, a daemon killed, one Redis call per class, host and interval;
+//! - TCP through a global shape class.
+
+use anyhow::Result;
+use shaper::global::{redis_key, ALLOCATE, EXPIRY_INTERVALS, HEADROOM_PPM};
+use shaper_tests::{
+    global::{class_row_in, WINDOW},
+    median, GlobalClass, GlobalLab, RedisServer,
+};
+use std::{
+    thread,
+    time::{Duration, Instant},
+};
+
+const LIMIT: f64 = 30e6;
+const MBIT: u64 = 1_000_000;
+
+/// One report through the allocation script: (share, hosts).
+fn allocate(
+    redis: &RedisServer,
+    key: &str,
+    host: &str,
+    demand: u64,
+    current: u64,
+    interval_ms: u64,
+) -> (u64, u64) {
+    let reply = redis
+        .cli(&[
+            "EVAL",
+            ALLOCATE,
+            "1",
+            &redis_key(key),
+            host,
+            &demand.to_string(),
+            &current.to_string(),
+            &(30 * MBIT).to_string(),
+            &(300_000).to_string(),
+            &interval_ms.to_string(),
+            &HEADROOM_PPM.to_string(),
+        ])
+        .unwrap();
+    let numbers: Vec<u64> = reply
+        .lines()
+        .map(|line| line.trim().parse().unwrap())
+        .collect();
+    (numbers[0], numbers[1])
+}
+
+#[test]
+fn the_allocation_script_fills_max_min_and_forgets_silent_hosts() {
+    let redis = RedisServer::start().unwrap();
+    let interval = 100;
+    // A new state: for two intervals nobody rises above what it holds.
+    let (share, hosts) = allocate(&redis, "t", "a", 30 * MBIT, 300_000, interval);
+    assert_eq!((share, hosts), (300_000, 1));
+    thread::sleep(Duration::from_millis(2 * interval + 30));
+    // Three saturated hosts (b and c join a): the limit less 2 % in three, once all three
+    // have reported.
+    allocate(&redis, "t", "b", 30 * MBIT, 300_000, interval);
+    for host in ["c", "a", "b"] {
+        let (share, hosts) = allocate(&redis, "t", host, 30 * MBIT, 300_000, interval);
+        assert_eq!((share, hosts), (9_800_000, 3), "host {host}");
+    }
+    // One host asks for 5.5: the others split the rest.
+    assert_eq!(
+        allocate(&redis, "t", "a", 5_500_000, 9_800_000, interval).0,
+        5_500_000
+    );
+    assert_eq!(
+        allocate(&redis, "t", "b", 30 * MBIT, 9_800_000, interval).0,
+        11_950_000
+    );
+    // Hosts that ask for nothing keep their floor; the spare is spread over everyone.
+    allocate(&redis, "t", "a", 0, 9_800_000, interval);
+    allocate(&redis, "t", "b", 0, 9_800_000, interval);
+    let (share, _) = allocate(&redis, "t", "c", 1_000_000, 9_800_000, interval);
+    assert_eq!(share, 1_000_000 + (29_400_000 - 1_600_000) / 3);
+    // Three intervals of silence and a host is forgotten.
+    thread::sleep(Duration::from_millis(3 * interval + 30));
+    let (share, hosts) = allocate(&redis, "t", "c", 30 * MBIT, 9_800_000, interval);
+    assert_eq!((share, hosts), (29_400_000, 1));
+    // The state survives only while hosts report: it expires after 40 intervals.
+    let ttl: i64 = redis
+        .cli(&["PTTL", &redis_key("t")])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 40 * interval as i64, "ttl {ttl}");
+}
+
+/// Sums of each window.
+fn aggregate(windows: &[Vec<f64>]) -> Vec<f64> {
+    windows.iter().map(|w| w.iter().sum()).collect()
+}
+
+fn column(windows: &[Vec<f64>], host: usize) -> Vec<f64> {
+    windows.iter().map(|w| w[host]).collect()
+}
+
+fn mbit(value: f64) -> String {
+    format!("{:.2}", value / 1e6)
+}
+
+#[test]
+fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()> {
+    let class = GlobalClass::default();
+    let interval = Duration::from_millis(250);
+    let mut lab = GlobalLab::new(3, class)?;
+    for host in 0..3 {
+        lab.send(host, "20M", 60)?;
+    }
+    let mut all = Vec::new();
+    // 1. All three saturating.
+    lab.windows(Duration::from_secs(3), |_, _| Ok(()))?;
+    // Control traffic is counted over phases 1 and 2 (three live hosts).
+    let calls_from = Instant::now();
+    let calls_before = lab.redis.calls("evalsha")?;
+    let saturated = lab.windows(Duration::from_secs(4), |_, _| Ok(()))?;
+    let total = median(&aggregate(&saturated));
+    println!(
+        "1. saturated: aggregate {} Mbit/s, hosts {} / {} / {}",
+        mbit(total),
+        mbit(median(&column(&saturated, 0))),
+        mbit(median(&column(&saturated, 1))),
+        mbit(median(&column(&saturated, 2)))
+    );
+    assert!(
+        (0.95 * LIMIT..=1.03 * LIMIT).contains(&total),
+        "aggregate {total}"
+    );
+    for host in 0..3 {
+        let rate = median(&column(&saturated, host));
+        assert!(
+            (rate - LIMIT / 3.0).abs() <= 0.1 * LIMIT / 3.0,
+            "host {host}: {rate}"
+        );
+    }
+    all.extend(saturated);
+    // The daemon's metrics and `shaper stats` show the share, the hosts and the age.
+    let metrics = lab.metrics(1)?;
+    let sample = |name: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(&format!("{name}{{")))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse::<f64>().ok())
+    };
+    assert_eq!(sample("shaper_class_global_hosts"), Some(3.0), "{metrics}");
+    let share = sample("shaper_class_global_share_bytes_per_second").unwrap_or(0.0) * 8.0;
+    assert!(
+        (share - 0.98 * LIMIT / 3.0).abs() < 0.05 * LIMIT / 3.0,
+        "share {share}"
+    );
+    assert!(sample("shaper_class_global_share_age_seconds").is_some_and(|age| age < 1.0));
+    assert_eq!(sample("shaper_class_global_share_expired"), Some(0.0));
+    let row = lab.class_row(1)?;
+    assert_eq!(row["hosts"], 3, "{row}");
+    assert_eq!(row["global"], lab.key.as_str());
+
+    // 2. Host 0 app-limited at 5 Mbit/s.
+    lab.send(0, "5M", 40)?;
+    all.extend(lab.windows(Duration::from_secs(2), |_, _| Ok(()))?);
+    let limited = lab.windows(Duration::from_secs(4), |_, _| Ok(()))?;
+    let wanted = (LIMIT - 5e6) / 2.0;
+    println!(
+        "2. host 0 at 5 Mbit/s: hosts {} / {} / {} (want {} each for 1 and 2)",
+        mbit(median(&column(&limited, 0))),
+        mbit(median(&column(&limited, 1))),
+        mbit(median(&column(&limited, 2))),
+        mbit(wanted)
+    );
+    for host in 1..3 {
+        let rate = median(&column(&limited, host));
+        assert!((rate - wanted).abs() <= 0.1 * wanted, "host {host}: {rate}");
+    }
+    all.extend(limited);
+    let calls_elapsed = calls_from.elapsed();
+    let calls = lab.redis.calls("evalsha")? - calls_before;
+
+    // 3. Host 0 stops: the others take the limit within 2 s.
+    let stopped = lab.windows(Duration::from_secs(4), |lab, window| {
+        if window == 0 {
+            lab.stop_sender(0);
+        }
+        Ok(())
+    })?;
+    let others: Vec<f64> = stopped.iter().map(|w| w[1] + w[2]).collect();
+    let reached = others.iter().position(|&rate| rate >= 0.95 * LIMIT);
+    let seconds = reached.map(|i| (i + 1) as f64 * WINDOW.as_secs_f64());
+    println!(
+        "3. host 0 stopped: hosts 1 + 2 per window {:?} Mbit/s, at 0.95 of the limit after {seconds:?} s",
+        others.iter().map(|r| mbit(*r)).collect::<Vec<_>>()
+    );
+    assert!(seconds.is_some_and(|s| s <= 2.0), "{seconds:?}");
+    assert!(median(&others[reached.unwrap()..]) >= 0.95 * LIMIT);
+    all.extend(stopped);
+
+    // 4. Redis killed for 5 s, restarted empty; the shares held (static) meanwhile.
+    lab.send(0, "20M", 40)?;
+    all.extend(lab.windows(Duration::from_secs(2), |_, _| Ok(()))?);
+    let names: Vec<String> = lab.hosts.iter().map(|h| h.name.clone()).collect();
+    let mut watcher = None;
+    let outage = lab.windows(Duration::from_secs(8), |lab, window| {
+        if window == 0 {
+            lab.redis.kill();
+        }
+        if window == 10 {
+            lab.redis.restart_empty()?;
+            let (names, restart) = (names.clone(), Instant::now());
+            watcher = Some(thread::spawn(move || reconverged_after(&names, restart)));
+        }
+        Ok(())
+    })?;
+    let converged = watcher.expect("restarted").join().expect("watcher")?;
+    println!(
+        "4. Redis down 5 s: aggregate per window {:?} Mbit/s; shares re-learnt {:.0} ms after the restart",
+        aggregate(&outage).iter().map(|r| mbit(*r)).collect::<Vec<_>>(),
+        converged.as_secs_f64() * 1000.0
+    );
+    assert!(
+        converged <= 3 * interval,
+        "re-converged after {converged:?}"
+    );
+    all.extend(outage);
+
+    // 5. Host 0's daemon killed: its share expires to the floor, the others take it.
+    let mut killed_at = None;
+    let dead = lab.windows(Duration::from_secs(4), |lab, window| {
+        if window == 0 {
+            lab.kill_daemon(0);
+            killed_at = Some(Instant::now());
+        }
+        Ok(())
+    })?;
+    let others: Vec<f64> = dead.iter().map(|w| w[1] + w[2]).collect();
+    // After its expiry and four more intervals, measured in whole windows.
+    let due = interval * (EXPIRY_INTERVALS + 4);
+    let due_windows = due.as_millis().div_ceil(WINDOW.as_millis()) as usize;
+    println!(
+        "5. host 0's daemon killed: host 0 per window {:?}, hosts 1 + 2 {:?} Mbit/s",
+        column(&dead, 0)
+            .iter()
+            .map(|r| mbit(*r))
+            .collect::<Vec<_>>(),
+        others.iter().map(|r| mbit(*r)).collect::<Vec<_>>()
+    );
+    let row = lab.class_row(0)?;
+    assert_eq!(row["share_expired"], true, "{row}");
+    let floor = row["floor_bps"].as_f64().unwrap();
+    assert!(
+        median(&column(&dead, 0)[due_windows..]) <= 2.0 * floor,
+        "host 0 kept more than its floor"
+    );
+    assert!(
+        others[due_windows..]
+            .iter()
+            .all(|&rate| rate >= 0.95 * (LIMIT - floor)),
+        "hosts 1 and 2 did not take host 0's share within {due:?}"
+    );
+    all.extend(dead);
+
+    // 6. Control traffic: one EVALSHA per class, host and interval at most (the script is
+    // loaded once per Redis run, after NOSCRIPT).
+    let intervals = calls_elapsed.as_secs_f64() / interval.as_secs_f64();
+    let allowed = (3.0 * intervals).ceil() as u64 + 3;
+    println!(
+        "6. {calls} EVALSHA in {:.1} s from 3 hosts (at most {allowed}); script loads since the restart: {}",
+        calls_elapsed.as_secs_f64(),
+        lab.redis.calls("script|load")?
+    );
+    assert!(calls <= allowed, "{calls} > {allowed}");
+    assert!(
+        calls as f64 >= 3.0 * (intervals - 2.0),
+        "the hosts stopped reporting: {calls}"
+    );
+
+    // Never above 1.05 of the limit, in any window of the whole run.
+    let worst = aggregate(&all).into_iter().fold(0.0, f64::max);
+    println!(
+        "highest aggregate window of the run: {} Mbit/s",
+        mbit(worst)
+    );
+    assert!(worst <= 1.05 * LIMIT, "a window reached {worst}");
+    Ok(())
+}
+
+/// How long after `restart` every host had its share answered again by the new Redis
+/// with all three hosts counted. From each host's share age (the answer's own time), so
+/// polling adds at most one poll's lag, never less than the truth.
+fn reconverged_after(hosts: &[String], restart: Instant) -> Result<Duration> {
+    let deadline = restart + Duration::from_secs(10);
+    let mut answered: Vec<Option<Duration>> = vec![None; hosts.len()];
+    while Instant::now() < deadline {
+        for (host, first) in hosts.iter().zip(answered.iter_mut()) {
+            if first.is_some() {
+                continue;
+            }
+            let row = class_row_in(host)?;
+            let age = Duration::from_secs_f64(row["share_age_seconds"].as_f64().unwrap_or(1e9));
+            if let Some(at) = Instant::now().checked_sub(age) {
+                if at > restart && row["hosts"] == 3 {
+                    *first = Some(at - restart);
+                }
+            }
+        }
+        if answered.iter().all(Option::is_some) {
+            return Ok(answered.into_iter().flatten().max().unwrap_or_default());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    anyhow::bail!("the hosts did not re-learn their shares within 10 s: {answered:?}")
+}
+
+/// The mean of iperf3's per-second sender rates from second `from` on.
+fn steady_bps(json: &serde_json::Value, from: usize) -> f64 {
+    let rates: Vec<f64> = json["intervals"]
+        .as_array()
+        .map(|intervals| {
+            intervals
+                .iter()
+                .skip(from)
+                .filter_map(|i| i["sum"]["bits_per_second"].as_f64())
+                .collect()
+        })
+        .unwrap_or_default();
+    rates.iter().sum::<f64>() / rates.len().max(1) as f64
+}
+
+#[test]
+fn tcp_through_a_global_shape_class_fills_the_limit() -> Result<()> {
+    let class = GlobalClass {
+        action: "shape",
+        pods: true,
+        ..GlobalClass::default()
+    };
+    let lab = GlobalLab::new(3, class)?;
+    let runs = lab.tcp_all(20)?;
+    let per_host: Vec<f64> = runs.iter().map(|json| steady_bps(json, 6)).collect();
+    let total: f64 = per_host.iter().sum();
+    println!(
+        "7. one Cubic flow per host through a global shape class: {} Mbit/s ({:.3} of the limit), hosts {:?}",
+        mbit(total),
+        total / LIMIT,
+        per_host.iter().map(|r| mbit(*r)).collect::<Vec<_>>()
+    );
+    assert!(total >= 0.90 * LIMIT, "aggregate goodput {total}");
+    assert!(total <= 1.03 * LIMIT, "above the limit: {total}");
+    Ok(())
+}
