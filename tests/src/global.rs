@@ -72,6 +72,9 @@ pub struct GlobalClass {
     pub interval: &'static str,
     /// A pod namespace behind each host, whose traffic the host forwards.
     pub pods: bool,
+    /// `false`: each host's class is a plain class of `limit` (a static split, for the
+    /// bench's side-by-side row), with no `global` key.
+    pub global: bool,
 }
 
 impl Default for GlobalClass {
@@ -82,6 +85,7 @@ impl Default for GlobalClass {
             on_loss: "static",
             interval: "250ms",
             pods: false,
+            global: true,
         }
     }
 }
@@ -252,18 +256,23 @@ impl GlobalLab {
 
     fn file_text(&self, index: usize) -> String {
         let class = &self.class;
+        let global = if class.global {
+            format!(
+                "global = \"{}\"\non_coordinator_loss = \"{}\"\n",
+                self.key, class.on_loss
+            )
+        } else {
+            String::new()
+        };
         format!(
             "[coordination]\nredis = \"{}\"\nhost_id = \"host-{index}\"\ninterval = \"{}\"\n\n\
              [[interface]]\ndev = \"{HOST_DEV}\"\nnetns = \"{}\"\n\n\
-             [[interface.class]]\nname = \"tenant\"\nrate = \"{}\"\naction = \"{}\"\n\
-             global = \"{}\"\non_coordinator_loss = \"{}\"\n",
+             [[interface.class]]\nname = \"tenant\"\nrate = \"{}\"\naction = \"{}\"\n{global}",
             self.redis.url(),
             class.interval,
             self.hosts[index].name,
             class.limit,
             class.action,
-            self.key,
-            class.on_loss
         )
     }
 

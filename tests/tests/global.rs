@@ -7,7 +7,7 @@
 //! - TCP through a global shape class.
 
 use anyhow::Result;
-use shaper::global::{redis_key, ALLOCATE, EXPIRY_INTERVALS, HEADROOM_PPM};
+use shaper::global::{redis_keys, ALLOCATE, EXPIRY_INTERVALS, HEADROOM_PPM};
 use shaper_tests::{
     global::{class_row_in, WINDOW},
     median, GlobalClass, GlobalLab, RedisServer,
@@ -29,12 +29,14 @@ fn allocate(
     current: u64,
     interval_ms: u64,
 ) -> (u64, u64) {
+    let [hosts_key, shares_key] = redis_keys(key);
     let reply = redis
         .cli(&[
             "EVAL",
             ALLOCATE,
-            "1",
-            &redis_key(key),
+            "2",
+            &hosts_key,
+            &shares_key,
             host,
             &demand.to_string(),
             &current.to_string(),
@@ -54,30 +56,48 @@ fn allocate(
 #[test]
 fn the_allocation_script_fills_max_min_and_forgets_silent_hosts() {
     let redis = RedisServer::start().unwrap();
-    let interval = 100;
+    // Long enough that the calls between two sleeps (a few ms each) stay well within
+    // the half interval a fill is kept.
+    let interval = 1000;
+    // A fill is kept for half an interval: a little more makes the next call fill again.
+    let refill = || thread::sleep(Duration::from_millis(interval / 2 + 10));
     // A new state: for two intervals nobody rises above what it holds.
     let (share, hosts) = allocate(&redis, "t", "a", 30 * MBIT, 300_000, interval);
     assert_eq!((share, hosts), (300_000, 1));
     thread::sleep(Duration::from_millis(2 * interval + 30));
-    // Three saturated hosts (b and c join a): the limit less 2 % in three, once all three
-    // have reported.
+    // Three saturated hosts (b and c join a; a newcomer keeps what it holds until the
+    // next fill): the limit less 2 % in three once all three have reported.
     allocate(&redis, "t", "b", 30 * MBIT, 300_000, interval);
+    assert_eq!(
+        allocate(&redis, "t", "c", 30 * MBIT, 300_000, interval).0,
+        300_000
+    );
+    refill();
     for host in ["c", "a", "b"] {
         let (share, hosts) = allocate(&redis, "t", host, 30 * MBIT, 300_000, interval);
         assert_eq!((share, hosts), (9_800_000, 3), "host {host}");
     }
-    // One host asks for 5.5: the others split the rest.
+    // One host asks for 5.5: within the half interval the fill stands; then the others
+    // split the rest.
+    allocate(&redis, "t", "a", 5_500_000, 9_800_000, interval);
     assert_eq!(
-        allocate(&redis, "t", "a", 5_500_000, 9_800_000, interval).0,
-        5_500_000
+        allocate(&redis, "t", "b", 30 * MBIT, 9_800_000, interval).0,
+        9_800_000,
+        "the last fill, for half an interval"
     );
+    refill();
     assert_eq!(
         allocate(&redis, "t", "b", 30 * MBIT, 9_800_000, interval).0,
         11_950_000
     );
+    assert_eq!(
+        allocate(&redis, "t", "a", 5_500_000, 9_800_000, interval).0,
+        5_500_000
+    );
     // Hosts that ask for nothing keep their floor; the spare is spread over everyone.
     allocate(&redis, "t", "a", 0, 9_800_000, interval);
     allocate(&redis, "t", "b", 0, 9_800_000, interval);
+    refill();
     let (share, _) = allocate(&redis, "t", "c", 1_000_000, 9_800_000, interval);
     assert_eq!(share, 1_000_000 + (29_400_000 - 1_600_000) / 3);
     // Three intervals of silence and a host is forgotten.
@@ -85,13 +105,10 @@ fn the_allocation_script_fills_max_min_and_forgets_silent_hosts() {
     let (share, hosts) = allocate(&redis, "t", "c", 30 * MBIT, 9_800_000, interval);
     assert_eq!((share, hosts), (29_400_000, 1));
     // The state survives only while hosts report: it expires after 40 intervals.
-    let ttl: i64 = redis
-        .cli(&["PTTL", &redis_key("t")])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(ttl > 0 && ttl <= 40 * interval as i64, "ttl {ttl}");
+    for key in redis_keys("t") {
+        let ttl: i64 = redis.cli(&["PTTL", &key]).unwrap().trim().parse().unwrap();
+        assert!(ttl > 0 && ttl <= 40 * interval as i64, "{key}: ttl {ttl}");
+    }
 }
 
 /// Sums of each window.

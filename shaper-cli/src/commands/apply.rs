@@ -54,6 +54,17 @@ pub fn run(netns: Option<String>, args: ApplyArgs) -> Result<()> {
         plan.steps.len(),
         plan.unchanged
     );
+    let globals = plan.steps.iter().filter_map(|step| match step {
+        config::Step::Add(_, spec) | config::Step::Replace(_, spec) => spec.global.as_ref(),
+        _ => None,
+    });
+    for global in globals {
+        println!(
+            "global '{}': this host holds its floor ({}) until `shaper daemon` with [coordination] sets its share",
+            global.key,
+            shaper::units::format_rate(global.floor_bits_per_sec)
+        );
+    }
     Ok(())
 }
 

@@ -58,6 +58,13 @@ fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
         spec.scope.name(),
         spec.action
     );
+    if let Some(global) = &spec.global {
+        println!(
+            "global '{}': the rate is the limit for all hosts; this host holds its floor ({}) until `shaper daemon` with [coordination] sets its share",
+            global.key,
+            format_rate(global.floor_bits_per_sec)
+        );
+    }
     Ok(())
 }
 

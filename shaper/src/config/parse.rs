@@ -126,6 +126,7 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
         text,
         found: Vec::new(),
         interfaces: BTreeMap::new(),
+        global_keys: BTreeMap::new(),
     };
     let desired = Desired {
         coordination: config
@@ -165,6 +166,8 @@ struct FileChecker<'a> {
     found: Vec<Problem>,
     /// Interfaces described so far, with the line that described them.
     interfaces: BTreeMap<(Option<String>, String), usize>,
+    /// Global keys used so far, with their line: a host reports once per key.
+    global_keys: BTreeMap<String, usize>,
 }
 
 impl FileChecker<'_> {
@@ -331,6 +334,18 @@ impl FileChecker<'_> {
                 );
                 self.report(span, "direction", message);
             }
+            if let (Some(global), Some(field)) = (&spec.global, &class.global) {
+                let line = self.line(field.span());
+                if let Some(first) = self.global_keys.get(&global.key) {
+                    let message = format!(
+                        "global key '{}' is already used at line {first}: a host holds one share of a limit",
+                        global.key
+                    );
+                    self.report(field.span(), "global", message);
+                } else {
+                    self.global_keys.insert(global.key.clone(), line);
+                }
+            }
             let key = (direction, spec.name.clone());
             match names.get(&key) {
                 Some(first) => {
@@ -436,6 +451,83 @@ fn field_span(entry: &ClassEntry, field: &str) -> Range<usize> {
 mod tests {
     use super::*;
     use crate::{config::TEST_FILE as GOOD, rules::PortRange};
+
+    #[test]
+    fn a_global_class_parses_with_its_defaults_and_its_problems_have_lines() {
+        let file = r#"
+[coordination]
+redis = "redis://127.0.0.1:6379/0"
+host_id = "node-a"
+
+[[interface]]
+dev = "eth0"
+
+[[interface.class]]
+name = "tenant"
+rate = "30mbit"
+global = "tenant-a"
+"#;
+        let desired = parse("global.toml", file).unwrap();
+        let coordination = desired.coordination.unwrap();
+        assert_eq!(coordination.host_id, "node-a");
+        assert_eq!(coordination.interval, crate::global::DEFAULT_INTERVAL);
+        let global = desired.interfaces[0].classes[0].1.global.clone().unwrap();
+        assert_eq!(global.key, "tenant-a");
+        assert_eq!(global.floor_bits_per_sec, 300_000);
+        assert_eq!(global.on_loss, crate::classes::OnLoss::Static);
+
+        let bad = r#"
+[coordination]
+redis = "http://127.0.0.1:6379"
+interval = "20s"
+
+[[interface]]
+dev = "eth0"
+
+[[interface.class]]
+name = "a"
+rate = "30mbit"
+global = "shared"
+floor = "40mbit"
+
+[[interface.class]]
+name = "b"
+rate = "30mbit"
+global = "shared"
+per = "flow"
+
+[[interface.class]]
+name = "c"
+rate = "1mbit"
+on_coordinator_loss = "open"
+"#;
+        let problems = parse("bad.toml", bad).unwrap_err().to_string();
+        for expected in [
+            "bad.toml:3: redis: bad Redis URL 'http://127.0.0.1:6379'",
+            "bad.toml:4: interval: interval 20s is not within 50ms..=10s",
+            "bad.toml:13: floor: floor 40Mbit is not below the limit 30Mbit",
+            "bad.toml:19: per: a global class's limit is for the class as a whole",
+            "bad.toml:24: on_coordinator_loss: on_coordinator_loss and floor tune a global class",
+        ] {
+            assert!(problems.contains(expected), "{expected}\nin:\n{problems}");
+        }
+        let twice = file.to_string()
+            + "\n[[interface.class]]\nname = \"again\"\nrate = \"1mbit\"\nglobal = \"tenant-a\"\n";
+        let problems = parse("twice.toml", &twice).unwrap_err().to_string();
+        assert!(
+            problems.contains("global key 'tenant-a' is already used at line 12"),
+            "{problems}"
+        );
+        let alone = file.replace(
+            "[coordination]\nredis = \"redis://127.0.0.1:6379/0\"\nhost_id = \"node-a\"\n",
+            "",
+        );
+        let problems = parse("alone.toml", &alone).unwrap_err().to_string();
+        assert!(
+            problems.contains("a global class needs [coordination]"),
+            "{problems}"
+        );
+    }
 
     #[test]
     fn a_good_file_parses_with_cli_defaults() {

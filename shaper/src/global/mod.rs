@@ -28,13 +28,19 @@ pub const STATIC_HOLD_INTERVALS: u32 = 3;
 /// three intervals, then rise an interval later) may already take its share.
 pub const EXPIRY_INTERVALS: u32 = 3;
 
+/// A host's reported demand falls to no less than 1/`DEMAND_FALL` per interval.
+pub const DEMAND_FALL: u64 = 3;
+
 /// The allocation script (see its header).
 pub const ALLOCATE: &str = include_str!("allocate.lua");
 
-/// The Redis key of global key `key`: one hash, hash-tagged so a Redis Cluster keeps each
-/// class's state in one slot.
-pub fn redis_key(key: &str) -> String {
-    format!("shaper:{{{key}}}")
+/// The Redis keys of global key `key`: its hosts' demands and its last fill's shares,
+/// two hashes hash-tagged so a Redis Cluster keeps a class's state in one slot.
+pub fn redis_keys(key: &str) -> [String; 2] {
+    [
+        format!("shaper:{{{key}}}"),
+        format!("shaper:{{{key}}}:shares"),
+    ]
 }
 
 /// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`).
@@ -147,12 +153,13 @@ impl Tracker {
     }
 
     /// The demand to report from this interval's `measured` one: it rises at once but
-    /// falls by at most half per interval. An elastic sender (TCP) needs a few round
-    /// trips to grow into a share it was just given; judged by one interval it would look
-    /// idle, lose the share, collapse and ask again, never settling. A host that stopped
-    /// still gives its share up within a few intervals (30 Mbit/s to under 1 in five).
+    /// falls to no less than a third per interval. An elastic sender (TCP) needs a few
+    /// round trips to grow into a share it was just given; judged by one interval it
+    /// would look idle, lose the share, collapse and ask again, never settling. A host
+    /// that stopped still gives its share up within a few intervals (10 Mbit/s to under
+    /// 0.4 in three).
     pub fn report_demand(&mut self, measured: u64) -> u64 {
-        self.demand = measured.max(self.demand / 2);
+        self.demand = measured.max(self.demand / DEMAND_FALL);
         self.demand
     }
 
@@ -383,9 +390,11 @@ impl Coordinator {
         demand: u64,
         tracker: &Tracker,
     ) -> redis::RedisResult<Answer> {
+        let [hosts_key, shares_key] = redis_keys(key);
         let (share, hosts, epoch): (u64, u32, u64) = self
             .script
-            .key(redis_key(key))
+            .key(hosts_key)
+            .key(shares_key)
             .arg(&self.host_id)
             .arg(demand)
             .arg(tracker.applied)
@@ -500,11 +509,11 @@ mod tests {
     }
 
     #[test]
-    fn demand_rises_at_once_and_halves_at_most_per_interval() {
+    fn demand_rises_at_once_and_falls_to_a_third_at_most_per_interval() {
         let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT);
-        assert_eq!(tracker.report_demand(20 * MBIT), 20 * MBIT);
-        assert_eq!(tracker.report_demand(MBIT), 10 * MBIT);
-        assert_eq!(tracker.report_demand(0), 5 * MBIT);
+        assert_eq!(tracker.report_demand(27 * MBIT), 27 * MBIT);
+        assert_eq!(tracker.report_demand(MBIT), 9 * MBIT);
+        assert_eq!(tracker.report_demand(0), 3 * MBIT);
         assert_eq!(tracker.report_demand(8 * MBIT), 8 * MBIT);
     }
 

@@ -70,4 +70,19 @@ fn an_expired_share_falls_to_the_floor_in_the_packet_path() {
     assert!(classes::set_share(&harness.attachment, "global", update).unwrap());
     let back = send(&mut harness, 4_000 * MS, 1000);
     assert_eq!(back, 1000 * frame_len, "the share holds again");
+    // Halving the limit halves every host's share at once (the daemons then re-split it).
+    let router = harness.lab.router.clone();
+    router
+        .shaper(&[
+            "class", "change", "global", "--dev", DEV, "--rate", "15mbit",
+        ])
+        .unwrap();
+    let share = classes::share_of(&harness.attachment, id).unwrap();
+    assert_eq!(share.limit_bits_per_sec, 15_000_000);
+    assert_eq!(share.share_bits_per_sec, 5_000_000);
+    let config = harness.attachment.classes().unwrap().get(&id, 0).unwrap();
+    assert_eq!(
+        config.cost,
+        shaper_common::ByteCost::new(5_000_000, config.cost.burst_bytes)
+    );
 }

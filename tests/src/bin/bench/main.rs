@@ -1,11 +1,12 @@
 //! `cargo xtask bench`: shaper measured side by side with its peers in one run, on the
 //! namespace lab. Every figure is a ratio of two measurements taken in the same run.
 //!
-//! Usage: shaper-bench [--quick] [--only latency|per-packet] [--json FILE] [--report FILE]
+//! Usage: shaper-bench [--quick] [--only latency|per-packet|global] [--json FILE] [--report FILE]
 //! (`--only latency` runs the latency section alone, for a quick look; its report and
 //! JSON hold that section only and its targets are the only ones checked.)
 //! (plots go to `bench/` beside the report).
 
+mod global;
 mod latency;
 mod plots;
 mod traffic;
@@ -51,9 +52,9 @@ fn options() -> Result<Options> {
             "--quick" => options.quick = true,
             "--only" => {
                 let section = args.next().context("--only needs a section")?;
-                if section != "latency" && section != "per-packet" {
+                if !["latency", "per-packet", "global"].contains(&section.as_str()) {
                     bail!(
-                        "--only {section}: the sections that run alone are latency and per-packet"
+                        "--only {section}: the sections that run alone are latency, per-packet and global"
                     );
                 }
                 options.only = Some(section);
@@ -63,7 +64,7 @@ fn options() -> Result<Options> {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|global, --json FILE, --report FILE)")
             }
         }
     }
@@ -142,6 +143,20 @@ fn main() -> Result<()> {
     if options.only.as_deref() == Some("latency") {
         return latency_only(&options, &effort, started);
     }
+    if options.only.as_deref() == Some("global") {
+        // A quick look at the limits-across-hosts section alone.
+        let global_effort = global::effort(options.quick);
+        let report = json!({ "global": {
+            "skewed": global::skewed(&global_effort)?,
+            "redis": global::redis_scale(&global_effort)?,
+        }});
+        println!("{}", global::markdown(&report));
+        let broken = global::check(&report);
+        if !broken.is_empty() {
+            bail!("broken: {}", broken.join("; "));
+        }
+        return Ok(());
+    }
     let lab = Lab::new()?;
     println!(
         "== per-packet cost (BPF_PROG_TEST_RUN, repeat {}, {} runs)",
@@ -168,6 +183,12 @@ fn main() -> Result<()> {
     drop(lab);
     println!("== latency under load (a 20 Hz probe beside bulk TCP; each row a fresh lab)");
     let (latency_rows, rtt_series) = latency::latency(&effort.latency)?;
+    println!("== limits across hosts (three hosts, one Redis; many simulated hosts)");
+    let global_effort = global::effort(options.quick);
+    let global = json!({
+        "skewed": global::skewed(&global_effort)?,
+        "redis": global::redis_scale(&global_effort)?,
+    });
     let mut plot_files = match &options.report {
         Some(report) => draw_plots(report, &series, &scaling, &per_packet)?,
         None => Vec::new(),
@@ -188,6 +209,7 @@ fn main() -> Result<()> {
         "sender_max_udp_bps": accuracy["sender_max_udp_bps"],
         "accuracy": accuracy["rows"],
         "latency": latency_rows,
+        "global": global,
         "plots": plot_files,
     });
     if let Some(path) = &options.json {
@@ -900,6 +922,7 @@ fn markdown(report: &Value) -> String {
     ));
     out.push_str(&traffic_markdown(report));
     out.push_str(&latency::markdown(report));
+    out.push_str(&global::markdown(report));
     out
 }
 
@@ -1258,6 +1281,8 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
 
     // Latency under load.
     broken.extend(latency::check(report, &expected.latency));
+    // Limits across hosts.
+    broken.extend(global::check(report));
 
     if broken.is_empty() {
         return Ok(());
