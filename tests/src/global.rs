@@ -100,6 +100,8 @@ pub struct GlobalLab {
     /// The global key (unique per lab, so labs never share Redis state).
     pub key: String,
     daemons: Vec<Option<DaemonProcess>>,
+    /// Each host's Redis URL: its own ACL user, limited to the script.
+    urls: Vec<String>,
     files: Vec<PathBuf>,
     logs: Vec<PathBuf>,
     senders: Vec<Option<Child>>,
@@ -133,11 +135,19 @@ impl GlobalLab {
             class,
             key: format!("lab-{id}"),
             daemons: Vec::new(),
+            urls: Vec::new(),
             files: Vec::new(),
             logs: Vec::new(),
             senders: (0..hosts).map(|_| None).collect(),
         };
         lab.build().context("building the global lab failed")?;
+        for index in 0..hosts {
+            let url = lab.redis.host_user(
+                &format!("host-{index}"),
+                &format!("pw-{index}-{}", std::process::id()),
+            )?;
+            lab.urls.push(url);
+        }
         for index in 0..hosts {
             lab.start_daemon(index)?;
         }
@@ -268,11 +278,7 @@ impl GlobalLab {
             "[coordination]\nredis = \"{}\"\nhost_id = \"host-{index}\"\ninterval = \"{}\"\n\n\
              [[interface]]\ndev = \"{HOST_DEV}\"\nnetns = \"{}\"\n\n\
              [[interface.class]]\nname = \"tenant\"\nrate = \"{}\"\naction = \"{}\"\n{global}",
-            self.redis.url(),
-            class.interval,
-            self.hosts[index].name,
-            class.limit,
-            class.action,
+            self.urls[index], class.interval, self.hosts[index].name, class.limit, class.action,
         )
     }
 

@@ -13,7 +13,28 @@ use std::{
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
+    /// ACL users made after every start (a restart loses them, as it loses the data).
+    users: Vec<(String, String)>,
 }
+
+/// What a shaper host may do on Redis, and nothing else: run the allocation script (and
+/// load it after NOSCRIPT) over the `shaper:*` keys, with the commands the script calls.
+pub const HOST_ACL: &[&str] = &[
+    "resetkeys",
+    "~shaper:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+time",
+    "+hget",
+    "+hset",
+    "+hgetall",
+    "+hdel",
+    "+del",
+    "+pexpire",
+];
 
 /// A loopback port nothing listens on now.
 pub fn free_port() -> Result<u16> {
@@ -26,6 +47,7 @@ impl RedisServer {
         let mut server = Self {
             port: free_port()?,
             child: None,
+            users: Vec::new(),
         };
         server.spawn()?;
         Ok(server)
@@ -33,6 +55,27 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Adds an ACL user limited to [`HOST_ACL`] (again after every restart); its URL.
+    pub fn host_user(&mut self, user: &str, password: &str) -> Result<String> {
+        self.users.push((user.to_string(), password.to_string()));
+        self.make_user(user, password)?;
+        Ok(format!(
+            "redis://{user}:{password}@127.0.0.1:{}/0",
+            self.port
+        ))
+    }
+
+    fn make_user(&self, user: &str, password: &str) -> Result<()> {
+        let pass = format!(">{password}");
+        let mut args = vec!["ACL", "SETUSER", user, "reset", "on", &pass];
+        args.extend_from_slice(HOST_ACL);
+        let reply = self.cli(&args)?;
+        if reply.trim() != "OK" {
+            bail!("ACL SETUSER {user}: {reply}");
+        }
+        Ok(())
     }
 
     fn spawn(&mut self) -> Result<()> {
@@ -57,6 +100,14 @@ impl RedisServer {
         bail!("redis-server on port {} did not answer PING", self.port)
     }
 
+    fn spawn_with_users(&mut self) -> Result<()> {
+        self.spawn()?;
+        for (user, password) in &self.users {
+            self.make_user(user, password)?;
+        }
+        Ok(())
+    }
+
     /// Kills the server (SIGKILL: no goodbye to the clients).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -68,7 +119,7 @@ impl RedisServer {
     /// A new, empty server on the same port (a restart that lost every key and script).
     pub fn restart_empty(&mut self) -> Result<()> {
         self.kill();
-        self.spawn()
+        self.spawn_with_users()
     }
 
     /// One command through redis-cli; its reply as text.

@@ -52,6 +52,7 @@ async fn lock_briefly() -> Option<state::StateLock> {
 /// Runs for the daemon's life; follows `[coordination]` across reloads (none: idle).
 pub(super) async fn run(daemon: Rc<RefCell<Daemon>>) {
     let mut current: Option<(Coordination, Coordinator)> = None;
+    let mut silent_ticks = 0;
     let mut tracked: HashMap<(Location, String), Tracked> = HashMap::new();
     loop {
         let wanted = daemon.borrow().desired.coordination.clone();
@@ -93,6 +94,7 @@ pub(super) async fn run(daemon: Rc<RefCell<Daemon>>) {
                 continue;
             }
         };
+        let mut answered = false;
         tracked.retain(|(location, name), _| {
             classes
                 .iter()
@@ -112,7 +114,7 @@ pub(super) async fn run(daemon: Rc<RefCell<Daemon>>) {
                 at: Instant::now(),
                 answered_unix_ms: 0,
             });
-            report(coordinator, &daemon, class, entry).await;
+            answered |= report(coordinator, &daemon, class, entry).await;
             let update = global::update_for(
                 entry.tracker.applied,
                 entry.tracker.hosts,
@@ -150,18 +152,35 @@ pub(super) async fn run(daemon: Rc<RefCell<Daemon>>) {
                 ),
             }
         }
+        // A connection that stays refused (Redis came back before its ACL users did, say)
+        // is not retried forever: after a few silent ticks a new client starts afresh.
+        silent_ticks = if answered || classes.is_empty() {
+            0
+        } else {
+            silent_ticks + 1
+        };
+        if silent_ticks >= RECONNECT_AFTER_TICKS {
+            log::info!(
+                "coordination: no answer for {silent_ticks} intervals; connecting to Redis afresh"
+            );
+            current = None;
+            silent_ticks = 0;
+        }
         tokio::time::sleep(interval.saturating_sub(started.elapsed())).await;
     }
 }
 
+/// Ticks without any answer after which the Redis client is made afresh.
+const RECONNECT_AFTER_TICKS: u32 = 4;
+
 /// One report: the demand since the last tick, Redis's answer (or its absence) decided
-/// into the tracker's share.
+/// into the tracker's share. Whether Redis answered.
 async fn report(
     coordinator: &mut Coordinator,
     daemon: &Rc<RefCell<Daemon>>,
     class: &HostClass,
     entry: &mut Tracked,
-) {
+) -> bool {
     let tracker = &mut entry.tracker;
     tracker.limit_bits_per_sec = class.limit_bits_per_sec;
     tracker.floor_bits_per_sec = class.floor_bits_per_sec;
@@ -180,7 +199,9 @@ async fn report(
     ));
     entry.usage = class.usage;
     entry.at = now;
-    let event = match coordinator.report(&class.key, demand, tracker).await {
+    let reply = coordinator.report(&class.key, demand, tracker).await;
+    let answered = reply.is_ok();
+    let event = match reply {
         Ok(answer) => {
             daemon.borrow_mut().health.coordination_ok += 1;
             entry.answered_unix_ms = unix_ms();
@@ -214,6 +235,7 @@ async fn report(
         ),
         Event::Lost | Event::Steady => {}
     }
+    answered
 }
 
 /// A Redis URL without its password, for the log.
