@@ -429,52 +429,28 @@ mod tests {
 
     #[test]
     fn a_held_back_host_asks_for_what_it_was_offered() {
-        let second = Duration::from_secs(1);
-        // 10 Mbit/s passed, 20 dropped, share 10: offered 30.
         let fair = 10 * MBIT;
-        let wanted = demand(
-            &usage(0, 0),
-            &usage(10 * MBIT / 8, 20 * MBIT / 8),
-            second,
-            10 * MBIT,
-            fair,
-        );
-        assert_eq!(wanted, 30 * MBIT);
+        // One second from zero counters: `passed` and `dropped` in bit/s.
+        let ask = |passed: u64, dropped: u64, share: u64| {
+            let after = usage(passed / 8, dropped / 8);
+            demand(&usage(0, 0), &after, Duration::from_secs(1), share, fair)
+        };
+        // 10 Mbit/s passed, 20 dropped, share 10: offered 30.
+        assert_eq!(ask(10 * MBIT, 20 * MBIT, 10 * MBIT), 30 * MBIT);
         // An elastic sender using its whole share asks for a quarter more.
-        let wanted = demand(
-            &usage(0, 0),
-            &usage(10 * MBIT / 8, 0),
-            second,
-            10 * MBIT,
-            fair,
-        );
-        assert_eq!(wanted, 12_500_000);
+        assert_eq!(ask(10 * MBIT, 0, 10 * MBIT), 12_500_000);
         // ... and one squeezed to 1 Mbit/s asks for an equal part at once.
-        let wanted = demand(&usage(0, 0), &usage(MBIT / 8, 0), second, MBIT, fair);
-        assert_eq!(wanted, fair);
-        // A steady 5 Mbit/s sender with a share of 10 asks for 5.5.
-        let wanted = demand(
-            &usage(0, 0),
-            &usage(5 * MBIT / 8, 0),
-            second,
-            10 * MBIT,
-            fair,
-        );
-        assert_eq!(wanted, 5_500_000);
+        assert_eq!(ask(MBIT, 0, MBIT), fair);
+        // A steady 5 Mbit/s sender with a share of 10 asks for 5.5 ...
+        assert_eq!(ask(5 * MBIT, 0, 10 * MBIT), 5_500_000);
         // ... and keeps it at its own share of 5.5: 5 is below 95 % of it.
-        let wanted = demand(
-            &usage(0, 0),
-            &usage(5 * MBIT / 8, 0),
-            second,
-            5_500_000,
-            fair,
-        );
-        assert_eq!(wanted, 5_500_000);
+        assert_eq!(ask(5 * MBIT, 0, 5_500_000), 5_500_000);
         // A shape class whose queue stands is held back, whatever it sent.
         let standing = Usage {
             backlogged: true,
             ..usage(MBIT / 8, 0)
         };
+        let second = Duration::from_secs(1);
         assert_eq!(
             demand(&usage(0, 0), &standing, second, 5 * MBIT, fair),
             fair
