@@ -7,7 +7,7 @@
 
 use shaper_common::{
     codel::CodelState, map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta,
-    ClassStats, Credit, Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN,
+    ClassStats, Credit, GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN,
     DEFAULT_FLOW_TABLE_SIZE, LAYOUT_VERSION, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
 };
 use std::mem::size_of;
@@ -45,7 +45,7 @@ const fn map(
 
 const U32: usize = size_of::<u32>();
 
-const EXPECTED: [Expected; 14] = [
+const EXPECTED: [Expected; 15] = [
     map(map_names::LAYOUT, ARRAY, U32, U32, 1),
     map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
     map(
@@ -127,6 +127,14 @@ const EXPECTED: [Expected; 14] = [
     ),
     // The packet path's own scratch (shaper-ebpf's `repr(C)` Packet); userspace only pins it.
     map(map_names::SHAPE_PACKET, PERCPU_ARRAY, U32, 64, 1),
+    // Global classes' shares, expiries and floors (layout 4).
+    map(
+        map_names::SHARES,
+        ARRAY,
+        U32,
+        size_of::<GlobalShare>(),
+        MAX_CLASSES,
+    ),
 ];
 
 fn object() -> aya_obj::Object {
@@ -182,8 +190,8 @@ fn the_ebpf_object_declares_the_maps_userspace_expects() {
 /// change of any pinned type changes them: the test then asks for a new layout version
 /// (with the migration `shaper upgrade` needs), so pins of the old layout are never read
 /// as the new one.
-const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 14]) = (
-    3,
+const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 15]) = (
+    4,
     [
         ("LAYOUT", 4, 4),
         ("GLOBALS", 4, 32),
@@ -199,6 +207,7 @@ const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 14]) = (
         ("CODEL", 4, 16),
         ("KEY_STATS", 4, 8),
         ("SHAPE_PACKET", 4, 64),
+        ("SHARES", 4, 176),
     ],
 );
 
