@@ -17,14 +17,13 @@ use crate::{
     cleanup::{remove_namespace, sweep_stale},
     process::{output_bounded, shaper_bin, wait_bounded},
     redis::{free_port, RedisServer},
-    topology::{Netns, NAME_PREFIX},
+    topology::{new_lab_id, Netns},
 };
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -33,8 +32,6 @@ use std::{
 pub const WINDOW: Duration = Duration::from_millis(500);
 /// The host's device (in its namespace).
 pub const HOST_DEV: &str = "h0";
-
-static COUNTER: AtomicU32 = AtomicU32::new(500);
 
 /// A host's address, and the sink's address on the host's link.
 pub fn host_addr(index: usize) -> String {
@@ -111,11 +108,7 @@ impl GlobalLab {
     pub fn new(hosts: usize, class: GlobalClass) -> Result<Self> {
         shaper_bin();
         sweep_stale();
-        let id = format!(
-            "{NAME_PREFIX}{}x{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
+        let id = new_lab_id();
         let mut lab = Self {
             hosts: (0..hosts)
                 .map(|i| Netns {

@@ -40,6 +40,16 @@ pub(crate) const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
 
 static LAB_COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// A new lab's name stem, `shp<pid>x<n>`: unique in this run, and tied to the process so
+/// `sweep_stale` can tell a dead run's leftovers (every kind of lab takes it from here).
+pub(crate) fn new_lab_id() -> String {
+    format!(
+        "{NAME_PREFIX}{}x{}",
+        std::process::id(),
+        LAB_COUNTER.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
 fn ip(args: &[&str]) -> Result<()> {
     run_checked(Command::new("ip").args(args)).map(|_| ())
 }
@@ -145,11 +155,7 @@ impl Lab {
             delay_line_bin();
         }
         sweep_stale();
-        let id = format!(
-            "{NAME_PREFIX}{}x{}",
-            std::process::id(),
-            LAB_COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
+        let id = new_lab_id();
         let mut lab = Self {
             client: Netns {
                 name: format!("{id}-client"),
