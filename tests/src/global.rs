@@ -344,6 +344,34 @@ impl GlobalLab {
         Ok(())
     }
 
+    /// Waits (at most 10 s) until every host holds an equal part of the limit with all
+    /// hosts counted, as idle hosts whose daemons ran a while do: the spare of a fill is
+    /// spread evenly.
+    pub fn wait_equal_parts(&self) -> Result<Vec<u64>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let count = self.hosts.len() as u64;
+        loop {
+            let rows: Vec<Value> = (0..self.hosts.len())
+                .map(|index| self.class_row(index))
+                .collect::<Result<_>>()?;
+            let shares: Vec<u64> = rows
+                .iter()
+                .map(|row| row["share_bps"].as_u64().unwrap_or(0))
+                .collect();
+            let settled = rows.iter().zip(&shares).all(|(row, share)| {
+                let limit = row["rate_bps"].as_u64().unwrap_or(u64::MAX);
+                row["hosts"] == count && *share * count * 10 >= limit * 9
+            });
+            if settled {
+                return Ok(shares);
+            }
+            if Instant::now() > deadline {
+                bail!("the hosts did not settle on equal parts within 10 s: {shares:?}");
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Host `index`'s global class as `shaper stats --json` shows it.
     pub fn class_row(&self, index: usize) -> Result<Value> {
         class_row_in(&self.hosts[index].name)

@@ -109,6 +109,7 @@ pub(super) async fn run(daemon: Rc<RefCell<Daemon>>) {
                     class.floor_bits_per_sec,
                     class.on_loss,
                     class.share_bits_per_sec,
+                    interval,
                 ),
                 usage: class.usage,
                 at: Instant::now(),

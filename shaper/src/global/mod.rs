@@ -30,6 +30,11 @@ pub const EXPIRY_INTERVALS: u32 = 3;
 
 /// A host's reported demand falls to no less than 1/`DEMAND_FALL` per interval.
 pub const DEMAND_FALL: u64 = 3;
+/// After a host squeezed below a quarter of an equal part asked for more and was given it,
+/// it keeps asking for at least that much this long: a TCP sender that met the floor may sit in retransmission backoff (0.2 +
+/// 0.4 + 0.8 + 1.6 s) before it sends again; judged idle meanwhile it would lose the share
+/// before it could use it and never climb out of the floor.
+pub const RAMP_GRACE: Duration = Duration::from_secs(3);
 
 /// The allocation script (see its header).
 pub const ALLOCATE: &str = include_str!("allocate.lua");
@@ -123,6 +128,11 @@ pub struct Tracker {
     /// The demand last reported (see [`Tracker::report_demand`]).
     pub demand: u64,
     pub epoch_ms: Option<u64>,
+    /// [`RAMP_GRACE`] in ticks.
+    ramp_ticks: u32,
+    /// Ticks left in which the reported demand stays at least `ramp_share`.
+    ramp_left: u32,
+    ramp_share: u64,
 }
 
 /// What a tick changed, for the log.
@@ -138,7 +148,8 @@ pub enum Event {
 }
 
 impl Tracker {
-    pub fn new(limit: u64, floor: u64, on_loss: OnLoss, applied: u64) -> Self {
+    pub fn new(limit: u64, floor: u64, on_loss: OnLoss, applied: u64, interval: Duration) -> Self {
+        let interval_ms = interval.as_millis().max(1);
         Self {
             limit_bits_per_sec: limit,
             floor_bits_per_sec: floor,
@@ -149,6 +160,9 @@ impl Tracker {
             missed: 0,
             demand: 0,
             epoch_ms: None,
+            ramp_ticks: RAMP_GRACE.as_millis().div_ceil(interval_ms).max(2) as u32,
+            ramp_left: 0,
+            ramp_share: 0,
         }
     }
 
@@ -157,9 +171,15 @@ impl Tracker {
     /// round trips to grow into a share it was just given; judged by one interval it
     /// would look idle, lose the share, collapse and ask again, never settling. A host
     /// that stopped still gives its share up within a few intervals (10 Mbit/s to under
-    /// 0.4 in three).
+    /// 0.4 in three). A share it asked for and was just given is kept asked for during
+    /// [`RAMP_GRACE`].
     pub fn report_demand(&mut self, measured: u64) -> u64 {
-        self.demand = measured.max(self.demand / DEMAND_FALL);
+        let mut demand = measured.max(self.demand / DEMAND_FALL);
+        if self.ramp_left > 0 {
+            self.ramp_left -= 1;
+            demand = demand.max(self.ramp_share);
+        }
+        self.demand = demand;
         self.demand
     }
 
@@ -182,7 +202,14 @@ impl Tracker {
             Event::Steady
         };
         let allowed = self.last_answer.unwrap_or(self.applied);
+        let before = self.applied;
         self.applied = share.min(allowed);
+        // Only a host climbing out of a squeeze: one near its part asks and rises often
+        // and must still give its share up at once when it stops.
+        if self.applied > before && self.demand > before && before < self.fair_share() / 4 {
+            self.ramp_left = self.ramp_ticks;
+            self.ramp_share = self.applied.min(self.demand);
+        }
         self.last_answer = Some(share);
         self.hosts = answer.hosts;
         self.missed = 0;
@@ -427,6 +454,15 @@ mod tests {
         }
     }
 
+    /// Redis's answer: `share` among 3 hosts, in a state begun at 7 ms.
+    fn answer(share: u64) -> Answer {
+        Answer {
+            share_bits_per_sec: share,
+            hosts: 3,
+            epoch_ms: 7,
+        }
+    }
+
     #[test]
     fn a_held_back_host_asks_for_what_it_was_offered() {
         let fair = 10 * MBIT;
@@ -459,12 +495,7 @@ mod tests {
 
     #[test]
     fn a_higher_share_waits_an_answer_a_lower_one_does_not() {
-        let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT);
-        let answer = |share| Answer {
-            share_bits_per_sec: share,
-            hosts: 3,
-            epoch_ms: 7,
-        };
+        let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT, DEFAULT_INTERVAL);
         tracker.answered(answer(10 * MBIT));
         assert_eq!(tracker.applied, MBIT, "the first answer does not raise");
         tracker.answered(answer(12 * MBIT));
@@ -486,7 +517,7 @@ mod tests {
 
     #[test]
     fn demand_rises_at_once_and_falls_to_a_third_at_most_per_interval() {
-        let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT);
+        let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT, DEFAULT_INTERVAL);
         assert_eq!(tracker.report_demand(27 * MBIT), 27 * MBIT);
         assert_eq!(tracker.report_demand(MBIT), 9 * MBIT);
         assert_eq!(tracker.report_demand(0), 3 * MBIT);
@@ -494,8 +525,43 @@ mod tests {
     }
 
     #[test]
+    fn a_share_given_to_a_host_that_asked_is_kept_asked_for_while_it_ramps() {
+        let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT, DEFAULT_INTERVAL);
+        // Held back at the floor: it asks for an equal part and gets it an answer later.
+        tracker.report_demand(10 * MBIT);
+        tracker.answered(answer(10 * MBIT));
+        tracker.report_demand(10 * MBIT);
+        tracker.answered(answer(10 * MBIT));
+        assert_eq!(tracker.applied, 10 * MBIT);
+        // Its TCP sender sits in retransmission backoff: nothing sent for the grace...
+        let grace_ticks = RAMP_GRACE.as_millis() / DEFAULT_INTERVAL.as_millis();
+        for tick in 0..grace_ticks {
+            assert_eq!(tracker.report_demand(0), 10 * MBIT, "tick {tick}");
+        }
+        // ... then the demand falls as any other.
+        assert_eq!(tracker.report_demand(0), 10 * MBIT / DEMAND_FALL);
+        // A share that rose without being asked for (spare spread evenly) is not held.
+        let mut idle = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT, DEFAULT_INTERVAL);
+        idle.report_demand(0);
+        idle.answered(answer(10 * MBIT));
+        idle.report_demand(0);
+        idle.answered(answer(10 * MBIT));
+        assert_eq!(idle.applied, 10 * MBIT);
+        assert_eq!(idle.report_demand(0), 0);
+        // Nor one that rose from near its part: it gives the share up at once on stopping.
+        let mut near = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, 5 * MBIT, DEFAULT_INTERVAL);
+        near.hosts = 3;
+        near.report_demand(10 * MBIT);
+        near.answered(answer(10 * MBIT));
+        near.report_demand(10 * MBIT);
+        near.answered(answer(10 * MBIT));
+        assert_eq!(near.applied, 10 * MBIT);
+        assert_eq!(near.report_demand(0), 10 * MBIT / DEMAND_FALL);
+    }
+
+    #[test]
     fn without_redis_each_mode_falls_where_it_says() {
-        let mut held = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, 5 * MBIT);
+        let mut held = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, 5 * MBIT, DEFAULT_INTERVAL);
         held.hosts = 3;
         for _ in 0..STATIC_HOLD_INTERVALS {
             held.lost();
@@ -503,10 +569,10 @@ mod tests {
         }
         held.lost();
         assert_eq!(held.applied, 9_800_000, "(30 less 2 %) / 3");
-        let mut open = Tracker::new(30 * MBIT, MBIT, OnLoss::Open, 5 * MBIT);
+        let mut open = Tracker::new(30 * MBIT, MBIT, OnLoss::Open, 5 * MBIT, DEFAULT_INTERVAL);
         assert_eq!(open.lost(), Event::Lost);
         assert_eq!(open.applied, 30 * MBIT);
-        let mut closed = Tracker::new(30 * MBIT, MBIT, OnLoss::Closed, 5 * MBIT);
+        let mut closed = Tracker::new(30 * MBIT, MBIT, OnLoss::Closed, 5 * MBIT, DEFAULT_INTERVAL);
         closed.lost();
         assert_eq!(closed.applied, MBIT);
         let back = Answer {
