@@ -18,7 +18,7 @@ use crate::{
 };
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_UNSPEC},
-    helpers::bpf_skb_set_tstamp,
+    helpers::{bpf_get_prandom_u32, bpf_skb_set_tstamp},
     programs::TcContext,
 };
 use aya_log_ebpf::warn;
@@ -101,10 +101,11 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
         );
     }
     if congested {
-        if class.codel.ecn == 0 || !set_ecn_ce(ctx, packet) {
+        if class.codel.ecn != 0 && set_ecn_ce(ctx, packet) {
+            marked = true;
+        } else if !spares_aggregate(ctx) {
             return count_drop(stats, packet.wire_len);
         }
-        marked = true;
     }
     // The cap was checked above; only a racing CPU can push the start further, so the
     // horizon here is unbounded.
@@ -131,6 +132,16 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
         unsafe { bpf_skb_set_tstamp(ctx.skb.skb, leave_at, SKB_TSTAMP_DELIVERY_MONO) };
     }
     count_pass(stats, packet.wire_len, marked)
+}
+
+/// Whether a GSO aggregate CoDel chose to drop is let through instead: an aggregate of k
+/// segments is dropped with probability 1/k, so a drop costs the sender one segment on
+/// average, as CoDel means it to, not up to 44 at once (three pods' TCP with TSO on
+/// through global shape classes: 0.66-0.70 of the limit dropped whole, 0.74-0.78 so).
+#[inline(always)]
+fn spares_aggregate(ctx: &TcContext) -> bool {
+    let segments = unsafe { (*ctx.skb.skb).gso_segs };
+    segments > 1 && unsafe { bpf_get_prandom_u32() } % segments != 0
 }
 
 /// CoDel's verdict on the packet. The control word moves by one compare-and-swap: of
