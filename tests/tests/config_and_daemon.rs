@@ -988,21 +988,25 @@ fn completions_and_man_pages_cover_every_command() -> Result<()> {
     let pages: Vec<String> = std::fs::read_dir(&dir)?
         .map(|e| e.map(|e| e.file_name().to_string_lossy().to_string()))
         .collect::<Result<_, _>>()?;
-    let apply = std::fs::read_to_string(dir.join("shaper-apply.1"));
+    let apply = std::fs::read_to_string(dir.join("shaper-apply.8"));
     let _ = std::fs::remove_dir_all(&dir);
     assert!(output.status.success(), "{}", stderr(&output));
     for command in commands {
         assert!(
-            pages.contains(&format!("shaper-{command}.1")),
+            pages.contains(&format!("shaper-{command}.8")),
             "no page for {command}: {pages:?}"
         );
     }
-    assert!(pages.contains(&"shaper-class-add.1".to_string()));
+    assert!(pages.contains(&"shaper-class-add.8".to_string()));
     assert!(!pages.iter().any(|p| p.contains("help")), "{pages:?}");
     let apply = apply?;
     assert!(
         apply.starts_with(".ie") || apply.contains(".TH"),
         "not a man page"
+    );
+    assert!(
+        apply.contains(".TH shaper-apply 8"),
+        "not in section 8 (system administration)"
     );
     assert!(
         apply.contains("dry\\-run"),

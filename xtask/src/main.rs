@@ -1,6 +1,7 @@
-//! `cargo xtask setup | demo | test | bench | man`: everything that orchestrates.
+//! `cargo xtask setup | demo | test | bench | man | dist`: everything that orchestrates.
 
 mod demo;
+mod dist;
 mod setup;
 
 use anyhow::{bail, Context as _, Result};
@@ -34,8 +35,11 @@ enum Task {
         json: Option<PathBuf>,
     },
     /// Write man pages for every shaper command into target/man (from the clap
-    /// definitions; `man -l target/man/shaper.1`).
+    /// definitions; `man -l target/man/shaper.8`).
     Man,
+    /// Build the Debian package (target/debian/shaper_VERSION-1_ARCH.deb): binaries,
+    /// unit, inert conffile, man pages, completions, README and licences.
+    Dist,
 }
 
 fn main() {
@@ -69,6 +73,10 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             build_shaper()?;
             man()
+        }
+        Task::Dist => {
+            setup::setup()?;
+            dist::dist().map(|_| ())
         }
     }
 }
@@ -211,6 +219,8 @@ fn test() -> Result<()> {
     // their measurements share two cores.
     cargo(&["test", "--workspace", "--exclude", "shaper-tests"])?;
     std::env::set_var("SHAPER_BIN", shaper_binary());
+    // The package tests install what `dist` built.
+    std::env::set_var("SHAPER_DEB", dist::dist()?);
     cargo(&[
         "test",
         "--package",

@@ -11,6 +11,8 @@ use std::{
 
 /// The bpf-linker release that builds against the nightly toolchain's own libLLVM.
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The cargo-deb release `cargo xtask dist` builds the Debian package with.
+const CARGO_DEB_VERSION: &str = "3.8.0";
 /// Debian packages the tests, the demo and the bench use, with a command (or an absolute
 /// path) each provides.
 const PACKAGES: &[(&str, &str)] = &[
@@ -29,6 +31,8 @@ const PACKAGES: &[(&str, &str)] = &[
     // redis-server on a loopback port they pick (redis-cli reads its INFO).
     ("redis-server", "redis-server"),
     ("redis-tools", "redis-cli"),
+    // The package's own check (`cargo xtask dist`, the package tests).
+    ("lintian", "lintian"),
     // The font the bench's plots are labelled with.
     (
         "fonts-dejavu-core",
@@ -76,6 +80,7 @@ fn has_command(name: &str) -> bool {
 pub fn setup() -> Result<()> {
     nightly_rust_src()?;
     bpf_linker()?;
+    cargo_deb()?;
     debian_packages()?;
     step("ready");
     Ok(())
@@ -203,6 +208,31 @@ fn bpf_linker() -> Result<()> {
     .context("building bpf-linker failed")?;
     fs::write(&stamp, wanted)?;
     Ok(())
+}
+
+/// cargo-deb, at the version `cargo xtask dist` was written against.
+fn cargo_deb() -> Result<()> {
+    let present = Command::new("cargo")
+        .args(["deb", "--version"])
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(CARGO_DEB_VERSION));
+    if present {
+        step(&format!("cargo-deb {CARGO_DEB_VERSION}: present"));
+        return Ok(());
+    }
+    step(&format!(
+        "building cargo-deb {CARGO_DEB_VERSION} (a few minutes)"
+    ));
+    run(Command::new("cargo").args([
+        "install",
+        "cargo-deb",
+        "--version",
+        CARGO_DEB_VERSION,
+        "--locked",
+        "--force",
+    ]))
+    .context("building cargo-deb failed")
 }
 
 fn debian_packages() -> Result<()> {

@@ -55,8 +55,11 @@ fn manpages(dir: &std::path::Path) -> Result<()> {
         let mut page = Vec::new();
         // clap names are &'static: this command runs once and exits.
         let static_name: &'static str = Box::leak(name.clone().into_boxed_str());
-        clap_mangen::Man::new(command.clone().name(static_name)).render(&mut page)?;
-        std::fs::write(dir.join(format!("{name}.1")), page)?;
+        // Section 8: shaper administers the system (it installs in /usr/sbin).
+        clap_mangen::Man::new(command.clone().name(static_name))
+            .section("8")
+            .render(&mut page)?;
+        std::fs::write(dir.join(format!("{name}.8")), page)?;
         for sub in command
             .get_subcommands()
             .filter(|s| !s.is_hide_set() && s.get_name() != "help")
