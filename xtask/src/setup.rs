@@ -31,8 +31,11 @@ const PACKAGES: &[(&str, &str)] = &[
     // redis-server on a loopback port they pick (redis-cli reads its INFO).
     ("redis-server", "redis-server"),
     ("redis-tools", "redis-cli"),
-    // The package's own check (`cargo xtask dist`, the package tests).
+    // The package's own check (`cargo xtask dist`, the package tests), and what the
+    // package test checks the installed package with.
     ("lintian", "lintian"),
+    ("man-db", "man"),
+    ("systemd", "systemd-analyze"),
     // The font the bench's plots are labelled with.
     (
         "fonts-dejavu-core",
