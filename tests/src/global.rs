@@ -217,7 +217,8 @@ impl GlobalLab {
             ])?;
             ip(&["-n", &pod.name, "link", "set", "p0", "up"])?;
             // The pods send wire-sized segments, not 64 KiB TSO aggregates: the shape
-            // path's CoDel drops a whole aggregate at once (see the README's limits).
+            // path cannot split an aggregate, and its cap drops one whole (see the
+            // README's limits).
             let offloads = output_bounded(
                 pod.command("ethtool")
                     .args(["-K", "p0", "tso", "off", "gso", "off"]),
@@ -358,10 +359,17 @@ impl GlobalLab {
                 .iter()
                 .map(|row| row["share_bps"].as_u64().unwrap_or(0))
                 .collect();
-            let settled = rows.iter().zip(&shares).all(|(row, share)| {
-                let limit = row["rate_bps"].as_u64().unwrap_or(u64::MAX);
-                row["hosts"] == count && *share * count * 10 >= limit * 9
-            });
+            let limits: Vec<u64> = rows
+                .iter()
+                .map(|row| row["rate_bps"].as_u64().context("a row without rate_bps"))
+                .collect::<Result<_>>()?;
+            let settled = rows
+                .iter()
+                .zip(&shares)
+                .zip(&limits)
+                .all(|((row, share), limit)| {
+                    row["hosts"] == count && *share * count * 10 >= limit * 9
+                });
             if settled {
                 return Ok(shares);
             }

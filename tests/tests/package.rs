@@ -144,7 +144,13 @@ impl Drop for Installed {
     fn drop(&mut self) {
         self.point_the_lab_back();
         if installed() || Path::new(CONFFILE).exists() {
-            let _ = run("dpkg", &["--purge", "shaper"]);
+            let purge = run("dpkg", &["--purge", "shaper"]);
+            if !purge.status.success() {
+                eprintln!(
+                    "the package test could not purge shaper: remove it by hand (dpkg --purge shaper): {}",
+                    text(&purge)
+                );
+            }
         }
     }
 }
@@ -172,7 +178,10 @@ fn the_installed_package_works_and_leaves_cleanly() {
         .lines()
         .all(|line| line.is_empty() || line.starts_with('#')));
     let plan = checked(INSTALLED_SHAPER, &["apply", "-f", CONFFILE, "--dry-run"]);
-    println!("apply --dry-run of the shipped file: {plan:?}");
+    assert!(
+        plan.starts_with("no changes"),
+        "the shipped file would change: {plan}"
+    );
 
     let version = checked(INSTALLED_SHAPER, &["--version"]);
     assert_eq!(
@@ -240,7 +249,7 @@ fn the_installed_package_works_and_leaves_cleanly() {
             0.03,
         );
     }
-    // The lab's own clean-up detaches with the workspace's binary, which outlives the
+    // The next lab detaches at its end with the workspace's binary, which outlives the
     // package.
     guard.point_the_lab_back();
 
@@ -264,14 +273,20 @@ fn the_installed_package_works_and_leaves_cleanly() {
     drop(guard);
 }
 
-/// shaper's pins on this machine (the package must never touch them).
-fn pins() -> Vec<String> {
-    let mut found = Vec::new();
-    if let Ok(entries) = std::fs::read_dir("/sys/fs/bpf/shaper") {
-        for entry in entries.flatten() {
-            found.push(entry.file_name().to_string_lossy().to_string());
+/// Every pin under shaper's directory on this machine, by path (the package must never
+/// touch them).
+fn pins() -> Vec<PathBuf> {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, found);
+            }
+            found.push(path);
         }
     }
+    let mut found = Vec::new();
+    walk(Path::new("/sys/fs/bpf/shaper"), &mut found);
     found.sort();
     found
 }

@@ -4,7 +4,11 @@
 
 use crate::{cargo, workspace_root};
 use anyhow::{bail, Context as _, Result};
-use std::{fs, path::PathBuf, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 /// The workspace version, which the package carries (Debian revision 1).
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -12,13 +16,13 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Builds the package; its path.
 pub fn dist() -> Result<PathBuf> {
     let root = workspace_root();
-    check_changelog(&fs::read_to_string(root.join("debian/changelog"))?)?;
+    check_changelog(&read(&root.join("debian/changelog"))?)?;
     cargo(&["build", "--release", "--locked", "--package", "shaper-cli"])?;
     let shaper = root.join("target/release/shaper");
     let stage = root.join("target/dist");
     let _ = fs::remove_dir_all(&stage);
     fs::create_dir_all(stage.join("completions"))?;
-    shaper_output(
+    command_output(
         &shaper,
         &["manpages", &stage.join("man").display().to_string()],
     )?;
@@ -27,13 +31,13 @@ pub fn dist() -> Result<PathBuf> {
         ("zsh", "_shaper"),
         ("fish", "shaper.fish"),
     ] {
-        let script = shaper_output(&shaper, &["completions", shell])?;
+        let script = command_output(&shaper, &["completions", shell])?;
         fs::write(stage.join("completions").join(file), script)?;
     }
-    let example = fs::read_to_string(root.join("contrib/shaper.toml"))?;
+    let example = read(&root.join("contrib/shaper.toml"))?;
     fs::write(stage.join("shaper.toml"), inert_config(&example))?;
-    let arch = String::from_utf8(shaper_output(
-        &PathBuf::from("dpkg"),
+    let arch = String::from_utf8(command_output(
+        Path::new("dpkg"),
         &["--print-architecture"],
     )?)?;
     let deb = root.join(format!(
@@ -52,7 +56,12 @@ pub fn dist() -> Result<PathBuf> {
     Ok(deb)
 }
 
-fn shaper_output(program: &PathBuf, args: &[&str]) -> Result<Vec<u8>> {
+fn read(path: &Path) -> Result<String> {
+    fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// A command's standard output; its standard error in the error when it fails.
+fn command_output(program: &Path, args: &[&str]) -> Result<Vec<u8>> {
     let out = Command::new(program)
         .args(args)
         .output()

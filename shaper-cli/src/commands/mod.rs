@@ -49,7 +49,7 @@ fn prepare(netns: &Option<String>) -> Result<()> {
 
 pub use class::spec_from_args;
 
-/// One man page per command and subcommand (shaper.1, shaper-class-add.1, ...).
+/// One man page per command and subcommand (shaper.8, shaper-class-add.8, ...).
 fn manpages(dir: &std::path::Path) -> Result<()> {
     fn write(dir: &std::path::Path, command: clap::Command, name: String) -> Result<()> {
         let mut page = Vec::new();

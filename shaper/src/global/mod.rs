@@ -31,9 +31,9 @@ pub const EXPIRY_INTERVALS: u32 = 3;
 /// A host's reported demand falls to no less than 1/`DEMAND_FALL` per interval.
 pub const DEMAND_FALL: u64 = 3;
 /// After a host squeezed below a quarter of an equal part asked for more and was given it,
-/// it keeps asking for at least that much this long: a TCP sender that met the floor may sit in retransmission backoff (0.2 +
-/// 0.4 + 0.8 + 1.6 s) before it sends again; judged idle meanwhile it would lose the share
-/// before it could use it and never climb out of the floor.
+/// it keeps asking for at least that much this long: a TCP sender that met the floor may
+/// sit in retransmission backoff (0.2 + 0.4 + 0.8 + 1.6 s) before it sends again; judged
+/// idle meanwhile, it would lose the share before it could use it and stay at the floor.
 pub const RAMP_GRACE: Duration = Duration::from_secs(3);
 
 /// The allocation script (see its header).
@@ -160,6 +160,7 @@ impl Tracker {
             missed: 0,
             demand: 0,
             epoch_ms: None,
+            // At least two ticks: a rise is applied an answer after it is allowed.
             ramp_ticks: RAMP_GRACE.as_millis().div_ceil(interval_ms).max(2) as u32,
             ramp_left: 0,
             ramp_share: 0,
