@@ -38,6 +38,8 @@ pub(crate) struct Packet {
     /// Offset of the IP header, and whether its first bytes could be read (for rewrites).
     pub(crate) l3: usize,
     pub(crate) ip_readable: bool,
+    /// Frames the packet leaves as: a GSO aggregate's segment count, else 1.
+    pub(crate) segments: u32,
 }
 
 /// Reads a header field: straight from the linear packet data when it is there (the
@@ -88,6 +90,7 @@ pub(crate) fn parse<const BARE_IP: bool>(ctx: &TcContext, packet: &mut Packet) {
     packet.wire_len = skb_len;
     packet.l3 = l3;
     packet.ip_readable = false;
+    packet.segments = 1;
     let l4 = match ethertype {
         ETH_P_IP => parse_ipv4(ctx, l3, packet),
         ETH_P_IPV6 => parse_ipv6(ctx, l3, packet),
@@ -229,6 +232,7 @@ fn parse_l4(ctx: &TcContext, l4: usize, packet: &mut Packet) {
     };
     if segments > 1 {
         packet.wire_len += (segments - 1) * headers;
+        packet.segments = segments as u32;
     }
 }
 

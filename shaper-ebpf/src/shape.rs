@@ -103,7 +103,7 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     if congested {
         if class.codel.ecn != 0 && set_ecn_ce(ctx, packet) {
             marked = true;
-        } else if !spares_aggregate(ctx) {
+        } else if !spares_aggregate(packet) {
             return count_drop(stats, packet.wire_len);
         }
     }
@@ -138,17 +138,11 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
 /// segments is dropped with probability 1/k, so a drop costs the sender one segment on
 /// average, as CoDel means it to, not up to 44 at once (three pods' TCP with TSO on
 /// through global shape classes: 0.66-0.70 of the limit when dropped whole, 0.74-0.78
-/// when dropped one time in k). A VM's aggregate (SKB_GSO_DODGY) has no segment count
-/// yet: skb->len / gso_size, a little high (headers), as the parser counts its charge.
+/// when dropped one time in k). k is the parser's count (a VM's aggregate, SKB_GSO_DODGY,
+/// has it from gso_size, as the kernel will segment it).
 #[inline(always)]
-fn spares_aggregate(ctx: &TcContext) -> bool {
-    let skb = ctx.skb.skb;
-    let (gso_segs, gso_size, len) = unsafe { ((*skb).gso_segs, (*skb).gso_size, (*skb).len) };
-    let segments = if gso_segs != 0 {
-        gso_segs
-    } else {
-        len.checked_div(gso_size).unwrap_or(1)
-    };
+fn spares_aggregate(packet: &Packet) -> bool {
+    let segments = packet.segments;
     segments > 1 && unsafe { bpf_get_prandom_u32() } % segments != 0
 }
 
