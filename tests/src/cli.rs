@@ -11,6 +11,36 @@ use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use std::process::{Command, Output};
 
+/// Every user-facing command; each has a man page and a completion.
+pub const COMMANDS: &[&str] = &[
+    "attach",
+    "detach",
+    "upgrade",
+    "class",
+    "stats",
+    "status",
+    "batch",
+    "apply",
+    "export",
+    "daemon",
+    "completions",
+];
+
+/// The subcommands of `shaper class`, which have pages of their own.
+pub const CLASS_COMMANDS: &[&str] = &["add", "change", "del", "list"];
+
+/// The man pages `shaper manpages` writes (without the section suffix).
+pub fn man_page_names() -> Vec<String> {
+    let commands = COMMANDS.iter().map(|command| format!("shaper-{command}"));
+    let class_commands = CLASS_COMMANDS
+        .iter()
+        .map(|command| format!("shaper-class-{command}"));
+    std::iter::once("shaper".to_string())
+        .chain(commands)
+        .chain(class_commands)
+        .collect()
+}
+
 /// `shaper ARGS` (no `--netns` added), whatever its exit status. Panics only when shaper
 /// cannot be run or outlives [`COMMAND_LIMIT`].
 pub fn shaper(args: &[&str]) -> Output {

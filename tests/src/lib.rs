@@ -40,7 +40,7 @@ pub use assertions::{
     status_program_ids,
 };
 pub use capture::Capture;
-pub use cli::{counter, shaper, stderr, stdout};
+pub use cli::{counter, man_page_names, shaper, stderr, stdout, CLASS_COMMANDS, COMMANDS};
 pub use cni::{
     cni_record_path, CniLeftovers, CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES,
 };

@@ -4,7 +4,7 @@
 //! installed binary) and leaves as it should on remove and purge. The machine is restored
 //! even when a check fails: a guard purges the package.
 
-use shaper_tests::{assert_within, output_bounded, Lab, Udp, ROUTER_TO_SERVER};
+use shaper_tests::{assert_within, man_page_names, output_bounded, Lab, Udp, ROUTER_TO_SERVER};
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},
@@ -16,26 +16,6 @@ const INSTALLED_CNI: &str = "/usr/lib/cni/shaper-cni";
 const UNIT: &str = "/usr/lib/systemd/system/shaper.service";
 const CONFFILE: &str = "/etc/shaper/shaper.toml";
 const LIMIT: Duration = Duration::from_secs(120);
-
-/// Every command has its page.
-const PAGES: &[&str] = &[
-    "shaper",
-    "shaper-apply",
-    "shaper-attach",
-    "shaper-batch",
-    "shaper-class",
-    "shaper-class-add",
-    "shaper-class-change",
-    "shaper-class-del",
-    "shaper-class-list",
-    "shaper-completions",
-    "shaper-daemon",
-    "shaper-detach",
-    "shaper-export",
-    "shaper-stats",
-    "shaper-status",
-    "shaper-upgrade",
-];
 
 fn deb() -> PathBuf {
     let path = std::env::var_os("SHAPER_DEB").map(PathBuf::from).expect(
@@ -101,7 +81,7 @@ fn the_package_holds_every_file_and_lintian_finds_no_error() {
         "/usr/share/doc/shaper/examples/shaper.toml".into(),
     ];
     wanted.extend(
-        PAGES
+        man_page_names()
             .iter()
             .map(|page| format!("/usr/share/man/man8/{page}.8.gz")),
     );

@@ -22,10 +22,7 @@ pub fn dist() -> Result<PathBuf> {
     let stage = root.join("target/dist");
     let _ = fs::remove_dir_all(&stage);
     fs::create_dir_all(stage.join("completions"))?;
-    command_output(
-        &shaper,
-        &["manpages", &stage.join("man").display().to_string()],
-    )?;
+    write_man_pages(&shaper, &stage.join("man"))?;
     for (shell, file) in [
         ("bash", "shaper.bash"),
         ("zsh", "_shaper"),
@@ -61,6 +58,12 @@ fn read(path: &Path) -> Result<String> {
 }
 
 /// A command's standard output; its standard error in the error when it fails.
+/// The man pages of `shaper` (one per command, section 8) into `dir`.
+pub fn write_man_pages(shaper: &Path, dir: &Path) -> Result<()> {
+    command_output(shaper, &["manpages", &dir.display().to_string()])?;
+    Ok(())
+}
+
 fn command_output(program: &Path, args: &[&str]) -> Result<Vec<u8>> {
     let out = Command::new(program)
         .args(args)

@@ -191,14 +191,7 @@ fn bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
 
 fn man() -> Result<()> {
     let dir = workspace_root().join("target/man");
-    let status = Command::new(shaper_binary())
-        .arg("manpages")
-        .arg(&dir)
-        .status()
-        .context("cannot run shaper")?;
-    if !status.success() {
-        bail!("shaper manpages failed");
-    }
+    dist::write_man_pages(&shaper_binary(), &dir)?;
     println!("[xtask] man pages in {}", dir.display());
     Ok(())
 }
