@@ -156,7 +156,9 @@ pub struct RuleKey {
     pub family: u8,
     pub proto: u8,
     pub flags: u8,
-    pub _pad: [u8; 3],
+    /// Two fields, not `[u8; 3]`: BPF builds an array's zeroes with a `memset` call.
+    pub _pad: u8,
+    pub _pad_word: u16,
     pub sport: u16,
     pub dport: u16,
     pub src: [u32; 4],

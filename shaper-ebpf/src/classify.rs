@@ -45,7 +45,8 @@ pub(crate) fn classify(packet: &Packet) -> Option<u32> {
                 0
             },
             flags: packet.flags,
-            _pad: [0; 3],
+            _pad: 0,
+            _pad_word: 0,
             sport: packet.sport & shape.sport_mask,
             dport: packet.dport & shape.dport_mask,
             src: masked(packet.src, shape.src_mask),

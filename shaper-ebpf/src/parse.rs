@@ -79,14 +79,13 @@ pub(crate) fn parse<const BARE_IP: bool>(ctx: &TcContext, packet: &mut Packet) {
         l3 += VLAN_HLEN;
     }
     let skb_len = ctx.len() as u64;
-    // Field by field: a struct literal would be built on the stack and copied.
+    // Field by field: a struct literal would be built on the stack and copied. The
+    // zeroed words are volatile stores: LLVM merges plain ones into a `memset` call, which
+    // BPF links as a byte-at-a-time loop (36 bytes, about 180 instructions a packet).
     packet.family = 0;
     packet.proto = 0;
     packet.flags = KEY_PORTS_UNKNOWN | KEY_PROTO_UNKNOWN;
-    packet.sport = 0;
-    packet.dport = 0;
-    packet.src = [0; 4];
-    packet.dst = [0; 4];
+    zero_words(packet);
     packet.wire_len = skb_len;
     packet.l3 = l3;
     packet.ip_readable = false;
@@ -110,6 +109,22 @@ pub(crate) fn parse<const BARE_IP: bool>(ctx: &TcContext, packet: &mut Packet) {
     let kernel_wire_len = unsafe { (*ctx.skb.skb).wire_len } as u64;
     if kernel_wire_len > packet.wire_len {
         packet.wire_len = kernel_wire_len;
+    }
+}
+
+/// Zeroes the ports and both addresses, one 8-byte store per word (offsets 8-40 are
+/// 8-aligned in the map value).
+#[inline(always)]
+fn zero_words(packet: &mut Packet) {
+    unsafe {
+        core::ptr::write_volatile(&raw mut packet.sport, 0);
+        core::ptr::write_volatile(&raw mut packet.dport, 0);
+        let src = (&raw mut packet.src).cast::<u64>();
+        let dst = (&raw mut packet.dst).cast::<u64>();
+        for word in 0..2 {
+            core::ptr::write_volatile(src.add(word), 0);
+            core::ptr::write_volatile(dst.add(word), 0);
+        }
     }
 }
 

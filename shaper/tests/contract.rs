@@ -242,3 +242,54 @@ fn the_ebpf_object_has_the_programs_userspace_loads() {
         );
     }
 }
+
+/// BPF has no memset/memcpy/memcmp instructions: LLVM calls the linked-in ones, which are
+/// byte-at-a-time loops (zeroing the parsed packet and the flow key that way cost about
+/// 200 instructions a packet). The packet path builds its structs field by field; only
+/// a global class's expiry (once per lapse, not per packet) may copy with one.
+#[test]
+fn the_packet_path_calls_no_byte_loop_library_function() {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _, RelocationTarget};
+    let file = object::File::parse(shaper::EBPF_OBJECT).expect("the embedded object parses");
+    let functions: Vec<(object::SectionIndex, u64, u64, String)> = file
+        .symbols()
+        .filter(|symbol| symbol.kind() == object::SymbolKind::Text)
+        .filter_map(|symbol| {
+            Some((
+                symbol.section_index()?,
+                symbol.address(),
+                symbol.size(),
+                symbol.name().ok()?.to_string(),
+            ))
+        })
+        .collect();
+    let library = ["memset", "memcpy", "memmove", "memcmp", "bcmp"];
+    let mut calls = Vec::new();
+    for section in file.sections() {
+        for (offset, relocation) in section.relocations() {
+            let RelocationTarget::Symbol(target) = relocation.target() else {
+                continue;
+            };
+            let target = file.symbol_by_index(target).expect("relocation symbol");
+            let Ok(name) = target.name() else { continue };
+            if !library.contains(&name) {
+                continue;
+            }
+            let caller = functions
+                .iter()
+                .find(|(index, start, size, _)| {
+                    *index == section.index() && (*start..start + size).contains(&offset)
+                })
+                .map_or("?", |(_, _, _, caller)| caller.as_str());
+            calls.push(format!("{caller} -> {name}"));
+        }
+    }
+    let per_packet: Vec<&String> = calls
+        .iter()
+        .filter(|call| !call.contains("expire_share"))
+        .collect();
+    assert!(
+        per_packet.is_empty(),
+        "library calls on the packet path: {per_packet:?}"
+    );
+}
