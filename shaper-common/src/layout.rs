@@ -23,8 +23,14 @@ pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// their meaning. Bump it with any change to them; it is stamped in the `LAYOUT` map at
 /// attach, and every command refuses pins of another layout with a clear message (0: pins
 /// from before the stamp). Layout 2 gave classes parents (`ClassConfig::parent`, the
-/// ceiling in `peak_cost`) in the sizes of layout 1; layout 3 added `KEY_STATS`.
-pub const LAYOUT_VERSION: u32 = 4;
+/// ceiling in `peak_cost`) in the sizes of layout 1; layout 3 added `KEY_STATS`, layout 4
+/// `SHARES`, layout 5 `VERDICT_CACHE` and `Globals::rules_generation` (a spare word).
+pub const LAYOUT_VERSION: u32 = 5;
+
+/// Slots of the per-CPU verdict cache (`VERDICT_CACHE`): 56 bytes each, 56 KiB a CPU.
+pub const VERDICT_CACHE_SLOTS: u32 = 1024;
+/// A verdict cache entry's class for "no class matches" (traffic shaper leaves alone).
+pub const NO_CLASS: u32 = u32::MAX;
 
 /// Map names, as declared in the eBPF object and pinned by userspace.
 pub mod map_names {
@@ -48,8 +54,11 @@ pub mod map_names {
     pub const SHAPE_PACKET: &str = "SHAPE_PACKET";
     /// Per class: a global class's share of its limit across hosts, and its expiry.
     pub const SHARES: &str = "SHARES";
+    /// Per CPU: the class the packet path last found for a few recent tuples
+    /// (`VerdictEntry`), never read by userspace.
+    pub const VERDICT_CACHE: &str = "VERDICT_CACHE";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         LAYOUT,
         GLOBALS,
         SHAPES,
@@ -65,6 +74,7 @@ pub mod map_names {
         KEY_STATS,
         SHAPE_PACKET,
         SHARES,
+        VERDICT_CACHE,
     ];
 }
 
@@ -100,7 +110,9 @@ pub struct Globals {
     /// carry bare IP packets (tun, wireguard, ipip, sit, ppp), which get the `shaper_l3`
     /// program. Userspace bookkeeping, found at attach from the device's link type.
     pub link_header_len: u32,
-    pub _pad: u32,
+    /// Moves (wrapping) after every change to `RULES`, `SHAPES` or `shape_count`, last:
+    /// verdicts cached under another generation are not used (see `VerdictEntry`).
+    pub rules_generation: u32,
 }
 
 pub const ATTACH_MODE_TCX: u32 = 1;
@@ -672,6 +684,41 @@ impl Default for ClassMeta {
     }
 }
 
+/// One slot of the per-CPU verdict cache: a packet's classification tuple (the first 40
+/// bytes of the packet path's parsed packet: family, protocol, flags, ports, addresses)
+/// and the class the rules gave it, `NO_CLASS` included. The cache only saves the search:
+/// the class's state and bucket are read for every packet as before.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerdictEntry {
+    pub tuple: [u64; 5],
+    /// `verdict_stamp` of the rules generation the class was found under; 0 never matches.
+    pub stamp: u64,
+    pub class_id: u32,
+    pub _pad: u32,
+}
+
+/// The stamp of verdicts found under `rules_generation`: never 0, the zeroed slot's.
+pub const fn verdict_stamp(rules_generation: u32) -> u64 {
+    rules_generation as u64 + 1
+}
+
+/// The cache slot of a tuple: a multiplicative fold (a few instructions, no loop the
+/// verifier must unroll beyond five steps) whose top bits pick one of
+/// `VERDICT_CACHE_SLOTS`.
+#[inline(always)]
+pub const fn verdict_slot(tuple: &[u64; 5]) -> u32 {
+    const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut hash = 0u64;
+    let mut index = 0;
+    while index < 5 {
+        hash = (hash ^ tuple[index]).wrapping_mul(MIX);
+        hash ^= hash >> 29;
+        index += 1;
+    }
+    (hash.wrapping_mul(MIX) >> (64 - VERDICT_CACHE_SLOTS.trailing_zeros())) as u32
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -687,5 +734,6 @@ mod pod {
     unsafe impl aya::Pod for ClassMeta {}
     unsafe impl aya::Pod for Credit {}
     unsafe impl aya::Pod for GlobalShare {}
+    unsafe impl aya::Pod for VerdictEntry {}
     unsafe impl aya::Pod for crate::codel::CodelState {}
 }

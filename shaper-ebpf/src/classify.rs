@@ -1,11 +1,12 @@
-//! Classify: tuple-space search, one exact-match hash lookup per distinct rule shape in
-//! use (`SHAPES`), never a scan over classes; the lowest rank wins.
+//! Classify: a per-CPU verdict cache in front of a tuple-space search, one exact-match
+//! hash lookup per distinct rule shape in use (`SHAPES`), never a scan over classes; the
+//! lowest rank wins.
 
 use crate::{
-    maps::{GLOBALS, RULES, SHAPES},
-    parse::Packet,
+    maps::{GLOBALS, RULES, SHAPES, VERDICT_CACHE},
+    parse::{Packet, TUPLE_WORDS},
 };
-use shaper_common::{RuleKey, MAX_SHAPES};
+use shaper_common::{verdict_slot, verdict_stamp, RuleKey, MAX_SHAPES, NO_CLASS};
 
 #[inline(always)]
 fn masked(value: [u32; 4], mask: [u32; 4]) -> [u32; 4] {
@@ -17,10 +18,57 @@ fn masked(value: [u32; 4], mask: [u32; 4]) -> [u32; 4] {
     ]
 }
 
+/// The packet's class, if any. A tuple classified before under the same rules generation
+/// takes the class (or "none") from this CPU's cache; any other runs the search and
+/// leaves its answer there. The generation is read before the search, and userspace moves
+/// it after its last rule write, so an answer found while rules change is never reused.
 #[inline(always)]
 pub(crate) fn classify(packet: &Packet) -> Option<u32> {
-    let shape_count = GLOBALS.get(0)?.shape_count;
-    let mut best_class = 0u32;
+    let globals = GLOBALS.get_ptr(0)?;
+    let (generation, shape_count) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*globals).rules_generation),
+            core::ptr::read_volatile(&raw const (*globals).shape_count),
+        )
+    };
+    let stamp = verdict_stamp(generation);
+    let mut tuple = [0u64; TUPLE_WORDS];
+    for (index, word) in tuple.iter_mut().enumerate() {
+        *word = packet.tuple_word(index);
+    }
+    let entry = VERDICT_CACHE.get_ptr_mut(verdict_slot(&tuple))?;
+    let class_id = unsafe {
+        let hit = (*entry).stamp == stamp
+            && (*entry).tuple[0] == tuple[0]
+            && (*entry).tuple[1] == tuple[1]
+            && (*entry).tuple[2] == tuple[2]
+            && (*entry).tuple[3] == tuple[3]
+            && (*entry).tuple[4] == tuple[4];
+        if hit {
+            (*entry).class_id
+        } else {
+            let class_id = search(packet, shape_count);
+            // Word by word: a copy of the array would be a `memcpy` call (a byte loop).
+            for (index, word) in tuple.iter().enumerate() {
+                core::ptr::write_volatile(&raw mut (*entry).tuple[index], *word);
+            }
+            (*entry).class_id = class_id;
+            (*entry).stamp = stamp;
+            class_id
+        }
+    };
+    if class_id == NO_CLASS {
+        None
+    } else {
+        Some(class_id)
+    }
+}
+
+/// The tuple-space search: the best-ranked class of the packet, or `NO_CLASS`. A
+/// subprogram, so its keys live in its own stack frame, not in the packet path's.
+#[inline(never)]
+fn search(packet: &Packet, shape_count: u32) -> u32 {
+    let mut best_class = NO_CLASS;
     let mut best_rank = u64::MAX;
     for index in 0..MAX_SHAPES {
         if index >= shape_count {
@@ -59,9 +107,5 @@ pub(crate) fn classify(packet: &Packet) -> Option<u32> {
             }
         }
     }
-    if best_rank == u64::MAX {
-        None
-    } else {
-        Some(best_class)
-    }
+    best_class
 }

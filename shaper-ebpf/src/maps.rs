@@ -9,8 +9,8 @@ use aya_ebpf::{
 };
 use shaper_common::{
     codel::CodelState, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, GlobalShare,
-    Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE,
-    MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+    Globals, KeyStats, RuleKey, RuleValue, Shape, VerdictEntry, CLASS_NAME_LEN,
+    DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, MAX_RULES, MAX_SHAPES, VERDICT_CACHE_SLOTS,
 };
 
 /// Userspace only: the layout version of this state (`shaper_common::LAYOUT_VERSION`).
@@ -57,6 +57,12 @@ pub(crate) static SHAPE_PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entr
 /// `shaper_common::GlobalShare`); read only for classes flagged `global`.
 #[map]
 pub(crate) static SHARES: Array<GlobalShare> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Per CPU: the class recent tuples were classified to (see `classify`). A per-CPU array
+/// (lookups inlined by the verifier, no torn entries from another CPU); its stamps are
+/// tied to `Globals::rules_generation`, so userspace never touches it.
+#[map]
+pub(crate) static VERDICT_CACHE: PerCpuArray<VerdictEntry> =
+    PerCpuArray::with_max_entries(VERDICT_CACHE_SLOTS, 0);
 /// Userspace bookkeeping only (names, rules); declared here so it is created and pinned
 /// with the rest of the attachment's state.
 #[map]

@@ -29,6 +29,8 @@ pub(crate) struct Packet {
     pub(crate) family: u8,
     pub(crate) proto: u8,
     pub(crate) flags: u8,
+    /// Never written, so zero: part of the tuple's first word (see [`Packet::tuple_word`]).
+    pub(crate) _spare: u8,
     pub(crate) sport: u16,
     pub(crate) dport: u16,
     pub(crate) src: [u32; 4],
@@ -40,6 +42,19 @@ pub(crate) struct Packet {
     pub(crate) ip_readable: bool,
     /// Frames the packet leaves as: a GSO aggregate's segment count, else 1.
     pub(crate) segments: u32,
+}
+
+/// Words of the classification tuple: family, protocol, flags and ports, then the
+/// addresses (the verdict cache's key).
+pub(crate) const TUPLE_WORDS: usize = 5;
+
+impl Packet {
+    /// Word `index` (below [`TUPLE_WORDS`]) of the classification tuple, read in place
+    /// (the packet is a map value, 8-aligned).
+    #[inline(always)]
+    pub(crate) fn tuple_word(&self, index: usize) -> u64 {
+        unsafe { core::ptr::read_volatile((self as *const Packet).cast::<u64>().add(index)) }
+    }
 }
 
 /// Reads a header field: straight from the linear packet data when it is there (the

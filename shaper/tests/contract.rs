@@ -7,8 +7,9 @@
 
 use shaper_common::{
     codel::CodelState, map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta,
-    ClassStats, Credit, GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN,
-    DEFAULT_FLOW_TABLE_SIZE, LAYOUT_VERSION, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+    ClassStats, Credit, GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, VerdictEntry,
+    CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, LAYOUT_VERSION, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+    VERDICT_CACHE_SLOTS,
 };
 use std::mem::size_of;
 
@@ -45,7 +46,7 @@ const fn map(
 
 const U32: usize = size_of::<u32>();
 
-const EXPECTED: [Expected; 15] = [
+const EXPECTED: [Expected; 16] = [
     map(map_names::LAYOUT, ARRAY, U32, U32, 1),
     map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
     map(
@@ -135,6 +136,14 @@ const EXPECTED: [Expected; 15] = [
         size_of::<GlobalShare>(),
         MAX_CLASSES,
     ),
+    // The per-CPU verdict cache (layout 5); userspace only pins it.
+    map(
+        map_names::VERDICT_CACHE,
+        PERCPU_ARRAY,
+        U32,
+        size_of::<VerdictEntry>(),
+        VERDICT_CACHE_SLOTS,
+    ),
 ];
 
 fn object() -> aya_obj::Object {
@@ -190,8 +199,8 @@ fn the_ebpf_object_declares_the_maps_userspace_expects() {
 /// change of any pinned type changes them: the test then asks for a new layout version
 /// (with the migration `shaper upgrade` needs), so pins of the old layout are never read
 /// as the new one.
-const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 15]) = (
-    4,
+const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 16]) = (
+    5,
     [
         ("LAYOUT", 4, 4),
         ("GLOBALS", 4, 32),
@@ -208,6 +217,7 @@ const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 15]) = (
         ("KEY_STATS", 4, 8),
         ("SHAPE_PACKET", 4, 64),
         ("SHARES", 4, 176),
+        ("VERDICT_CACHE", 4, 56),
     ],
 );
 

@@ -1177,6 +1177,9 @@ fn ties_go_to_the_older_class_and_deletion_falls_back_to_the_next_best() {
         class("younger", Some("53"), "10"),
         class("fallback", None, "20"),
     );
+    // One CPU: the per-CPU verdict cache holds the class each step found, and each
+    // change of classes must replace it.
+    run_on_cpu(0);
     let mut harness = Harness::new(&[&older, &younger, &fallback]);
     let dns = ipv4(V4::default(), udp(53, 32));
     let classified = |harness: &mut Harness, step: &str| {

@@ -150,9 +150,14 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
         });
         std::thread::sleep(Duration::from_millis(2500));
         let before = counted(&router)?;
-        // Layout 0 pins: no LAYOUT stamp, and no KEY_STATS (layout 3), which the
-        // upgrade creates.
-        for map in [map_names::LAYOUT, map_names::KEY_STATS] {
+        // Layout 0 pins: no LAYOUT stamp, and no KEY_STATS (layout 3), SHARES (layout 4)
+        // or VERDICT_CACHE (layout 5), which the upgrade creates.
+        let added_since = [
+            map_names::KEY_STATS,
+            map_names::SHARES,
+            map_names::VERDICT_CACHE,
+        ];
+        for map in [map_names::LAYOUT].iter().chain(&added_since) {
             std::fs::remove_file(pin_dir(&router).join(map))?;
         }
         let upgraded = router.shaper(&["upgrade", dev, "--reload"])?;
@@ -167,10 +172,16 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
     );
     let row = router.status_row()?;
     ensure!(row["problem"].is_null(), "{row}");
-    ensure!(
-        pin_dir(&router).join(map_names::KEY_STATS).exists(),
-        "the upgrade did not create KEY_STATS"
-    );
+    for map in [
+        map_names::KEY_STATS,
+        map_names::SHARES,
+        map_names::VERDICT_CACHE,
+    ] {
+        ensure!(
+            pin_dir(&router).join(map).exists(),
+            "the upgrade did not create {map}"
+        );
+    }
     ensure!(
         row["program_id"] != old_program,
         "the program was not swapped: {row}"

@@ -152,6 +152,9 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
             let _ = index.remove(&meta.name);
             let _ = configs.set(id, ClassConfig::default(), 0);
             let _ = write_shapes(attachment, &kernel_shapes, &shapes);
+            // Entries written before the failure were live for a moment.
+            globals.rules_generation = globals.rules_generation.wrapping_add(1);
+            let _ = attachment.set_globals(globals);
             if spec.action.action == Action::Shape && spec.action.arg != 0 {
                 let _ = qdisc::delete_class(&dev, id);
                 if let Some(parent) = parent {
@@ -160,8 +163,10 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
             }
             return Err(error);
         }
-        // New shapes become visible to the packet path last, with their entries in place.
+        // New shapes become visible to the packet path last, with their entries in place,
+        // and cached verdicts expire with the same write.
         globals.shape_count = shapes.count();
+        globals.rules_generation = globals.rules_generation.wrapping_add(1);
         attachment.set_globals(globals)?;
         kernel_shapes = shapes;
         names.insert(spec.name.clone());
@@ -713,7 +718,7 @@ fn rerank(attachment: &Attachment) -> Result<()> {
             rules.insert(key, value, 0)?;
         }
     }
-    Ok(())
+    attachment.rules_changed()
 }
 
 /// Re-sets the HTB classes of shape class `id` from its state and `tree` (its own leaves
@@ -863,7 +868,7 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     }
     set_shape_count(attachment, shapes.count())?;
     write_shapes(attachment, &shapes, &before)?;
-    Ok(())
+    attachment.rules_changed()
 }
 
 #[cfg(test)]

@@ -171,6 +171,16 @@ impl Attachment {
         Ok(self.globals_map()?.set(0, globals, 0)?)
     }
 
+    /// Tells the packet path that `RULES`, `SHAPES` or the shape count changed, so the
+    /// verdicts its CPUs cached before are not used again. Called after the last write
+    /// (a verdict found while rules change carries the generation before), and never
+    /// while a caller holds a `Globals` copy it writes back later.
+    pub(crate) fn rules_changed(&self) -> Result<()> {
+        let mut globals = self.globals()?;
+        globals.rules_generation = globals.rules_generation.wrapping_add(1);
+        self.set_globals(globals)
+    }
+
     pub fn shapes(&self) -> Result<Array<MapData, Shape>> {
         self.map(map_names::SHAPES)
     }

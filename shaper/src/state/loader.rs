@@ -426,10 +426,11 @@ fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
         // Layout 2 kept layout 1's sizes (classes gained parents in spare fields) and
         // ranks classes by depth too.
         0 | 1 => Some(migrate_to_trees),
-        // Layout 3 only added KEY_STATS, and layout 4 SHARES (global classes, in a byte
-        // that was padding before), which loading the object creates (counting from the
-        // upgrade on).
-        2 | 3 => Some(|_| Ok(())),
+        // Layout 3 only added KEY_STATS, layout 4 SHARES (global classes, in a byte that
+        // was padding before), and layout 5 VERDICT_CACHE (with the rules generation in a
+        // spare word of GLOBALS, 0 in older pins, which no zeroed cache slot matches):
+        // loading the object creates them (counting from the upgrade on).
+        2..=4 => Some(|_| Ok(())),
         _ => None,
     }
 }
@@ -450,7 +451,7 @@ fn migrate_to_trees(attachment: &Attachment) -> Result<()> {
             rules.insert(key, value, 0)?;
         }
     }
-    Ok(())
+    attachment.rules_changed()
 }
 
 /// Layout 0 is the last unstamped one: the same maps as layouts 1 and 2 but `LAYOUT` (and
