@@ -88,6 +88,9 @@ pub mod program_names {
     /// Same code, but "now" is taken from `skb->tstamp` so BPF_PROG_TEST_RUN can drive
     /// the clock; never attached.
     pub const SHAPER_CLOCKED: &str = "shaper_clocked";
+    /// Same code with the verdict cache never hit: the classification search's cost in
+    /// benchmarks; never attached.
+    pub const SHAPER_UNCACHED: &str = "shaper_uncached";
     /// An empty classifier: the floor for per-packet cost benchmarks.
     pub const FLOOR: &str = "shaper_floor";
 }

@@ -78,9 +78,9 @@ pub(crate) fn charge_bucket(
     }
 }
 
-/// A subprogram: its key's stack is its own frame, not the packet path's (which the
-/// shape path's frame shares within the 512-byte limit).
-#[inline(never)]
+/// Inlined, not a subprogram: a bpf-to-bpf call and its return cost about 8 ns here
+/// (1 flow, per packet: 143 -> 135 ns), and the key fits the 512-byte stack either way.
+#[inline(always)]
 pub(crate) fn keyed_bucket(
     class_id: u32,
     generation: u32,

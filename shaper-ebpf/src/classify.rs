@@ -22,8 +22,9 @@ fn masked(value: [u32; 4], mask: [u32; 4]) -> [u32; 4] {
 /// takes the class (or "none") from this CPU's cache; any other runs the search and
 /// leaves its answer there. The generation is read before the search, and userspace moves
 /// it after its last rule write, so an answer found while rules change is never reused.
+/// `CACHED` false makes every packet a miss (a benchmark's program).
 #[inline(always)]
-pub(crate) fn classify(packet: &Packet) -> Option<u32> {
+pub(crate) fn classify<const CACHED: bool>(packet: &Packet) -> Option<u32> {
     let globals = GLOBALS.get_ptr(0)?;
     let (generation, shape_count) = unsafe {
         (
@@ -38,7 +39,8 @@ pub(crate) fn classify(packet: &Packet) -> Option<u32> {
     }
     let entry = VERDICT_CACHE.get_ptr_mut(verdict_slot(&tuple))?;
     let class_id = unsafe {
-        let hit = (*entry).stamp == stamp
+        let hit = CACHED
+            && (*entry).stamp == stamp
             && (*entry).tuple[0] == tuple[0]
             && (*entry).tuple[1] == tuple[1]
             && (*entry).tuple[2] == tuple[2]
@@ -64,9 +66,10 @@ pub(crate) fn classify(packet: &Packet) -> Option<u32> {
     }
 }
 
-/// The tuple-space search: the best-ranked class of the packet, or `NO_CLASS`. A
-/// subprogram, so its keys live in its own stack frame, not in the packet path's.
-#[inline(never)]
+/// The tuple-space search: the best-ranked class of the packet, or `NO_CLASS`. Inlined:
+/// as a subprogram, the call and return cost a cache miss about 30 ns more (no class
+/// matching, every packet a miss: 129 -> 97 ns), and its key fits the 512-byte stack.
+#[inline(always)]
 fn search(packet: &Packet, shape_count: u32) -> u32 {
     let mut best_class = NO_CLASS;
     let mut best_rank = u64::MAX;

@@ -61,21 +61,27 @@ mod entry {
 
     #[classifier]
     pub fn shaper(ctx: TcContext) -> i32 {
-        run::<false>(&ctx, unsafe { bpf_ktime_get_ns() })
+        run::<false, false, true>(&ctx)
     }
 
     /// The same for devices that carry bare IP packets (no link-layer header).
     #[classifier]
     pub fn shaper_l3(ctx: TcContext) -> i32 {
-        run::<true>(&ctx, unsafe { bpf_ktime_get_ns() })
+        run::<true, false, true>(&ctx)
     }
 
     /// The same program with the clock taken from `skb->tstamp`, so BPF_PROG_TEST_RUN can
     /// check the bucket against the host model packet by packet. Never attached.
     #[classifier]
     pub fn shaper_clocked(ctx: TcContext) -> i32 {
-        let now = unsafe { (*ctx.skb.skb).tstamp };
-        run::<false>(&ctx, now)
+        run::<false, true, true>(&ctx)
+    }
+
+    /// The same program with every packet missing the verdict cache, for benchmarks (a
+    /// test run repeats one frame, which the cache would serve). Never attached.
+    #[classifier]
+    pub fn shaper_uncached(ctx: TcContext) -> i32 {
+        run::<false, false, false>(&ctx)
     }
 
     /// The per-packet cost floor for benchmarks: an empty classifier in the same object.
@@ -102,8 +108,20 @@ mod entry {
         1
     }
 
+    /// The packet path's clock: CLOCK_MONOTONIC, or `skb->tstamp` for test runs.
     #[inline(always)]
-    fn run<const BARE_IP: bool>(ctx: &TcContext, now: u64) -> i32 {
+    fn clock<const FROM_SKB: bool>(ctx: &TcContext) -> u64 {
+        if FROM_SKB {
+            unsafe { (*ctx.skb.skb).tstamp }
+        } else {
+            unsafe { bpf_ktime_get_ns() }
+        }
+    }
+
+    #[inline(always)]
+    fn run<const BARE_IP: bool, const CLOCK_FROM_SKB: bool, const CACHED: bool>(
+        ctx: &TcContext,
+    ) -> i32 {
         // The packet lives in memory, not registers: parsed into a per-CPU map slot and
         // read from there, its fields are unknown to the verifier, so the many paths out
         // of the parser (VLAN tags, families, extension headers, flags) reach the rest of
@@ -114,12 +132,14 @@ mod entry {
         let packet: &mut Packet = unsafe { &mut *slot };
         parse::<BARE_IP>(ctx, packet);
         let packet: &Packet = packet;
-        let Some(class_id) = classify(packet) else {
+        let Some(class_id) = classify::<CACHED>(packet) else {
             return TC_ACT_UNSPEC;
         };
         let Some(class_slot) = CLASSES.get_ptr_mut(class_id) else {
             return TC_ACT_UNSPEC;
         };
+        // Read once a class matched: traffic no class takes never pays for the clock.
+        let now = clock::<CLOCK_FROM_SKB>(ctx);
         // A global class whose daemon stopped renewing its share falls to its floor here,
         // before anything reads the costs.
         if unsafe { core::ptr::read_volatile(&raw const (*class_slot).global) } != 0 {

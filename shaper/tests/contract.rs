@@ -243,6 +243,7 @@ fn the_ebpf_object_has_the_programs_userspace_loads() {
         program_names::SHAPER,
         program_names::SHAPER_L3,
         program_names::SHAPER_CLOCKED,
+        program_names::SHAPER_UNCACHED,
         program_names::FLOOR,
     ] {
         assert!(

@@ -313,6 +313,10 @@ const CASE_A: &str = "(a) 1 class, 1 flow";
 const CASE_D: &str = "(d) no class matches";
 const CASE_FLAT: &str = "(e) 1 class-wide class, no parent";
 const CASE_CHAIN: &str = "(f) leaf of a 3-level chain";
+const CASE_SECOND_SHAPE: &str = "(g) class in the 2nd of 2 rule shapes";
+const CASE_A_MISS: &str = "(h) (a), verdict cache missed";
+const CASE_D_MISS: &str = "(i) (d), verdict cache missed";
+const CASE_SECOND_SHAPE_MISS: &str = "(j) (g), verdict cache missed";
 
 fn case_b(live_flows: u32) -> String {
     format!("(b) 1 class, {live_flows} live flows")
@@ -347,6 +351,7 @@ fn per_packet(lab: &Lab, effort: &Effort) -> Result<(Vec<Value>, Value)> {
     let mut one_ebpf = state::load_object(one.dir(), 1024)?;
     state::load_program(&mut one_ebpf, program_names::FLOOR)?;
     state::load_program(&mut one_ebpf, program_names::SHAPER)?;
+    state::load_program(&mut one_ebpf, program_names::SHAPER_UNCACHED)?;
     let mut many_ebpf = state::load_object(many.dir(), 1024)?;
     state::load_program(&mut many_ebpf, program_names::SHAPER)?;
     let (floor, shaper_one) = (
@@ -363,6 +368,48 @@ fn per_packet(lab: &Lab, effort: &Effort) -> Result<(Vec<Value>, Value)> {
         CASE_D.into(),
         time_runs(shaper_one, &udp_frame(6000, 40000), effort)?,
     ));
+    // A test run repeats one frame, which the verdict cache serves after the first: the
+    // same cases with every packet searching the rules, as new flows do.
+    let uncached_one = program(&one_ebpf, program_names::SHAPER_UNCACHED)?;
+    cases.push((
+        CASE_A_MISS.into(),
+        time_runs(uncached_one, &matching, effort)?,
+    ));
+    cases.push((
+        CASE_D_MISS.into(),
+        time_runs(uncached_one, &udp_frame(6000, 40000), effort)?,
+    ));
+    // Two rule shapes (a dport class and a sport class); the packet matches the second.
+    let shapes = bench_attachment(lab, "bench3", 1024)?;
+    classes::add(&shapes, &udp_class("by-dport".into(), 8000, Scope::Class))?;
+    let mut by_sport = udp_class("by-sport".into(), 0, Scope::Class);
+    by_sport.rule.dport = PortRange::ANY;
+    by_sport.rule.sport = PortRange {
+        lo: 40001,
+        hi: 40001,
+    };
+    classes::add(&shapes, &by_sport)?;
+    let mut shapes_ebpf = state::load_object(shapes.dir(), 1024)?;
+    state::load_program(&mut shapes_ebpf, program_names::SHAPER)?;
+    state::load_program(&mut shapes_ebpf, program_names::SHAPER_UNCACHED)?;
+    let second_shape = udp_frame(5000, 40001);
+    cases.push((
+        CASE_SECOND_SHAPE.into(),
+        time_runs(
+            program(&shapes_ebpf, program_names::SHAPER)?,
+            &second_shape,
+            effort,
+        )?,
+    ));
+    cases.push((
+        CASE_SECOND_SHAPE_MISS.into(),
+        time_runs(
+            program(&shapes_ebpf, program_names::SHAPER_UNCACHED)?,
+            &second_shape,
+            effort,
+        )?,
+    ));
+    print_program_sizes(&one_ebpf)?;
 
     // Hierarchy: a packet of a three-level chain's leaf against one of a flat class.
     let tree = bench_attachment(lab, "bench2", 1024)?;
@@ -596,6 +643,20 @@ fn latency_only(options: &Options, effort: &Effort, started: Instant) -> Result<
         broken.len(),
         broken.join("\n  ")
     )
+}
+
+/// The attached program's size as the kernel holds it: instructions after the verifier's
+/// rewrites, JIT bytes, and the instructions the verifier walked to accept it.
+fn print_program_sizes(ebpf: &aya::Ebpf) -> Result<()> {
+    let info = program(ebpf, program_names::SHAPER)?.info()?;
+    println!(
+        "  program {}: {} instructions translated, {} bytes jitted, {} instructions verified",
+        program_names::SHAPER,
+        info.size_translated().unwrap_or(0) / 8,
+        info.size_jitted(),
+        info.verified_instruction_count().unwrap_or(0),
+    );
+    Ok(())
 }
 
 fn program<'a>(ebpf: &'a aya::Ebpf, name: &str) -> Result<&'a SchedClassifier> {
@@ -1020,6 +1081,10 @@ impl Expected {
                 CASE_D.into(),
                 CASE_FLAT.into(),
                 CASE_CHAIN.into(),
+                CASE_A_MISS.into(),
+                CASE_D_MISS.into(),
+                CASE_SECOND_SHAPE.into(),
+                CASE_SECOND_SHAPE_MISS.into(),
                 case_b(effort.live_flows),
                 case_c(effort.classes),
             ],
