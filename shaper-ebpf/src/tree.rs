@@ -269,10 +269,11 @@ fn take(word: *mut u64, class: &ClassConfig, kind: u8, now: u64, bytes: u64) -> 
     }
 }
 
-/// [`take`]'s subprogram: a plain u64 (`REFUSED` or the occupancy) comes back in a
-/// register, where an `Option` would be a sixth, stack-passed argument BPF does not have.
-/// A word of an older cost version is converted in the same swap.
-#[inline(never)]
+/// [`take`]'s word: `REFUSED` or the occupancy. A word of an older cost version is
+/// converted in the same swap. Inlined, as is [`owe`]: as subprograms their calls cost a
+/// three-level chain's packet about 70 ns here (199 -> 125 ns; verified instructions
+/// 308k -> 442k of the kernel's million).
+#[inline(always)]
 fn take_word(word: *mut u64, class: &ClassConfig, kind: u8, now: u64, bytes: u64) -> u64 {
     let (kind, cost) = cost_of(class, kind);
     let mut stored = unsafe { core::ptr::read_volatile(word) };
@@ -303,7 +304,7 @@ fn cost_of(class: &ClassConfig, kind: u8) -> (CostKind, &ByteCost) {
 /// Charges `bytes` to one word of `class` whether or not it conforms (a level above the
 /// lender). A word that keeps losing races is charged by a plain add, which can only
 /// count the bytes later than due, never lose them.
-#[inline(never)]
+#[inline(always)]
 fn owe(word: *mut u64, class: &ClassConfig, kind: u8, now: u64, bytes: u64) {
     let (kind, cost) = cost_of(class, kind);
     let mut stored = unsafe { core::ptr::read_volatile(word) };
