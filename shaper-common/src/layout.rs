@@ -93,6 +93,8 @@ pub mod program_names {
     pub const SHAPER_UNCACHED: &str = "shaper_uncached";
     /// An empty classifier: the floor for per-packet cost benchmarks.
     pub const FLOOR: &str = "shaper_floor";
+    /// The floor plus one clock read (`bpf_ktime_get_ns`), for benchmarks.
+    pub const FLOOR_CLOCK: &str = "shaper_floor_clock";
 }
 
 /// Packet-path globals, element 0 of the `GLOBALS` array.

@@ -90,6 +90,14 @@ mod entry {
         TC_ACT_OK as i32
     }
 
+    /// The floor plus one read of the clock the packet path uses: what that read costs,
+    /// for the benchmarks' stage-by-stage breakdown.
+    #[classifier]
+    pub fn shaper_floor_clock(_ctx: TcContext) -> i32 {
+        core::hint::black_box(unsafe { bpf_ktime_get_ns() });
+        TC_ACT_OK as i32
+    }
+
     /// Installs a global class's floor once its share has expired (one subprogram: a
     /// global class pays for it, every other class reads one flag).
     #[inline(never)]

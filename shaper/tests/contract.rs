@@ -245,6 +245,7 @@ fn the_ebpf_object_has_the_programs_userspace_loads() {
         program_names::SHAPER_CLOCKED,
         program_names::SHAPER_UNCACHED,
         program_names::FLOOR,
+        program_names::FLOOR_CLOCK,
     ] {
         assert!(
             object.programs.contains_key(name),

@@ -211,6 +211,16 @@ fn test() -> Result<()> {
     // Unit and property tests run in parallel; the lab tests one at a time, since
     // their measurements share two cores.
     cargo(&["test", "--workspace", "--exclude", "shaper-tests"])?;
+    // The bench's own checks of its report (no root, no lab).
+    cargo(&[
+        "test",
+        "--package",
+        "shaper-tests",
+        "--features",
+        "bench",
+        "--bin",
+        "shaper-bench",
+    ])?;
     std::env::set_var("SHAPER_BIN", shaper_binary());
     // The package tests install what `dist` built.
     std::env::set_var("SHAPER_DEB", dist::dist()?);
