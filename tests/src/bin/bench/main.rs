@@ -33,7 +33,7 @@ use traffic::{AccuracyKey, Peer, TrafficEffort};
 
 struct Options {
     quick: bool,
-    /// Only this section (`latency`).
+    /// Only this section (`latency`, `per-packet`, `forwarding`, `global`).
     only: Option<String>,
     json: Option<PathBuf>,
     report: Option<PathBuf>,
@@ -52,9 +52,9 @@ fn options() -> Result<Options> {
             "--quick" => options.quick = true,
             "--only" => {
                 let section = args.next().context("--only needs a section")?;
-                if !["latency", "per-packet", "global"].contains(&section.as_str()) {
+                if !["latency", "per-packet", "global", "forwarding"].contains(&section.as_str()) {
                     bail!(
-                        "--only {section}: the sections that run alone are latency, per-packet and global"
+                        "--only {section}: the sections that run alone are latency, per-packet, forwarding and global"
                     );
                 }
                 options.only = Some(section);
@@ -64,7 +64,7 @@ fn options() -> Result<Options> {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|global, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global, --json FILE, --report FILE)")
             }
         }
     }
@@ -155,6 +155,14 @@ fn main() -> Result<()> {
         if !broken.is_empty() {
             bail!("broken: {}", broken.join("; "));
         }
+        return Ok(());
+    }
+    if options.only.as_deref() == Some("forwarding") {
+        // The forwarding rows alone, at the run's effort (5 rounds in the full run).
+        let lab = Lab::new()?;
+        println!("== forwarding throughput (64-byte UDP, two senders, one per core)");
+        let throughput = traffic::throughput(&lab, &effort.traffic)?;
+        println!("{}", serde_json::to_string_pretty(&throughput)?);
         return Ok(());
     }
     let lab = Lab::new()?;
