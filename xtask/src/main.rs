@@ -168,26 +168,23 @@ fn bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
     };
     std::env::set_var("SHAPER_BIN", binary);
     let (json, report) = (json.display().to_string(), report.display().to_string());
-    let mut args = [
-        &["run"][..],
-        profile,
-        &[
-            "--package",
-            "shaper-tests",
-            "--features",
-            "bench",
-            "--bin",
-            "shaper-bench",
-            "--",
-        ],
-    ]
-    .concat();
+    let mut args = [&["run"][..], profile, BENCH_BINARY, &["--"]].concat();
     if quick {
         args.push("--quick");
     }
     args.extend(["--json", &json, "--report", &report]);
     cargo(&args)
 }
+
+/// Cargo's selection of the bench binary.
+const BENCH_BINARY: &[&str] = &[
+    "--package",
+    "shaper-tests",
+    "--features",
+    "bench",
+    "--bin",
+    "shaper-bench",
+];
 
 fn man() -> Result<()> {
     let dir = workspace_root().join("target/man");
@@ -212,15 +209,7 @@ fn test() -> Result<()> {
     // their measurements share two cores.
     cargo(&["test", "--workspace", "--exclude", "shaper-tests"])?;
     // The bench's own checks of its report (no root, no lab).
-    cargo(&[
-        "test",
-        "--package",
-        "shaper-tests",
-        "--features",
-        "bench",
-        "--bin",
-        "shaper-bench",
-    ])?;
+    cargo(&[&["test"][..], BENCH_BINARY].concat())?;
     std::env::set_var("SHAPER_BIN", shaper_binary());
     // The package tests install what `dist` built.
     std::env::set_var("SHAPER_DEB", dist::dist()?);
