@@ -22,6 +22,9 @@ fn masked(value: [u32; 4], mask: [u32; 4]) -> [u32; 4] {
 /// takes the class (or "none") from this CPU's cache; any other runs the search and
 /// leaves its answer there. The generation is read before the search, and userspace moves
 /// it after its last rule write, so an answer found while rules change is never reused.
+/// (That ordering relies on loads not passing loads, as on x86; on arm64 the rule lookups
+/// could in principle run ahead of the generation read, and BPF has no load-acquire
+/// before kernel 6.15.)
 /// `CACHED` false makes every packet a miss (a benchmark's program).
 #[inline(always)]
 pub(crate) fn classify<const CACHED: bool>(packet: &Packet) -> Option<u32> {

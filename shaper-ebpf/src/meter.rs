@@ -17,7 +17,8 @@ use shaper_common::{
 /// that reaches the meter).
 const METER_CAS_ATTEMPTS: u32 = 8;
 
-/// A subprogram, for the same reason as `bucket::keyed_bucket`.
+/// A subprogram: its two words' compare-and-swap rounds are verified once, apart from the
+/// flat path, and its frame is its own, not the packet path's.
 #[inline(never)]
 pub(crate) fn meter(
     ctx: &TcContext,

@@ -29,7 +29,9 @@ pub(crate) struct Packet {
     pub(crate) family: u8,
     pub(crate) proto: u8,
     pub(crate) flags: u8,
-    /// Never written, so zero: part of the tuple's first word (see [`Packet::tuple_word`]).
+    /// Never written (zero in practice): part of the tuple's first word (see
+    /// [`Packet::tuple_word`]); the search never reads it, so its value could only cost
+    /// cache hits, never change a class.
     pub(crate) _spare: u8,
     pub(crate) sport: u16,
     pub(crate) dport: u16,

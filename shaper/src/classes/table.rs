@@ -713,12 +713,15 @@ fn rerank(attachment: &Attachment) -> Result<()> {
     let mut shapes = ShapeTable::read(attachment)?;
     let wanted = remaining_without(&classes, u32::MAX, &mut shapes)?.wanted;
     let mut rules = attachment.rules()?;
-    for (key, value) in wanted {
+    let rewritten = wanted.into_iter().try_for_each(|(key, value)| {
         if rules.get(&key, 0).ok() != Some(value) {
             rules.insert(key, value, 0)?;
         }
-    }
-    attachment.rules_changed()
+        Ok::<_, anyhow::Error>(())
+    });
+    // Also after a failed insert: the entries written before it are live.
+    attachment.rules_changed()?;
+    rewritten
 }
 
 /// Re-sets the HTB classes of shape class `id` from its state and `tree` (its own leaves
@@ -828,15 +831,20 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
         shapes_in_use,
     } = remaining_without(&classes, id, &mut shapes)?;
     let mut rules = attachment.rules()?;
-    for key in &deleted_keys {
-        match wanted.get(key) {
-            Some(next) => rules.insert(key, next, 0)?,
+    let rewritten = deleted_keys
+        .iter()
+        .try_for_each(|key| match wanted.get(key) {
+            Some(next) => Ok(rules.insert(key, next, 0)?),
             None => match rules.remove(key) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(e.into()),
+                Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+                Err(e) => Err(anyhow::Error::from(e)),
             },
-        }
-    }
+        });
+    // At once (and after a failure too): the class's cached verdicts would keep its
+    // packets unclassified until the end of the delete, or for good if a later step
+    // failed; the search finds the next-best class.
+    attachment.rules_changed()?;
+    rewritten?;
     let mut meta_map = attachment.meta()?;
     let name = meta_map.get(&id, 0)?.name;
     meta_map.set(id, ClassMeta::default(), 0)?;

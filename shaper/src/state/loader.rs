@@ -350,6 +350,8 @@ pub fn upgrade(location: &Location, reload: bool) -> Result<Upgraded> {
     if reload || info.tag() != old_tag {
         swap_program(program, location, status.mode, old_program_id)?;
         new_program_id = info.id();
+        // Another build may classify a tuple differently: its verdicts are found anew.
+        attachment.rules_changed()?;
         // Pinned under a new name, then renamed over the old pin: `prog` always names a
         // program, and the old one is freed with its last reference.
         let staged = dir.join(format!("{PROG_PIN}-new"));

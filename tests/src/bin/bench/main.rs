@@ -1094,7 +1094,7 @@ fn traffic_markdown(report: &Value) -> String {
     }
     out.push_str("\n![cost per packet against flows and classes](bench/cost-vs-scale.png)\n");
 
-    out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server, which drops them at prerouting (nftables) once the streams are set up, so the cores go to sending and forwarding; the figure is the router's tx packets/s on its server-side veth over the middle of each run, the median of the rounds, each setup installed and removed in turn. Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape): once with every class in one rule shape (4-port blocks), once with the idle classes in a second shape (single ports). Senders: `iperf3 -c 198.18.2.2 -u -b 0 -l 64 -A CPU` (ports 20001 and 20002). Target: shaper ≥ 95 % of nothing, and above tbf/htb.\n\n| setup | packets/s (median) | × nothing | configuration |\n|---|---|---|---|\n");
+    out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server, which drops them at prerouting (nftables) once the streams are set up, so the cores go to sending and forwarding; the figure is the router's tx packets/s on its server-side veth over the middle of each run, the median of the rounds, each setup installed and removed in turn. Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape): once with every class in one rule shape (4-port blocks), once with the idle classes in a second shape (single ports). Senders: `iperf3 -c 198.18.2.2 -u -b 0 -l 64 -A CPU` (ports 20001 and 20002). Target: shaper ≥ 97 % of nothing, and above tbf/htb.\n\n| setup | packets/s (median) | × nothing | configuration |\n|---|---|---|---|\n");
     for row in report["throughput"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "| {} | {:.0} | {:.3} | {} |\n",
@@ -1138,7 +1138,7 @@ fn traffic_markdown(report: &Value) -> String {
     out.push_str("- This kernel has no `fq`, `cake`, `act_police` or `fq_codel` modules, so tc's policer (`tc filter ... action police`), fq's EDT pacing and cake cannot be compared here; shaper's own EDT path is checked with BPF_PROG_TEST_RUN only (tests/tests/test_run.rs).\n");
     out.push_str("- The lab is three namespaces on one 2-core machine: the senders, the router and the receivers share the cores, so forwarding figures are ratios, not line rates, and the highest UDP rate is set by the sender (see the accuracy note).\n");
     out.push_str("- The CNI `bandwidth` plugin is given the same burst as shaper's default; Kubernetes passes a burst of 2^31 − 1 bits when a pod sets only a rate, which lets the first ~268 MB through unlimited.\n");
-    out.push_str("- Per-packet cost misses the ≤ 2× floor target: see the table; the gap is the two hash lookups (classifier, per-flow bucket) and the header parse.\n");
+    out.push_str("- Per-packet cost misses the ≤ 2× floor target: see the table; the stage table shows where the time goes: an empty program and one clock read alone are about 2× the floor, so a flow-scoped class (which needs the clock and an LRU lookup) cannot get there.\n");
     out
 }
 
@@ -1205,13 +1205,23 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
 
     // Per-packet cost: ratios to the floor are legitimately well above 1.
     let per_packet = rows_of("per_packet");
-    for row in per_packet.iter().skip(1) {
+    // Issue 14's targets: (a)-(c) within 2× the floor, (d) within 1.5×; the other rows
+    // explain them.
+    for row in &per_packet {
+        let case = row["case"].as_str().unwrap_or_default();
+        let limit = if case == CASE_D {
+            1.5
+        } else if ["(a)", "(b)", "(c)"]
+            .iter()
+            .any(|tag| case.starts_with(tag))
+        {
+            2.0
+        } else {
+            continue;
+        };
         let ratio = row["ratio_to_floor"].as_f64().unwrap_or(f64::NAN);
-        let verdict = if ratio <= 2.0 { "meets" } else { "misses" };
-        println!(
-            "target ≤ 2.0× floor: {} {verdict} ({ratio:.2})",
-            row["case"].as_str().unwrap_or_default()
-        );
+        let verdict = if ratio <= limit { "meets" } else { "misses" };
+        println!("target ≤ {limit:.1}× floor: {case} {verdict} ({ratio:.2})");
     }
     let ns_of = |case: &str| {
         per_packet
@@ -1375,13 +1385,13 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
             [ratio_of("htb", 1), f64::NAN],
         ),
     ] {
-        let verdict = if shaper >= 0.95 && peers.iter().all(|p| p.is_nan() || shaper > *p) {
+        let verdict = if shaper >= 0.97 && peers.iter().all(|p| p.is_nan() || shaper > *p) {
             "meets"
         } else {
             "misses"
         };
         println!(
-            "target ≥ 95 % of nothing and above tbf/htb: shaper {label} {verdict} ({shaper:.3})"
+            "target ≥ 97 % of nothing and above tbf/htb: shaper {label} {verdict} ({shaper:.3})"
         );
     }
     for setup in &expected.throughput {
