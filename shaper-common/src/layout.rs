@@ -120,6 +120,13 @@ pub struct Globals {
     pub rules_generation: u32,
 }
 
+impl Globals {
+    /// Moves `rules_generation` on (wrapping): see the field.
+    pub fn rules_changed(&mut self) {
+        self.rules_generation = self.rules_generation.wrapping_add(1);
+    }
+}
+
 pub const ATTACH_MODE_TCX: u32 = 1;
 pub const ATTACH_MODE_CLSACT: u32 = 2;
 

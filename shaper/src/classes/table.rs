@@ -153,7 +153,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
             let _ = configs.set(id, ClassConfig::default(), 0);
             let _ = write_shapes(attachment, &kernel_shapes, &shapes);
             // Entries written before the failure were live for a moment.
-            globals.rules_generation = globals.rules_generation.wrapping_add(1);
+            globals.rules_changed();
             let _ = attachment.set_globals(globals);
             if spec.action.action == Action::Shape && spec.action.arg != 0 {
                 let _ = qdisc::delete_class(&dev, id);
@@ -166,7 +166,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         // New shapes become visible to the packet path last, with their entries in place,
         // and cached verdicts expire with the same write.
         globals.shape_count = shapes.count();
-        globals.rules_generation = globals.rules_generation.wrapping_add(1);
+        globals.rules_changed();
         attachment.set_globals(globals)?;
         kernel_shapes = shapes;
         names.insert(spec.name.clone());

@@ -177,7 +177,7 @@ impl Attachment {
     /// while a caller holds a `Globals` copy it writes back later.
     pub(crate) fn rules_changed(&self) -> Result<()> {
         let mut globals = self.globals()?;
-        globals.rules_generation = globals.rules_generation.wrapping_add(1);
+        globals.rules_changed();
         self.set_globals(globals)
     }
 

@@ -533,16 +533,19 @@ fn case_samples(cases: &[(String, Vec<f64>)], case: &str) -> Vec<f64> {
         .unwrap_or_default()
 }
 
+/// One figure of a per-packet row (NaN when the row is missing).
+fn case_figure(rows: &[Value], case: &str, figure: &str) -> f64 {
+    rows.iter()
+        .find(|row| row["case"] == case)
+        .map_or(f64::NAN, |row| f(&row[figure]))
+}
+
 /// What each stage of the packet path adds, from differences of the cases' fastest runs
 /// (the least disturbed; medians of a quick run wander by a few ns):
 /// the clock read, parse and a verdict cache hit, the class and its credit, the shared
 /// word's compare-and-swap, a flow's LRU lookup, and a cache miss's search.
 fn stage_costs(rows: &[Value]) -> Vec<(&'static str, f64)> {
-    let ns = |case: &str| {
-        rows.iter()
-            .find(|row| row["case"] == case)
-            .map_or(f64::NAN, |row| f(&row["ns_min"]))
-    };
+    let ns = |case: &str| case_figure(rows, case, "ns_min");
     let clock = ns(CASE_CLOCK) - ns(CASE_FLOOR);
     vec![
         ("empty program (the floor)", ns(CASE_FLOOR)),
@@ -1223,12 +1226,7 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
         let verdict = if ratio <= limit { "meets" } else { "misses" };
         println!("target ≤ {limit:.1}× floor: {case} {verdict} ({ratio:.2})");
     }
-    let ns_of = |case: &str| {
-        per_packet
-            .iter()
-            .find(|row| row["case"] == case)
-            .map_or(f64::NAN, |row| f(&row["ns_median"]))
-    };
+    let ns_of = |case: &str| case_figure(&per_packet, case, "ns_median");
     // Like with like: the chain's classes read the clock and swap shared words for every
     // packet, so the flat class compared is one that does too (no per-CPU credit).
     let chain = ns_of(CASE_CHAIN) / ns_of(CASE_FLAT_SHARED);
