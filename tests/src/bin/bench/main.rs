@@ -1097,13 +1097,32 @@ fn traffic_markdown(report: &Value) -> String {
     }
     out.push_str("\n![cost per packet against flows and classes](bench/cost-vs-scale.png)\n");
 
-    out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server, which drops them at prerouting (nftables) once the streams are set up, so the cores go to sending and forwarding; the figure is the router's tx packets/s on its server-side veth over the middle of each run, the median of the rounds, each setup installed and removed in turn. Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape): once with every class in one rule shape (4-port blocks), once with the idle classes in a second shape (single ports). Senders: `iperf3 -c 198.18.2.2 -u -b 0 -l 64 -A CPU` (ports 20001 and 20002). Target: shaper ≥ 97 % of nothing, and above tbf/htb.\n\n| setup | packets/s (median) | × nothing | configuration |\n|---|---|---|---|\n");
+    out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server, which drops them at prerouting (nftables) once the streams are set up, so the cores go to sending and forwarding; each round keeps one blast running and installs, measures and removes every setup in turn; packets/s is the router's tx packets/s on its server-side veth over a window of each setup (the median of the rounds), and × nothing is the median over rounds of each window against the same round's nothing-attached window. For shaper, the kernel's own run-time statistics (BPF_ENABLE_STATS, on for 1 s after the window) give its program's time per forwarded packet on this path, which includes the statistics' own clock reads; capacity × nothing is what that time leaves of the machine's time per forwarded packet with nothing attached (cores × 1 s / packets/s): budget / (budget + program). Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape): once with every class in one rule shape (4-port blocks), once with the idle classes in a second shape (single ports). Senders: `iperf3 -c 198.18.2.2 -u -b 0 -l 64 -A CPU` (ports 20001 and 20002). Target: shaper ≥ 97 % of nothing, and above tbf/htb.\n\n| setup | packets/s (median) | × nothing (rounds) | program ns / packet | capacity × nothing | configuration |\n|---|---|---|---|---|---|\n");
     for row in report["throughput"].as_array().into_iter().flatten() {
+        let rounds: Vec<String> = row["ratio_runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|ratio| format!("{:.3}", f(ratio)))
+            .collect();
+        let (program, capacity) = if row["program_ns"].is_null() {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                format!(
+                    "{:.0} of {:.0}",
+                    f(&row["program_ns"]),
+                    f(&row["budget_ns"])
+                ),
+                format!("{:.3}", f(&row["capacity_ratio"])),
+            )
+        };
         out.push_str(&format!(
-            "| {} | {:.0} | {:.3} | {} |\n",
+            "| {} | {:.0} | {:.3} ({}) | {program} | {capacity} | {} |\n",
             row["setup"].as_str().unwrap_or_default(),
             f(&row["pps"]),
             f(&row["ratio_to_none"]),
+            rounds.join(" "),
             row["command"].as_str().unwrap_or_default()
         ));
     }
@@ -1366,18 +1385,29 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
             .map(|row| f(&row["ratio_to_none"]))
             .unwrap_or(f64::NAN)
     };
-    for (label, shaper, peers) in [
+    let capacity_of = |nth: usize| {
+        throughput
+            .iter()
+            .filter(|row| !row["capacity_ratio"].is_null())
+            .nth(nth)
+            .map(|row| f(&row["capacity_ratio"]))
+            .unwrap_or(f64::NAN)
+    };
+    for (nth, label, shaper, peers) in [
         (
+            0,
             "1 class",
             ratio_of("shaper", 0),
             [ratio_of("tbf", 0), ratio_of("htb", 0)],
         ),
         (
+            1,
             "1000 classes, 1 rule shape",
             ratio_of("shaper", 1),
             [ratio_of("htb", 1), f64::NAN],
         ),
         (
+            2,
             "1000 classes, 2 rule shapes",
             ratio_of("shaper", 2),
             [ratio_of("htb", 1), f64::NAN],
@@ -1389,7 +1419,8 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
             "misses"
         };
         println!(
-            "target ≥ 97 % of nothing and above tbf/htb: shaper {label} {verdict} ({shaper:.3})"
+            "target ≥ 97 % of nothing and above tbf/htb: shaper {label} {verdict} ({shaper:.3}; capacity from the program's run time {:.3})",
+            capacity_of(nth)
         );
     }
     for setup in &expected.throughput {
@@ -1403,6 +1434,17 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
                     broken.push(format!(
                         "throughput {setup}: ratio to nothing is {} (expected in (0, {MAX_SANE_RATIO}])",
                         row["ratio_to_none"]
+                    ));
+                }
+                // shaper's rows carry its program's run time on the path, and what it
+                // leaves of the machine's time per packet (below 1 by construction).
+                if setup.starts_with("shaper")
+                    && !(sane(&row["program_ns"], f64::INFINITY)
+                        && sane(&row["capacity_ratio"], 1.0))
+                {
+                    broken.push(format!(
+                        "throughput {setup}: program run time {} ns, capacity {}",
+                        row["program_ns"], row["capacity_ratio"]
                     ));
                 }
             }
@@ -1503,6 +1545,7 @@ mod tests {
             },
             "throughput": expected.throughput.iter().map(|setup| json!({
                 "setup": setup, "command": "-", "pps": 3e5, "pps_runs": [3e5], "ratio_to_none": 0.97,
+                "ratio_runs": [0.97], "program_ns": 100.0, "budget_ns": 4000.0, "capacity_ratio": 0.976,
             })).collect::<Vec<_>>(),
             "sender_max_udp_bps": 9e8,
             "accuracy": expected.accuracy.iter().map(|key| json!({
@@ -1633,6 +1676,13 @@ mod tests {
         let mut report = sane.clone();
         report["throughput"][4]["ratio_to_none"] = json!(1.6);
         rejected(&report, &expected, "ratio to nothing is 1.6");
+        // A shaper row without its program's run time on the path.
+        let mut report = sane.clone();
+        report["throughput"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("program_ns");
+        rejected(&report, &expected, "program run time null ns");
         let mut report = sane.clone();
         report["accuracy"][3]["ratio"] = json!(1.6);
         rejected(

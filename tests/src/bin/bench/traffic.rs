@@ -462,113 +462,216 @@ fn wait_for_blast(lab: &Lab, deadline: Instant) -> Result<()> {
     bail!("the senders' blast never started")
 }
 
-/// Packets per second the router forwards toward the server while two iperf3 senders,
-/// one pinned to each core, send 64-byte UDP datagrams as fast as they can, and the
-/// server drops them on arrival.
-fn forwarded_pps(lab: &Lab, seconds: u32) -> Result<f64> {
-    // Senders and one-shot servers are all done by the run's length plus a grace.
-    // The senders run 3 s longer than the measurement needs, so a slow start still leaves
-    // the whole window inside their run.
-    let sending = seconds + 3;
-    let deadline = Instant::now() + Duration::from_secs(sending.into()) + shaper_tests::IPERF_GRACE;
-    let mut children = Children(Vec::new());
-    for port in BLAST_PORTS {
-        children.0.push(lab.iperf_server(port)?);
-    }
-    for (cpu, port) in BLAST_PORTS.iter().enumerate() {
-        let child = lab
-            .client
-            .command("iperf3")
-            .args([
-                "-c",
-                SERVER_V4,
-                "-u",
-                "-b",
-                "0",
-                "-l",
-                "64",
-                "-t",
-                &sending.to_string(),
-                "-p",
-                &port.to_string(),
-                "-A",
-                &cpu.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        children.0.push(child);
-    }
-    // Once iperf3 has set up its streams, the server drops the datagrams before any
-    // socket sees them: the two cores then go to sending and forwarding, not to the
-    // receivers, and the measurement is less at the mercy of the scheduler. The sink
-    // goes in only once the blast flows (a stream whose set-up datagrams met the sink
-    // would never start): on a slow machine that takes longer than the usual second.
-    thread::sleep(Duration::from_secs(1));
-    wait_for_blast(lab, deadline)?;
-    let sink = Sink::install(&lab.server)?;
-    let before = lab.router.link_stat(DEV, "tx_packets")?;
-    let started = Instant::now();
-    thread::sleep(Duration::from_secs(u64::from(
-        seconds.saturating_sub(2).max(1),
-    )));
-    let after = lab.router.link_stat(DEV, "tx_packets")?;
-    let elapsed = started.elapsed().as_secs_f64();
-    drop(sink);
-    for child in &mut children.0 {
-        wait_bounded(child, deadline.saturating_duration_since(Instant::now()))
-            .context("an iperf3 peer of the throughput run did not finish")?;
-    }
-    if after <= before {
-        bail!("no packets were forwarded during the throughput run");
-    }
-    Ok((after - before) as f64 / elapsed)
+/// Two iperf3 senders, one pinned to each core, sending 64-byte UDP datagrams as fast as
+/// they can for the whole forwarding section, and the server's sink dropping them on
+/// arrival. One blast for every setup of a round: a sender's start (where its core lands,
+/// how fast its stream ramps) adds noise between separate runs, so the setups of a
+/// round are measured in windows of the same blast. Stopped (senders killed, sink
+/// removed) when dropped.
+struct Blast<'a> {
+    lab: &'a Lab,
+    // Declared before the senders: the sink goes before they are killed.
+    sink: Option<Sink<'a>>,
+    _senders: Children,
 }
 
-/// Throughput rows: every setup measured once per round, rounds interleaved so drift
-/// on the shared machine hits all setups alike; the median per setup is reported.
+impl<'a> Blast<'a> {
+    /// Starts the blast for at most `seconds` (the senders' own limit; the section stops
+    /// them as soon as it is done) and waits until the router forwards it.
+    fn start(lab: &'a Lab, seconds: u32) -> Result<Self> {
+        let mut children = Children(Vec::new());
+        for port in BLAST_PORTS {
+            children.0.push(lab.iperf_server(port)?);
+        }
+        for (cpu, port) in BLAST_PORTS.iter().enumerate() {
+            let child = lab
+                .client
+                .command("iperf3")
+                .args([
+                    "-c",
+                    SERVER_V4,
+                    "-u",
+                    "-b",
+                    "0",
+                    "-l",
+                    "64",
+                    "-t",
+                    &seconds.to_string(),
+                    "-p",
+                    &port.to_string(),
+                    "-A",
+                    &cpu.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            children.0.push(child);
+        }
+        let mut blast = Self {
+            lab,
+            sink: None,
+            _senders: children,
+        };
+        // Once iperf3 has set up its streams, the server drops the datagrams before any
+        // socket sees them: the two cores then go to sending and forwarding, not to the
+        // receivers, and the measurement is less at the mercy of the scheduler. The sink
+        // goes in only once the blast flows (a stream whose set-up datagrams met the sink
+        // would never start): on a slow machine that takes longer than the usual second.
+        thread::sleep(Duration::from_secs(1));
+        wait_for_blast(lab, Instant::now() + Duration::from_secs(10))?;
+        blast.sink = Some(Sink::install(&lab.server)?);
+        Ok(blast)
+    }
+
+    /// Packets per second the router forwarded toward the server over `window`, after
+    /// `settle` (a setup just installed, the blast's queues refilling).
+    fn pps(&self, settle: Duration, window: Duration) -> Result<f64> {
+        thread::sleep(settle);
+        let before = self.lab.router.link_stat(DEV, "tx_packets")?;
+        let started = Instant::now();
+        thread::sleep(window);
+        let after = self.lab.router.link_stat(DEV, "tx_packets")?;
+        let elapsed = started.elapsed().as_secs_f64();
+        if after <= before {
+            bail!("no packets were forwarded during a throughput window (did the senders stop?)");
+        }
+        Ok((after - before) as f64 / elapsed)
+    }
+}
+
+/// shaper's programs' run time per run on the real path, from the kernel's own
+/// accounting (BPF_ENABLE_STATS) over `window`: what being on the path costs each
+/// forwarded packet, to the nanosecond, where the throughput itself is too noisy to
+/// show it. Stats cost every run two clock reads, so they are on only in this window.
+fn program_ns_per_run(window: Duration) -> Result<f64> {
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .context("cannot enable the kernel's BPF run-time statistics")?;
+    let totals = || {
+        aya::programs::loaded_programs()
+            .flatten()
+            .filter(|program| {
+                program
+                    .name_as_str()
+                    .is_some_and(|name| name.starts_with("shaper"))
+            })
+            .fold((0u128, 0u64), |(ns, runs), program| {
+                (
+                    ns + program.run_time().as_nanos(),
+                    runs + program.run_count(),
+                )
+            })
+    };
+    let (ns, runs) = totals();
+    thread::sleep(window);
+    let (ns_after, runs_after) = totals();
+    if runs_after <= runs {
+        bail!("shaper's program did not run during the run-time window");
+    }
+    Ok((ns_after - ns) as f64 / (runs_after - runs) as f64)
+}
+
+/// Throughput rows: one blast a round; every setup installed, measured over a window
+/// and removed in turn, once per round. Each setup's ratio to nothing attached is the
+/// median over rounds of its window against the same round's nothing-attached window
+/// (pairs close in time, so drift on the shared machine cancels); pps is the median.
 pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
     let setups = setups(effort);
+    let settle = Duration::from_millis(500);
+    let window = Duration::from_secs(effort.forward_seconds.into());
+    // The senders' own limit, generous (installing a thousand classes under load takes
+    // seconds); the section stops them when done.
+    let limit = setups.len() as u32 * (effort.forward_seconds + 10) + 10;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     for round in 0..effort.rounds {
+        // A blast per round: iperf3's server ends a test that receives nothing (the sink
+        // drops it all) for 120 s.
+        let blast = Blast::start(lab, limit)?;
         for (index, setup) in setups.iter().enumerate() {
             install_forwarder(lab, *setup)?;
-            let pps = forwarded_pps(lab, effort.forward_seconds);
+            let pps = blast.pps(settle, window).and_then(|pps| {
+                let program_ns = match setup {
+                    Forwarder::Shaper { .. } => Some(program_ns_per_run(STATS_WINDOW)?),
+                    _ => None,
+                };
+                Ok((pps, program_ns))
+            });
             remove_forwarder(lab, *setup)?;
-            let pps = pps?;
+            let (pps, program_ns) = pps?;
             println!(
-                "round {}: {:44} {:>10.0} pps",
+                "round {}: {:44} {:>10.0} pps{}",
                 round + 1,
                 setup.label(),
-                pps
+                pps,
+                program_ns.map_or(String::new(), |ns| format!(", program {ns:.0} ns a packet"))
             );
             samples[index].push(pps);
+            if let Some(ns) = program_ns {
+                program_samples[index].push(ns);
+            }
         }
     }
-    let medians: Vec<f64> = samples
-        .iter_mut()
-        .map(|runs| {
-            runs.sort_by(f64::total_cmp);
-            runs[runs.len() / 2]
-        })
-        .collect();
+    // The machine's time per forwarded packet with nothing attached: the blast keeps
+    // every core busy sending and forwarding.
+    let cores = thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let nothing_pps = median(&samples[0]);
+    let budget_ns = cores * 1e9 / nothing_pps;
     let mut rows = Vec::new();
     for (index, setup) in setups.iter().enumerate() {
-        let ratio = medians[index] / medians[0];
+        let paired: Vec<f64> = samples[index]
+            .iter()
+            .zip(&samples[0])
+            .map(|(pps, nothing)| pps / nothing)
+            .collect();
+        let (pps, ratio) = (median(&samples[index]), median(&paired));
         println!(
-            "{:44} median {:>10.0} pps  × nothing {ratio:.3}",
+            "{:44} median {:>10.0} pps  × nothing {ratio:.3} (rounds {})",
             setup.label(),
-            medians[index]
+            pps,
+            paired
+                .iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
-        rows.push(json!({
+        let mut row = json!({
             "setup": setup.label(),
             "command": setup.command(),
-            "pps": medians[index],
+            "pps": pps,
             "pps_runs": samples[index],
+            "ratio_runs": paired,
             "ratio_to_none": ratio,
-        }));
+        });
+        if !program_samples[index].is_empty() {
+            let program_ns = median(&program_samples[index]);
+            let capacity = capacity_ratio(program_ns, budget_ns);
+            println!(
+                "{:44} program {program_ns:.0} ns a packet of the machine's {budget_ns:.0}: capacity × nothing {capacity:.3}",
+                ""
+            );
+            row["program_ns"] = json!(program_ns);
+            row["budget_ns"] = json!(budget_ns);
+            row["capacity_ratio"] = json!(capacity);
+        }
+        rows.push(row);
     }
     Ok(rows)
+}
+
+/// How long the kernel's run-time statistics are on for each shaper setup.
+const STATS_WINDOW: Duration = Duration::from_secs(1);
+
+/// The median (the upper one of an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// The forwarding rate left when every packet costs `program_ns` more of a machine that
+/// spends `budget_ns` on each forwarded packet with nothing attached, × nothing.
+pub fn capacity_ratio(program_ns: f64, budget_ns: f64) -> f64 {
+    budget_ns / (budget_ns + program_ns)
 }
 
 /// The throughput setups, in the order they are measured and reported.
