@@ -161,7 +161,7 @@ fn main() -> Result<()> {
         // The forwarding rows alone, at the run's effort (5 rounds in the full run).
         let lab = Lab::new()?;
         println!("== forwarding throughput (64-byte UDP, two senders, one per core)");
-        let throughput = traffic::throughput(&lab, &effort.traffic)?;
+        let throughput = traffic::throughput(&lab, &effort.traffic, stats_overhead_ns(&lab)?)?;
         println!("{}", serde_json::to_string_pretty(&throughput)?);
         return Ok(());
     }
@@ -184,7 +184,7 @@ fn main() -> Result<()> {
     // A fresh lab for traffic: the per-packet attachments above hold large maps.
     let mut lab = Lab::new()?;
     println!("== forwarding throughput (64-byte UDP, two senders, one per core)");
-    let throughput = traffic::throughput(&lab, &effort.traffic)?;
+    let throughput = traffic::throughput(&lab, &effort.traffic, stats_overhead_ns(&lab)?)?;
     println!("== accuracy (UDP at 10× the rate) and TCP goodput (one cubic flow)");
     let mut series = traffic::Plots::default();
     let accuracy = traffic::accuracy(&mut lab, &effort.traffic, &mut series)?;
@@ -269,6 +269,35 @@ fn bench_attachment(lab: &Lab, dev: &str, flow_table: u32) -> Result<Attachment>
         dev: dev.into(),
         direction: Direction::Egress,
     })
+}
+
+/// What the kernel's run-time statistics (BPF_ENABLE_STATS) report per run of the
+/// empty program in a test run: their own two clock reads around the call, which their
+/// figure for any program includes.
+fn stats_overhead_ns(lab: &Lab) -> Result<f64> {
+    const DEV: &str = "benchstats";
+    let attachment = bench_attachment(lab, DEV, 1024)?;
+    let measured = (|| -> Result<f64> {
+        let mut ebpf = state::load_object(attachment.dir(), 1024)?;
+        state::load_program(&mut ebpf, program_names::FLOOR)?;
+        let floor = program(&ebpf, program_names::FLOOR)?;
+        let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
+        let before = floor.info()?;
+        floor.test_run(TestRunOptions {
+            data_in: Some(&udp_frame(5000, 40000)),
+            repeat: 1_000_000,
+            ..TestRunOptions::default()
+        })?;
+        let after = floor.info()?;
+        let runs = after.run_count().saturating_sub(before.run_count()).max(1);
+        Ok((after.run_time() - before.run_time()).as_nanos() as f64 / runs as f64)
+    })();
+    drop(attachment);
+    lab.router.shaper(&["detach", DEV])?;
+    lab.router.run("ip", &["link", "del", DEV])?;
+    let measured = measured?;
+    println!("run-time statistics' own cost: {measured:.1} ns a run (empty program, test run)");
+    Ok(measured)
 }
 
 fn udp_class(name: String, dport: u16, scope: Scope) -> ClassSpec {
@@ -1590,7 +1619,7 @@ mod tests {
             .contains(&"(b) 1 class, 100000 live flows".into()));
         assert_eq!(expected.flow_counts, [1, 1000, 10_000, 100_000]);
         assert_eq!(expected.class_counts, [1, 10, 100, 1000, 10_000]);
-        assert_eq!(expected.throughput.len(), 7);
+        assert_eq!(expected.throughput.len(), 8);
         assert_eq!(expected.accuracy.len(), 2 + 4);
         let sane = sane_report(&expected);
         check_targets(&sane, &expected).unwrap();
@@ -1678,7 +1707,7 @@ mod tests {
         rejected(&report, &expected, "ratio to nothing is 1.6");
         // A shaper row without its program's run time on the path.
         let mut report = sane.clone();
-        report["throughput"][1]
+        report["throughput"][2]
             .as_object_mut()
             .unwrap()
             .remove("program_ns");

@@ -4,6 +4,7 @@
 //! reference CNI `bandwidth` plugin, each set up and torn down in turn on the same link.
 
 use anyhow::{bail, Context as _, Result};
+use aya::programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType};
 use serde_json::{json, Value};
 use shaper_tests::{
     wait_bounded, wait_with_output_bounded, CniLeftovers, Lab, Udp, COMMAND_LIMIT,
@@ -12,6 +13,7 @@ use shaper_tests::{
 use std::{
     io::Write as _,
     process::{Child, Stdio},
+    sync::mpsc,
     thread,
     time::{Duration, Instant},
 };
@@ -286,6 +288,9 @@ impl Drop for Children {
 #[derive(Clone, Copy)]
 enum Forwarder {
     Nothing,
+    /// The empty TC program (the per-packet floor), attached by TCX: what any program on
+    /// this hook costs before it does anything.
+    EmptyProgram,
     /// shaper with this many classes, in one rule shape (every class matches a 4-port
     /// block) or in two (the idle classes match one port each).
     Shaper {
@@ -300,6 +305,7 @@ impl Forwarder {
     fn label(self) -> String {
         match self {
             Forwarder::Nothing => "nothing attached".into(),
+            Forwarder::EmptyProgram => "empty TC program (TCX)".into(),
             Forwarder::Shaper { classes: 1, .. } => "shaper, 1 class (rate never reached)".into(),
             Forwarder::Shaper {
                 classes,
@@ -320,6 +326,10 @@ impl Forwarder {
     fn command(self) -> String {
         match self {
             Forwarder::Nothing => "-".into(),
+            Forwarder::EmptyProgram => format!(
+                "the object's {} attached at {DEV} egress by TCX (aya)",
+                shaper_common::layout::program_names::FLOOR
+            ),
             Forwarder::Shaper { classes: 1, .. } => format!(
                 "shaper attach {DEV}; shaper class add blast --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport 20000-20003"
             ),
@@ -344,7 +354,7 @@ impl Forwarder {
 /// rule shape.
 fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
-        Forwarder::Nothing => Ok(()),
+        Forwarder::Nothing | Forwarder::EmptyProgram => Ok(()),
         Forwarder::Shaper {
             classes: count,
             one_shape,
@@ -402,10 +412,79 @@ fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
 
 fn remove_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
-        Forwarder::Nothing => Ok(()),
+        Forwarder::Nothing | Forwarder::EmptyProgram => Ok(()),
         Forwarder::Shaper { .. } => lab.router.shaper(&["detach", DEV]).map(|_| ()),
         Forwarder::Tbf | Forwarder::HtbU32(_) => {
             tc_batch(lab, &[format!("qdisc del dev {DEV} root")])
+        }
+    }
+}
+
+/// The empty program attached at the router's egress, held by a thread inside the
+/// router's namespace (aya attaches by name in the caller's namespace); detached when
+/// dropped.
+struct EmptyOnPath {
+    stop: Option<mpsc::Sender<()>>,
+    holder: Option<thread::JoinHandle<()>>,
+}
+
+impl EmptyOnPath {
+    fn attach(lab: &Lab) -> Result<Self> {
+        let netns_path = format!("/run/netns/{}", lab.router.name);
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (ready, attached) = mpsc::channel::<Result<()>>();
+        let holder = thread::spawn(move || {
+            let loaded = (|| -> Result<aya::Ebpf> {
+                let netns = std::fs::File::open(&netns_path)
+                    .with_context(|| format!("cannot open {netns_path}"))?;
+                nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .context("setns into the router's namespace")?;
+                let mut ebpf = aya::Ebpf::load(shaper::EBPF_OBJECT)?;
+                let name = shaper_common::layout::program_names::FLOOR;
+                let program: &mut SchedClassifier = ebpf
+                    .program_mut(name)
+                    .context("the empty program is missing")?
+                    .try_into()?;
+                program.load()?;
+                program.attach_with_options(
+                    DEV,
+                    TcAttachType::Egress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )?;
+                Ok(ebpf)
+            })();
+            match loaded {
+                Ok(ebpf) => {
+                    let _ = ready.send(Ok(()));
+                    // Bounded: the section stops it long before.
+                    let _ = stopped.recv_timeout(Duration::from_secs(600));
+                    drop(ebpf);
+                }
+                Err(error) => {
+                    let _ = ready.send(Err(error));
+                }
+            }
+        });
+        let mut on_path = Self {
+            stop: Some(stop),
+            holder: Some(holder),
+        };
+        match attached.recv_timeout(COMMAND_LIMIT) {
+            Ok(Ok(())) => Ok(on_path),
+            Ok(Err(error)) => Err(error.context("cannot attach the empty program")),
+            Err(_) => {
+                on_path.stop.take();
+                bail!("attaching the empty program did not finish")
+            }
+        }
+    }
+}
+
+impl Drop for EmptyOnPath {
+    fn drop(&mut self) {
+        self.stop.take();
+        if let Some(holder) = self.holder.take() {
+            let _ = holder.join();
         }
     }
 }
@@ -574,7 +653,10 @@ fn program_ns_per_run(window: Duration) -> Result<f64> {
 /// and removed in turn, once per round. Each setup's ratio to nothing attached is the
 /// median over rounds of its window against the same round's nothing-attached window
 /// (pairs close in time, so drift on the shared machine cancels); pps is the median.
-pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
+///
+/// `stats_overhead_ns`: what the run-time statistics report for an empty program (their
+/// own clock reads), taken off shaper's figure.
+pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> Result<Vec<Value>> {
     let setups = setups(effort);
     let settle = Duration::from_millis(500);
     let window = Duration::from_secs(effort.forward_seconds.into());
@@ -582,13 +664,25 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
     // seconds); the section stops them when done.
     let limit = setups.len() as u32 * (effort.forward_seconds + 10) + 10;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     for round in 0..effort.rounds {
         // A blast per round: iperf3's server ends a test that receives nothing (the sink
         // drops it all) for 120 s.
-        let blast = Blast::start(lab, limit)?;
-        for (index, setup) in setups.iter().enumerate() {
+        let blast = Blast::start(lab, 2 * limit)?;
+        // Nothing attached is measured before the first setup and again after each: a
+        // setup is paired with the mean of the windows either side of it, so neither
+        // drift within the blast nor its place in the round favours it.
+        let mut nothing_before = blast.pps(settle, window)?;
+        print_window(round, Forwarder::Nothing, nothing_before, None);
+        samples[0].push(nothing_before);
+        ratios[0].push(1.0);
+        for (index, setup) in setups.iter().enumerate().skip(1) {
             install_forwarder(lab, *setup)?;
+            let empty = match setup {
+                Forwarder::EmptyProgram => Some(EmptyOnPath::attach(lab)?),
+                _ => None,
+            };
             let pps = blast.pps(settle, window).and_then(|pps| {
                 let program_ns = match setup {
                     Forwarder::Shaper { .. } => Some(program_ns_per_run(STATS_WINDOW)?),
@@ -596,16 +690,16 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
                 };
                 Ok((pps, program_ns))
             });
+            drop(empty);
             remove_forwarder(lab, *setup)?;
             let (pps, program_ns) = pps?;
-            println!(
-                "round {}: {:44} {:>10.0} pps{}",
-                round + 1,
-                setup.label(),
-                pps,
-                program_ns.map_or(String::new(), |ns| format!(", program {ns:.0} ns a packet"))
-            );
+            print_window(round, *setup, pps, program_ns);
+            let nothing_after = blast.pps(settle, window)?;
+            print_window(round, Forwarder::Nothing, nothing_after, None);
             samples[index].push(pps);
+            ratios[index].push(pps / ((nothing_before + nothing_after) / 2.0));
+            samples[0].push(nothing_after);
+            nothing_before = nothing_after;
             if let Some(ns) = program_ns {
                 program_samples[index].push(ns);
             }
@@ -618,12 +712,8 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
     let budget_ns = cores * 1e9 / nothing_pps;
     let mut rows = Vec::new();
     for (index, setup) in setups.iter().enumerate() {
-        let paired: Vec<f64> = samples[index]
-            .iter()
-            .zip(&samples[0])
-            .map(|(pps, nothing)| pps / nothing)
-            .collect();
-        let (pps, ratio) = (median(&samples[index]), median(&paired));
+        let paired = &ratios[index];
+        let (pps, ratio) = (median(&samples[index]), median(paired));
         println!(
             "{:44} median {:>10.0} pps  × nothing {ratio:.3} (rounds {})",
             setup.label(),
@@ -643,12 +733,15 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
             "ratio_to_none": ratio,
         });
         if !program_samples[index].is_empty() {
-            let program_ns = median(&program_samples[index]);
+            let measured_ns = median(&program_samples[index]);
+            let program_ns = (measured_ns - stats_overhead_ns).max(0.0);
             let capacity = capacity_ratio(program_ns, budget_ns);
             println!(
-                "{:44} program {program_ns:.0} ns a packet of the machine's {budget_ns:.0}: capacity × nothing {capacity:.3}",
+                "{:44} program {measured_ns:.0} ns a packet less the statistics' {stats_overhead_ns:.0} = {program_ns:.0} of the machine's {budget_ns:.0}: capacity × nothing {capacity:.3}",
                 ""
             );
+            row["program_measured_ns"] = json!(measured_ns);
+            row["stats_overhead_ns"] = json!(stats_overhead_ns);
             row["program_ns"] = json!(program_ns);
             row["budget_ns"] = json!(budget_ns);
             row["capacity_ratio"] = json!(capacity);
@@ -656,6 +749,16 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort) -> Result<Vec<Value>> {
         rows.push(row);
     }
     Ok(rows)
+}
+
+fn print_window(round: usize, setup: Forwarder, pps: f64, program_ns: Option<f64>) {
+    println!(
+        "round {}: {:44} {:>10.0} pps{}",
+        round + 1,
+        setup.label(),
+        pps,
+        program_ns.map_or(String::new(), |ns| format!(", program {ns:.0} ns a packet"))
+    );
 }
 
 /// How long the kernel's run-time statistics are on for each shaper setup.
@@ -679,6 +782,7 @@ fn setups(effort: &TrafficEffort) -> Vec<Forwarder> {
     let n = effort.many_classes;
     vec![
         Forwarder::Nothing,
+        Forwarder::EmptyProgram,
         Forwarder::Shaper {
             classes: 1,
             one_shape: true,
