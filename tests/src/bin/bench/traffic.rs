@@ -354,6 +354,7 @@ impl Forwarder {
 /// rule shape.
 fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
+        // The empty program's link lives as long as an `EmptyOnPath`, held by the caller.
         Forwarder::Nothing | Forwarder::EmptyProgram => Ok(()),
         Forwarder::Shaper {
             classes: count,
