@@ -62,11 +62,23 @@ pub(crate) fn start_server(
     interval: f64,
     bind: Option<&str>,
 ) -> Result<Child> {
+    start_server_with(ns, port, interval, bind, &[])
+}
+
+/// [`start_server`] with more of iperf3's server options.
+pub(crate) fn start_server_with(
+    ns: &Netns,
+    port: u16,
+    interval: f64,
+    bind: Option<&str>,
+    options: &[&str],
+) -> Result<Child> {
     // `ip netns exec` execs iperf3 itself: the child is the server, and killing it works.
     let mut command = ns.command("iperf3");
     if let Some(address) = bind {
         command.args(["-B", address]);
     }
+    command.args(options);
     let mut child = command
         .args(["-s", "-1", "--json", "-p", &port.to_string()])
         .args(["-i", &interval.to_string()])

@@ -72,6 +72,15 @@ impl Netns {
         run_checked(self.command(program).args(args))
     }
 
+    /// Moves the calling thread into the namespace (setns): for work that must run
+    /// there in-process, on a thread of its own.
+    pub fn enter(&self) -> Result<()> {
+        let path = format!("/run/netns/{}", self.name);
+        let netns = std::fs::File::open(&path).with_context(|| format!("cannot open {path}"))?;
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .with_context(|| format!("setns into namespace {}", self.name))
+    }
+
     fn ip(&self, args: &[&str]) -> Result<()> {
         let mut all = vec!["-n", &self.name];
         all.extend_from_slice(args);

@@ -7,7 +7,7 @@ use crate::{
     iperf,
     topology::{Lab, Netns, SERVER_V4, SERVER_V6},
 };
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use std::{process::Child, thread, time::Duration};
 
 /// Ethernet + IPv4 + UDP headers per datagram, and the IPv6 equivalent.
@@ -189,6 +189,13 @@ impl Lab {
     /// Starts a one-shot iperf3 server in the server namespace and waits until it listens.
     pub fn iperf_server(&self, port: u16) -> Result<Child> {
         iperf::start_server(&self.server, port, 1.0, None)
+    }
+
+    /// [`Self::iperf_server`] for a test whose datagrams a sink drops before they reach
+    /// it: it receives nothing for minutes, and iperf3 ends a test that receives nothing
+    /// for its receive timeout (120 s by default), so that is raised to 10 minutes.
+    pub fn iperf_server_behind_sink(&self, port: u16) -> Result<Child> {
+        iperf::start_server_with(&self.server, port, 1.0, None, &["--rcv-timeout", "600000"])
     }
 
     /// UDP at 10 Mbit/s (1200-byte datagrams) from client to server for 3 s: the L2 rate
@@ -386,13 +393,10 @@ pub fn udp_port_churn(
     duration: Duration,
     payload: usize,
 ) -> thread::JoinHandle<Result<u64>> {
-    let netns_path = format!("/run/netns/{}", from.name);
+    let from = from.clone();
     let destination = format!("{target}:{dport}");
     thread::spawn(move || {
-        let netns = std::fs::File::open(&netns_path)
-            .with_context(|| format!("cannot open {netns_path}"))?;
-        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .context("setns into the client namespace")?;
+        from.enter()?;
         let data = vec![0u8; payload];
         let gap = Duration::from_secs_f64(payload as f64 * 8.0 / rate_bps);
         let limit = (duration.as_secs_f64() * rate_bps / (payload as f64 * 8.0)).ceil() as u64;

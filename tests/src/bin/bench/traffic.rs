@@ -4,13 +4,15 @@
 //! reference CNI `bandwidth` plugin, each set up and torn down in turn on the same link.
 
 use anyhow::{bail, Context as _, Result};
-use aya::programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType};
+use aya::programs::{tc::TcAttachOptions, LinkOrder, TcAttachType};
 use serde_json::{json, Value};
+use shaper_common::layout::program_names;
 use shaper_tests::{
-    wait_bounded, wait_with_output_bounded, CniLeftovers, Lab, Udp, COMMAND_LIMIT,
+    global::median, wait_bounded, wait_with_output_bounded, CniLeftovers, Lab, Udp, COMMAND_LIMIT,
     ROUTER_TO_SERVER, SERVER_DEV, SERVER_V4,
 };
 use std::{
+    collections::HashMap,
     io::Write as _,
     process::{Child, Stdio},
     sync::mpsc,
@@ -328,7 +330,7 @@ impl Forwarder {
             Forwarder::Nothing => "-".into(),
             Forwarder::EmptyProgram => format!(
                 "the object's {} attached at {DEV} egress by TCX (aya)",
-                shaper_common::layout::program_names::FLOOR
+                program_names::FLOOR
             ),
             Forwarder::Shaper { classes: 1, .. } => format!(
                 "shaper attach {DEV}; shaper class add blast --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport 20000-20003"
@@ -431,22 +433,14 @@ struct EmptyOnPath {
 
 impl EmptyOnPath {
     fn attach(lab: &Lab) -> Result<Self> {
-        let netns_path = format!("/run/netns/{}", lab.router.name);
+        let router = lab.router.clone();
         let (stop, stopped) = mpsc::channel::<()>();
         let (ready, attached) = mpsc::channel::<Result<()>>();
         let holder = thread::spawn(move || {
             let loaded = (|| -> Result<aya::Ebpf> {
-                let netns = std::fs::File::open(&netns_path)
-                    .with_context(|| format!("cannot open {netns_path}"))?;
-                nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .context("setns into the router's namespace")?;
+                router.enter()?;
                 let mut ebpf = aya::Ebpf::load(shaper::EBPF_OBJECT)?;
-                let name = shaper_common::layout::program_names::FLOOR;
-                let program: &mut SchedClassifier = ebpf
-                    .program_mut(name)
-                    .context("the empty program is missing")?
-                    .try_into()?;
-                program.load()?;
+                let program = shaper::state::load_program(&mut ebpf, program_names::FLOOR)?;
                 program.attach_with_options(
                     DEV,
                     TcAttachType::Egress,
@@ -474,7 +468,9 @@ impl EmptyOnPath {
             Ok(Ok(())) => Ok(on_path),
             Ok(Err(error)) => Err(error.context("cannot attach the empty program")),
             Err(_) => {
+                // Left to finish on its own: joining a stuck load could wait forever.
                 on_path.stop.take();
+                on_path.holder.take();
                 bail!("attaching the empty program did not finish")
             }
         }
@@ -550,9 +546,9 @@ fn wait_for_blast(lab: &Lab, deadline: Instant) -> Result<()> {
 /// removed) when dropped.
 struct Blast<'a> {
     lab: &'a Lab,
-    // Declared before the senders: the sink goes before they are killed.
+    // Declared before the iperf3 peers: the sink goes before they are killed.
     sink: Option<Sink<'a>>,
-    _senders: Children,
+    peers: Children,
 }
 
 impl<'a> Blast<'a> {
@@ -561,7 +557,7 @@ impl<'a> Blast<'a> {
     fn start(lab: &'a Lab, seconds: u32) -> Result<Self> {
         let mut children = Children(Vec::new());
         for port in BLAST_PORTS {
-            children.0.push(lab.iperf_server(port)?);
+            children.0.push(lab.iperf_server_behind_sink(port)?);
         }
         for (cpu, port) in BLAST_PORTS.iter().enumerate() {
             let child = lab
@@ -590,7 +586,7 @@ impl<'a> Blast<'a> {
         let mut blast = Self {
             lab,
             sink: None,
-            _senders: children,
+            peers: children,
         };
         // Once iperf3 has set up its streams, the server drops the datagrams before any
         // socket sees them: the two cores then go to sending and forwarding, not to the
@@ -605,58 +601,66 @@ impl<'a> Blast<'a> {
 
     /// Packets per second the router forwarded toward the server over `window`, after
     /// `settle` (a setup just installed, the blast's queues refilling).
-    fn pps(&self, settle: Duration, window: Duration) -> Result<f64> {
+    fn pps(&mut self, settle: Duration, window: Duration) -> Result<f64> {
         thread::sleep(settle);
         let before = self.lab.router.link_stat(DEV, "tx_packets")?;
         let started = Instant::now();
         thread::sleep(window);
         let after = self.lab.router.link_stat(DEV, "tx_packets")?;
         let elapsed = started.elapsed().as_secs_f64();
+        // A peer that ended during the window (a sender at its time limit, a server at
+        // its receive timeout) left part of it without the blast: not a measurement.
+        for child in &mut self.peers.0 {
+            if child.try_wait()?.is_some() {
+                bail!("an iperf3 peer of the blast ended during a throughput window");
+            }
+        }
         if after <= before {
-            bail!("no packets were forwarded during a throughput window (did the senders stop?)");
+            bail!("no packets were forwarded during a throughput window");
         }
         Ok((after - before) as f64 / elapsed)
     }
 }
 
-/// shaper's programs' run time per run on the real path, from the kernel's own
+/// shaper's program's run time per run on the real path, from the kernel's own
 /// accounting (BPF_ENABLE_STATS) over `window`: what being on the path costs each
 /// forwarded packet, to the nanosecond, where the throughput itself is too noisy to
-/// show it. Stats cost every run two clock reads, so they are on only in this window.
+/// show it. The statistics cost every run of every program two clock reads, so they are
+/// on only in this window. Summed over the programs of the attached program's name that
+/// were loaded for the whole window (only the one on the router's egress runs here).
 fn program_ns_per_run(window: Duration) -> Result<f64> {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .context("cannot enable the kernel's BPF run-time statistics")?;
-    let totals = || {
+    let snapshot = || -> HashMap<u32, (Duration, u64)> {
         aya::programs::loaded_programs()
             .flatten()
-            .filter(|program| {
-                program
-                    .name_as_str()
-                    .is_some_and(|name| name.starts_with("shaper"))
-            })
-            .fold((0u128, 0u64), |(ns, runs), program| {
-                (
-                    ns + program.run_time().as_nanos(),
-                    runs + program.run_count(),
-                )
-            })
+            .filter(|program| program.name_as_str() == Some(program_names::SHAPER))
+            .map(|program| (program.id(), (program.run_time(), program.run_count())))
+            .collect()
     };
-    let (ns, runs) = totals();
+    let before = snapshot();
     thread::sleep(window);
-    let (ns_after, runs_after) = totals();
-    if runs_after <= runs {
+    let (mut ns, mut runs) = (0u128, 0u64);
+    for (id, (time, count)) in snapshot() {
+        if let Some((time_before, count_before)) = before.get(&id) {
+            ns += time.saturating_sub(*time_before).as_nanos();
+            runs += count.saturating_sub(*count_before);
+        }
+    }
+    if runs == 0 {
         bail!("shaper's program did not run during the run-time window");
     }
-    Ok((ns_after - ns) as f64 / (runs_after - runs) as f64)
+    Ok(ns as f64 / runs as f64)
 }
 
 /// Throughput rows: one blast a round; every setup installed, measured over a window
-/// and removed in turn, once per round. Each setup's ratio to nothing attached is the
-/// median over rounds of its window against the same round's nothing-attached window
-/// (pairs close in time, so drift on the shared machine cancels); pps is the median.
+/// and removed in turn, with a window of nothing attached before the first setup and
+/// after each. A setup's ratio to nothing attached is the median over rounds of its
+/// window against the mean of the two nothing-attached windows either side of it; pps
+/// is the median of its windows (nothing attached: of all its windows).
 ///
-/// `stats_overhead_ns`: what the run-time statistics report for an empty program (their
-/// own clock reads), taken off shaper's figure.
+/// `stats_overhead_ns`: what the run-time statistics record for an empty program (their
+/// own clock reads, the call and the empty body), taken off shaper's figure.
 pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> Result<Vec<Value>> {
     let setups = setups(effort);
     let settle = Duration::from_millis(500);
@@ -670,7 +674,7 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
     for round in 0..effort.rounds {
         // A blast per round: iperf3's server ends a test that receives nothing (the sink
         // drops it all) for 120 s.
-        let blast = Blast::start(lab, 2 * limit)?;
+        let mut blast = Blast::start(lab, 2 * limit)?;
         // Nothing attached is measured before the first setup and again after each: a
         // setup is paired with the mean of the windows either side of it, so neither
         // drift within the blast nor its place in the round favours it.
@@ -706,11 +710,11 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
             }
         }
     }
-    // The machine's time per forwarded packet with nothing attached: the blast keeps
-    // every core busy sending and forwarding.
-    let cores = thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    // The machine's time per forwarded packet with nothing attached: each sender keeps
+    // its core busy sending, and forwarding runs on the sending core (veth).
+    let busy_cores = BLAST_PORTS.len() as f64;
     let nothing_pps = median(&samples[0]);
-    let budget_ns = cores * 1e9 / nothing_pps;
+    let budget_ns = busy_cores * 1e9 / nothing_pps;
     let mut rows = Vec::new();
     for (index, setup) in setups.iter().enumerate() {
         let paired = &ratios[index];
@@ -764,13 +768,6 @@ fn print_window(round: usize, setup: Forwarder, pps: f64, program_ns: Option<f64
 
 /// How long the kernel's run-time statistics are on for each shaper setup.
 const STATS_WINDOW: Duration = Duration::from_secs(1);
-
-/// The median (the upper one of an even count).
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
 
 /// The forwarding rate left when every packet costs `program_ns` more of a machine that
 /// spends `budget_ns` on each forwarded packet with nothing attached, × nothing.
