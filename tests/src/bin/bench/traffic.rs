@@ -665,16 +665,16 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
     let setups = setups(effort);
     let settle = Duration::from_millis(500);
     let window = Duration::from_secs(effort.forward_seconds.into());
-    // The senders' own limit, generous (installing a thousand classes under load takes
-    // seconds); the section stops them when done.
-    let limit = setups.len() as u32 * (effort.forward_seconds + 10) + 10;
+    // The senders' own limit for a round: two windows a setup, generous (installing a
+    // thousand classes under load takes seconds); the section stops them when done.
+    let limit = 2 * (setups.len() as u32 * (effort.forward_seconds + 10) + 10);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     for round in 0..effort.rounds {
         // A blast per round: iperf3's server ends a test that receives nothing (the sink
         // drops it all) for 120 s.
-        let mut blast = Blast::start(lab, 2 * limit)?;
+        let mut blast = Blast::start(lab, limit)?;
         // Nothing attached is measured before the first setup and again after each: a
         // setup is paired with the mean of the windows either side of it, so neither
         // drift within the blast nor its place in the round favours it.
@@ -771,7 +771,7 @@ const STATS_WINDOW: Duration = Duration::from_secs(1);
 
 /// The forwarding rate left when every packet costs `program_ns` more of a machine that
 /// spends `budget_ns` on each forwarded packet with nothing attached, × nothing.
-pub fn capacity_ratio(program_ns: f64, budget_ns: f64) -> f64 {
+fn capacity_ratio(program_ns: f64, budget_ns: f64) -> f64 {
     budget_ns / (budget_ns + program_ns)
 }
 
