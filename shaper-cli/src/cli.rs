@@ -198,7 +198,8 @@ pub struct ClassAddArgs {
     /// Rate as in tc: 10mbit, 1gbit, 125kbps, ... (bare number = bit/s).
     #[arg(long)]
     pub rate: String,
-    /// Burst as in tc: 64k, 1mb, ... Default: max(128k, 250 ms at the rate).
+    /// Burst as in tc: 64k, 1mb, ... Default: max(128k, 250 ms at the rate); with
+    /// `--action shape`, max(128k, 10 ms at the rate).
     #[arg(long)]
     pub burst: Option<String>,
     /// Who shares one bucket: the whole class, each flow (5-tuple), each source or
