@@ -1659,6 +1659,10 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
             dport,
             "--rate",
             "8mbit",
+            // The queue must pass the burst before CoDel sees it: 64 KiB leaves 3.7 s of
+            // the run to CoDel (the default 128 KiB would leave 2.3 s, too few condemned).
+            "--burst",
+            "64k",
             "--action",
             "shape",
             "--target",

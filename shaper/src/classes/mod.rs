@@ -117,7 +117,8 @@ pub fn default_floor(limit_bits_per_sec: u64) -> u64 {
 
 /// A share's burst: the limit's burst split in proportion to the share, but never below
 /// `minimum` (the action's default burst at the share: what TCP needs to keep its rate
-/// through a policer, or a GSO packet through HTB) unless the limit's own burst is smaller.
+/// through a policer, or to catch up after a back-off through HTB) unless the limit's own
+/// burst is smaller.
 pub fn share_burst(
     limit_bits_per_sec: u64,
     limit_burst_bytes: u64,
