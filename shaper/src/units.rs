@@ -98,9 +98,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// Default burst when `--burst` is omitted: the larger of 128 KiB and 250 ms at the rate.
 /// 128 KiB holds the largest GSO packet TCP hands the TC hook (64 KiB of payload, about
 /// 68 KiB with per-segment headers) nearly twice, so one such packet never exceeds a
-/// full bucket. 250 ms at the rate covers Linux's 200 ms minimum retransmission timeout: a TCP
-/// flow that lost packets to the policer resumes into a bucket that refilled meanwhile,
-/// which is what lets one TCP flow use ~95 % of the rate on short-RTT paths.
+/// full bucket. 250 ms at the rate covers Linux's 200 ms minimum retransmission timeout:
+/// a TCP flow that lost packets to the policer resumes into a bucket that refilled
+/// meanwhile, which is what lets one TCP flow use ~95 % of the rate on short-RTT paths.
 pub(crate) fn default_burst(rate_bits_per_sec: u64) -> u64 {
     (128 * 1024).max(rate_bits_per_sec / 8 / 4)
 }
@@ -130,17 +130,11 @@ fn trim_float(value: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// Default burst of a shaping class: the larger of 128 KiB and 10 ms at the rate. A
-/// shaper queues instead of dropping, so it needs no RTO-sized burst. Through HTB the
-/// burst serves TCP's back-off: after a CoDel drop a Cubic flow sends below the rate
-/// until its window is back, the bucket fills meanwhile, and the burst lets the flow
-/// catch up (EDT pacing has no burst). One Cubic flow at 20 Mbit/s, four 30 s runs each,
-/// goodput over the rate from 10 s on: 64 KiB gave 0.908-0.932 at 40 ms RTT and
-/// 0.890-0.895 at 80 ms; 128 KiB 0.918-0.942 and 0.899-0.900 (at 80 ms no worse: other
-/// 64 KiB runs read up to 0.913). Larger is not better: 192 KiB gave 0.79-0.83 at 80 ms
-/// and 250 KB 0.78-0.93 (likely: slow start overshoots further through a larger burst,
-/// and the steady state after it settles lower). 128 KiB also holds a GSO packet with
-/// room to spare, as the policers' floor.
+/// Default burst of a shaping class: the larger of 128 KiB (a GSO packet with room to
+/// spare) and 10 ms at the rate. A shaper needs no RTO-sized burst; through HTB the
+/// burst lets a Cubic flow catch up after a CoDel back-off, while it sent below the rate
+/// (EDT pacing has no burst). 128 KiB beat 64 KiB for one flow over 40 and 80 ms, and
+/// larger bursts were worse over 80 ms (README, `shape` under Choosing an action).
 pub(crate) fn default_shape_burst(rate_bits_per_sec: u64) -> u64 {
     (128 * 1024).max(rate_bits_per_sec / 8 / 100)
 }

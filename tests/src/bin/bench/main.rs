@@ -290,15 +290,11 @@ fn stats_overhead_ns(lab: &Lab) -> Result<f64> {
             ..TestRunOptions::default()
         })?;
         let after = floor.info()?;
-        let runs = after.run_count().saturating_sub(before.run_count());
-        if runs == 0 {
-            bail!("the run-time statistics counted no run of the empty program");
-        }
-        let ns = after
-            .run_time()
-            .saturating_sub(before.run_time())
-            .as_nanos();
-        Ok(ns as f64 / runs as f64)
+        traffic::ns_per_run(
+            after.run_time().saturating_sub(before.run_time()),
+            after.run_count().saturating_sub(before.run_count()),
+            "the empty program",
+        )
     })();
     drop(attachment);
     lab.router.shaper(&["detach", DEV])?;

@@ -640,17 +640,23 @@ fn program_ns_per_run(window: Duration) -> Result<f64> {
     };
     let before = snapshot();
     thread::sleep(window);
-    let (mut ns, mut runs) = (0u128, 0u64);
-    for (id, (time, count)) in snapshot() {
+    let (mut time, mut runs) = (Duration::ZERO, 0u64);
+    for (id, (time_after, count_after)) in snapshot() {
         if let Some((time_before, count_before)) = before.get(&id) {
-            ns += time.saturating_sub(*time_before).as_nanos();
-            runs += count.saturating_sub(*count_before);
+            time += time_after.saturating_sub(*time_before);
+            runs += count_after.saturating_sub(*count_before);
         }
     }
+    ns_per_run(time, runs, "shaper's program")
+}
+
+/// Run time per run from the run-time statistics' deltas; no run counted is an error,
+/// not 0 ns.
+pub fn ns_per_run(time: Duration, runs: u64, program: &str) -> Result<f64> {
     if runs == 0 {
-        bail!("shaper's program did not run during the run-time window");
+        bail!("the run-time statistics counted no run of {program}");
     }
-    Ok(ns as f64 / runs as f64)
+    Ok(time.as_nanos() as f64 / runs as f64)
 }
 
 /// Throughput rows: one blast a round; every setup installed, measured over a window
