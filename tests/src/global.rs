@@ -72,6 +72,8 @@ pub struct GlobalClass {
     /// `false`: each host's class is a plain class of `limit` (a static split, for the
     /// bench's side-by-side row), with no `global` key.
     pub global: bool,
+    /// The daemons reach Redis by `rediss://` (TLS, a private CA: see [`GlobalLab::trust`]).
+    pub tls: bool,
 }
 
 impl Default for GlobalClass {
@@ -83,6 +85,7 @@ impl Default for GlobalClass {
             interval: "250ms",
             pods: false,
             global: true,
+            tls: false,
         }
     }
 }
@@ -102,6 +105,9 @@ pub struct GlobalLab {
     files: Vec<PathBuf>,
     logs: Vec<PathBuf>,
     senders: Vec<Option<Child>>,
+    /// With TLS: the CA file daemons started from now on trust (`SSL_CERT_FILE`); at first
+    /// the one that signed Redis's certificate.
+    pub trust: Option<PathBuf>,
 }
 
 impl GlobalLab {
@@ -124,7 +130,11 @@ impl GlobalLab {
             sink: Netns {
                 name: format!("{id}-sink"),
             },
-            redis: RedisServer::start()?,
+            redis: if class.tls {
+                RedisServer::start_tls()?
+            } else {
+                RedisServer::start()?
+            },
             class,
             key: format!("lab-{id}"),
             daemons: Vec::new(),
@@ -132,7 +142,9 @@ impl GlobalLab {
             files: Vec::new(),
             logs: Vec::new(),
             senders: (0..hosts).map(|_| None).collect(),
+            trust: None,
         };
+        lab.trust = lab.redis.tls().map(|tls| tls.ca());
         lab.build().context("building the global lab failed")?;
         for index in 0..hosts {
             let url = lab.redis.host_user(
@@ -302,6 +314,7 @@ impl GlobalLab {
                 "RUST_LOG",
                 std::env::var("SHAPER_LAB_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(self.trust.iter().map(|ca| ("SSL_CERT_FILE", ca)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()

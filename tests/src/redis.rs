@@ -1,20 +1,117 @@
 //! A real redis-server for global classes: on a loopback port picked here, no persistence,
 //! stopped on drop (also when a test panics). `restart_empty` is the "Redis restarted and
-//! lost everything" case.
+//! lost everything" case. With TLS ([`RedisServer::start_tls`]) it also listens for
+//! `rediss://` on a second loopback port, with a certificate from a private CA made here.
 
 use crate::process::{output_bounded, wait_bounded};
 use anyhow::{bail, Context as _, Result};
 use std::{
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 pub struct RedisServer {
+    /// The plain port: redis-cli (ACLs, INFO) and `redis://` clients.
     pub port: u16,
     child: Option<Child>,
     /// ACL users made after every start (a restart loses them, as it loses the data).
     users: Vec<(String, String)>,
+    tls: Option<Tls>,
+}
+
+/// The TLS listener's port and files: `ca.pem` signed the server's certificate,
+/// `other-ca.pem` signed nothing this server shows. Removed on drop.
+pub struct Tls {
+    pub port: u16,
+    pub dir: PathBuf,
+}
+
+impl Tls {
+    /// The CA that signed the server's certificate.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// A CA that did not.
+    pub fn other_ca(&self) -> PathBuf {
+        self.dir.join("other-ca.pem")
+    }
+
+    fn make(dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let openssl = |args: &[&str]| -> Result<()> {
+            let output = output_bounded(
+                Command::new("openssl").current_dir(dir).args(args),
+                Duration::from_secs(30),
+            )
+            .context(
+                "cannot run openssl (Debian package openssl; `cargo xtask setup` installs it)",
+            )?;
+            if !output.status.success() {
+                bail!(
+                    "openssl {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            Ok(())
+        };
+        for ca in ["ca", "other-ca"] {
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                &format!("/CN=shaper test {ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ])?;
+        }
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ])?;
+        std::fs::write(dir.join("server.ext"), "subjectAltName = IP:127.0.0.1\n")?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ])
+    }
+}
+
+impl Drop for Tls {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// What a shaper host may do on Redis, and nothing else: run the allocation script (and
@@ -48,23 +145,51 @@ impl RedisServer {
             port: free_port()?,
             child: None,
             users: Vec::new(),
+            tls: None,
         };
         server.spawn()?;
         Ok(server)
+    }
+
+    /// A server that also listens for TLS (clients not asked for certificates).
+    pub fn start_tls() -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "shaper-redis-tls-{}-{}",
+            std::process::id(),
+            free_port()?
+        ));
+        let tls = Tls {
+            port: free_port()?,
+            dir,
+        };
+        Tls::make(&tls.dir)?;
+        let mut server = Self {
+            port: free_port()?,
+            child: None,
+            users: Vec::new(),
+            tls: Some(tls),
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    /// Adds an ACL user limited to [`HOST_ACL`] (again after every restart); its URL.
+    /// Adds an ACL user limited to [`HOST_ACL`] (again after every restart); its URL
+    /// (`rediss://` on the TLS port when the server has one).
     pub fn host_user(&mut self, user: &str, password: &str) -> Result<String> {
         self.users.push((user.to_string(), password.to_string()));
         self.make_user(user, password)?;
-        Ok(format!(
-            "redis://{user}:{password}@127.0.0.1:{}/0",
-            self.port
-        ))
+        Ok(match &self.tls {
+            Some(tls) => format!("rediss://{user}:{password}@127.0.0.1:{}/0", tls.port),
+            None => format!("redis://{user}:{password}@127.0.0.1:{}/0", self.port),
+        })
     }
 
     fn make_user(&self, user: &str, password: &str) -> Result<()> {
@@ -79,9 +204,27 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<()> {
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "yes"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
+            ]);
+        if let Some(tls) = &self.tls {
+            let file = |name: &str| tls.dir.join(name).display().to_string();
+            command
+                .args(["--tls-port", &tls.port.to_string()])
+                .args(["--tls-cert-file", &file("server.pem")])
+                .args(["--tls-key-file", &file("server.key")])
+                .args(["--tls-ca-cert-file", &file("ca.pem")])
+                .args(["--tls-auth-clients", "no"]);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -4,7 +4,8 @@
 //! - three hosts (namespaces), each with its own attachment and daemon, one sink: the
 //!   limit held together, an app-limited host, a host that stops, Redis killed and
 //!   restarted empty, a daemon killed, one Redis call per class, host and interval;
-//! - TCP through a global shape class.
+//! - TCP through a global shape class;
+//! - `rediss://` with a private CA, trusted and not.
 
 use anyhow::Result;
 use shaper::global::{redis_keys, ALLOCATE, EXPIRY_INTERVALS, HEADROOM_PPM};
@@ -375,5 +376,60 @@ fn tcp_through_a_global_shape_class_fills_the_limit() -> Result<()> {
     );
     assert!(total >= 0.90 * LIMIT, "aggregate goodput {total}");
     assert!(total <= 1.03 * LIMIT, "above the limit: {total}");
+    Ok(())
+}
+
+/// `rediss://`: a daemon that trusts the private CA that signed Redis's certificate
+/// (`SSL_CERT_FILE`) agrees over TLS and gets the whole limit (it is the only host);
+/// restarted trusting another CA, it cannot verify the server, says so in its log, calls
+/// Redis no more, and holds only its floor (`on_coordinator_loss = "closed"`).
+#[test]
+fn a_daemon_agrees_over_tls_and_refuses_a_server_it_cannot_verify() -> Result<()> {
+    let mut lab = GlobalLab::new(
+        1,
+        GlobalClass {
+            tls: true,
+            on_loss: "closed",
+            ..GlobalClass::default()
+        },
+    )?;
+    let shares = lab.wait_equal_parts()?;
+    println!("over TLS: share {} bit/s of {LIMIT}", shares[0]);
+    let row = lab.class_row(0)?;
+    assert_eq!(row["hosts"], 1, "{row}");
+    assert!(lab.redis.calls("evalsha")? > 0, "the share came from Redis");
+
+    lab.trust = lab.redis.tls().map(|tls| tls.other_ca());
+    lab.kill_daemon(0);
+    lab.start_daemon(0)?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (row, log) = loop {
+        let row = lab.class_row(0)?;
+        let log = lab.daemon_log(0);
+        if row["share_bps"] == row["floor_bps"] && log.contains("UnknownIssuer") {
+            break (row, log);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an unverifiable server: the share stayed above the floor or the log gave no \
+             reason: {row}\n{log}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    let floor = row["floor_bps"].as_f64().unwrap_or(0.0);
+    assert!(floor > 0.0 && floor < 0.5 * LIMIT, "{row}");
+    let calls = lab.redis.calls("evalsha")?;
+    thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        lab.redis.calls("evalsha")?,
+        calls,
+        "no call got through TLS with the wrong CA"
+    );
+    println!(
+        "another CA: share {floor} bit/s (the floor); log: {}",
+        log.lines()
+            .find(|line| line.contains("UnknownIssuer"))
+            .unwrap_or_default()
+    );
     Ok(())
 }

@@ -31,6 +31,8 @@ const PACKAGES: &[(&str, &str)] = &[
     // redis-server on a loopback port they pick (redis-cli reads its INFO).
     ("redis-server", "redis-server"),
     ("redis-tools", "redis-cli"),
+    // The TLS test's private CAs and the server certificate (`rediss://`).
+    ("openssl", "openssl"),
     // The package's own check (`cargo xtask dist`, the package tests), and what the
     // package test checks the installed package with.
     ("lintian", "lintian"),
