@@ -269,8 +269,9 @@ pub struct ClassAddArgs {
 pub struct CodelArgs {
     /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
     /// 1.5 frame times at low rates). A single bulk flow over a long path fills the rate
-    /// better with more (at 80 ms RTT 15ms read a median 0.94 of the rate, 5ms 0.90);
-    /// sparse flows such as pings never wait behind it.
+    /// better with more (80 ms RTT, 20 Mbit/s: median 0.944 with 15ms, 0.898 with 5ms), at
+    /// the cost of that much more queue for the class's bulk packets; sparse flows (pings,
+    /// DNS) skip that queue.
     #[arg(long, value_name = "DURATION")]
     pub target: Option<String>,
     /// Shape: CoDel's interval, how long the delay may stay above target before drops

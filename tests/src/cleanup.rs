@@ -5,6 +5,7 @@
 use crate::{
     cni::{CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES},
     process::{output_bounded, shaper_bin, COMMAND_LIMIT},
+    redis::REDIS_TLS_PREFIX,
     topology::{NAME_PREFIX, PIN_ROOT, ROUTER_TO_SERVER},
 };
 use std::{
@@ -186,9 +187,11 @@ pub(crate) fn sweep_stale() {
             let _ = std::fs::remove_file(&path);
         }
     }
-    // host-local's leases of dead CNI test runs.
+    // host-local's leases, and TLS Redis servers' keys, of dead test runs.
     for dir in names_in(std::env::temp_dir()) {
-        if pid_after_prefix(&dir, &[CNI_IPAM_PREFIX]).is_some_and(|pid| !process_alive(pid)) {
+        if pid_after_prefix(&dir, &[CNI_IPAM_PREFIX, REDIS_TLS_PREFIX])
+            .is_some_and(|pid| !process_alive(pid))
+        {
             let _ = std::fs::remove_dir_all(std::env::temp_dir().join(dir));
         }
     }
@@ -246,6 +249,10 @@ mod tests {
         assert_eq!(pid_after_prefix("k8s-pod-77-eth0", prefixes), None);
         assert_eq!(
             pid_after_prefix("shaper-test-ipam-9", &[CNI_IPAM_PREFIX]),
+            Some(9)
+        );
+        assert_eq!(
+            pid_after_prefix("shaper-redis-tls-9-0", &[REDIS_TLS_PREFIX]),
             Some(9)
         );
         assert!(test_made_host_dev("veth0a1b2c3d"));

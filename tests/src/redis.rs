@@ -3,11 +3,13 @@
 //! lost everything" case. With TLS ([`RedisServer::start_tls`]) it also listens for
 //! `rediss://` on a second loopback port, with a certificate from a private CA made here.
 
-use crate::process::{output_bounded, wait_bounded};
+use crate::process::{output_bounded, run_checked, wait_bounded};
 use anyhow::{bail, Context as _, Result};
 use std::{
+    os::unix::fs::DirBuilderExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -40,23 +42,15 @@ impl Tls {
     }
 
     fn make(dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir)?;
+        // Owner-only, and new: a directory left by another run is an error, not reused.
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
         let openssl = |args: &[&str]| -> Result<()> {
-            let output = output_bounded(
-                Command::new("openssl").current_dir(dir).args(args),
-                Duration::from_secs(30),
-            )
-            .context(
-                "cannot run openssl (Debian package openssl; `cargo xtask setup` installs it)",
-            )?;
-            if !output.status.success() {
-                bail!(
-                    "openssl {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&output.stderr)
-                );
-            }
-            Ok(())
+            run_checked(Command::new("openssl").current_dir(dir).args(args))
+                .context("openssl (Debian package openssl; `cargo xtask setup` installs it)")
+                .map(|_| ())
         };
         for ca in ["ca", "other-ca"] {
             openssl(&[
@@ -139,6 +133,16 @@ pub fn free_port() -> Result<u16> {
     Ok(socket.local_addr()?.port())
 }
 
+/// Two distinct loopback ports nothing listens on now (both held while picking).
+fn free_ports() -> Result<[u16; 2]> {
+    let first = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let second = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok([first.local_addr()?.port(), second.local_addr()?.port()])
+}
+
+/// The temp directories of TLS servers: `{prefix}{pid}-{n}`, swept after a killed run.
+pub const REDIS_TLS_PREFIX: &str = "shaper-redis-tls-";
+
 impl RedisServer {
     pub fn start() -> Result<Self> {
         let mut server = Self {
@@ -153,18 +157,19 @@ impl RedisServer {
 
     /// A server that also listens for TLS (clients not asked for certificates).
     pub fn start_tls() -> Result<Self> {
+        static SERVERS: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
-            "shaper-redis-tls-{}-{}",
+            "{REDIS_TLS_PREFIX}{}-{}",
             std::process::id(),
-            free_port()?
+            SERVERS.fetch_add(1, Ordering::Relaxed)
         ));
-        let tls = Tls {
-            port: free_port()?,
-            dir,
-        };
+        // Ports picked after the keys (seconds on a busy machine), both at once.
+        let mut tls = Tls { port: 0, dir };
         Tls::make(&tls.dir)?;
+        let [port, tls_port] = free_ports()?;
+        tls.port = tls_port;
         let mut server = Self {
-            port: free_port()?,
+            port,
             child: None,
             users: Vec::new(),
             tls: Some(tls),
@@ -222,7 +227,8 @@ impl RedisServer {
                 .args(["--tls-cert-file", &file("server.pem")])
                 .args(["--tls-key-file", &file("server.key")])
                 .args(["--tls-ca-cert-file", &file("ca.pem")])
-                .args(["--tls-auth-clients", "no"]);
+                .args(["--tls-auth-clients", "no"])
+                .args(["--logfile", &file("redis.log")]);
         }
         let child = command
             .stdout(Stdio::null())
@@ -238,9 +244,34 @@ impl RedisServer {
             {
                 return Ok(());
             }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("redis-server exited ({status}){}", self.log_tail());
+            }
             thread::sleep(Duration::from_millis(20));
         }
-        bail!("redis-server on port {} did not answer PING", self.port)
+        bail!(
+            "redis-server on port {} did not answer PING{}",
+            self.port,
+            self.log_tail()
+        )
+    }
+
+    /// The end of a TLS server's log (certificate and key errors land there), to append
+    /// to an error.
+    fn log_tail(&self) -> String {
+        let Some(tls) = &self.tls else {
+            return String::new();
+        };
+        let log = std::fs::read_to_string(tls.dir.join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        format!(
+            "; its log ends: {}",
+            lines[lines.len().saturating_sub(5)..].join(" | ")
+        )
     }
 
     fn spawn_with_users(&mut self) -> Result<()> {
