@@ -145,11 +145,15 @@ pub const REDIS_TLS_PREFIX: &str = "shaper-redis-tls-";
 
 impl RedisServer {
     pub fn start() -> Result<Self> {
+        Self::launch(free_port()?, None)
+    }
+
+    fn launch(port: u16, tls: Option<Tls>) -> Result<Self> {
         let mut server = Self {
-            port: free_port()?,
+            port,
             child: None,
             users: Vec::new(),
-            tls: None,
+            tls,
         };
         server.spawn()?;
         Ok(server)
@@ -168,14 +172,7 @@ impl RedisServer {
         Tls::make(&tls.dir)?;
         let [port, tls_port] = free_ports()?;
         tls.port = tls_port;
-        let mut server = Self {
-            port,
-            child: None,
-            users: Vec::new(),
-            tls: Some(tls),
-        };
-        server.spawn()?;
-        Ok(server)
+        Self::launch(port, Some(tls))
     }
 
     pub fn tls(&self) -> Option<&Tls> {

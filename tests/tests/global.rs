@@ -381,9 +381,8 @@ fn tcp_through_a_global_shape_class_fills_the_limit() -> Result<()> {
 
 /// `rediss://`: a daemon that trusts the private CA that signed Redis's certificate
 /// (`SSL_CERT_FILE`) agrees over TLS and gets the limit less the headroom (it is the
-/// only host);
-/// restarted trusting another CA, it cannot verify the server, says so in its log, calls
-/// Redis no more, and holds only its floor (`on_coordinator_loss = "closed"`).
+/// only host); restarted trusting another CA, it cannot verify the server, says so in its
+/// log, calls Redis no more, and holds only its floor (`on_coordinator_loss = "closed"`).
 #[test]
 fn a_daemon_agrees_over_tls_and_refuses_a_server_it_cannot_verify() -> Result<()> {
     let mut lab = GlobalLab::new(
