@@ -342,10 +342,16 @@ impl GlobalLab {
         std::fs::read_to_string(&self.logs[index]).unwrap_or_default()
     }
 
-    fn wait_attached(&self) -> Result<()> {
+    fn wait_attached(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         for index in 0..self.hosts.len() {
             while self.class_row(index).is_err() {
+                // The metrics port was free when picked, but another socket may take it
+                // before the daemon binds it (a CI run lost one so): start it again on
+                // another port.
+                if self.daemon_log(index).contains("Address already in use") {
+                    self.start_daemon(index)?;
+                }
                 if Instant::now() > deadline {
                     bail!(
                         "host {index}'s daemon did not attach its class; log:\n{}",
