@@ -150,6 +150,11 @@ pub struct Udp {
     pub interval: Option<f64>,
     /// Source address of the client (iperf3 -B), e.g. a second address of the client.
     pub bind: Option<&'static str>,
+    /// Socket buffers of both ends (iperf3 -w, passed on to the server), e.g. "1M": the
+    /// kernel gives twice the smaller of it and the host's net.core.rmem_max, which the
+    /// tests leave as they find it. Unset: the kernel's default (212992 bytes, about 90
+    /// datagrams of 1400 bytes).
+    pub window: Option<&'static str>,
 }
 
 impl Udp {
@@ -175,6 +180,7 @@ impl Default for Udp {
             bind: None,
             tos: None,
             interval: None,
+            window: None,
         }
     }
 }
@@ -287,6 +293,9 @@ impl Lab {
         }
         if let Some(address) = options.bind {
             args.extend(["-B".to_string(), address.to_string()]);
+        }
+        if let Some(window) = options.window {
+            args.extend(["-w".to_string(), window.to_string()]);
         }
         let json = iperf::run(
             from,
