@@ -269,7 +269,7 @@ pub struct ClassAddArgs {
 pub struct CodelArgs {
     /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
     /// 1.5 frame times at low rates). A single bulk flow over a long path fills the rate
-    /// better with more (80 ms RTT, 20 Mbit/s: median 0.944 with 15ms, 0.892 with 5ms), at
+    /// better with more (80 ms RTT, 20 Mbit/s: median 0.94 with 15ms, 0.90 with 5ms), at
     /// the cost of that much more queue for the class's bulk packets; sparse flows (pings,
     /// DNS) skip that queue.
     #[arg(long, value_name = "DURATION")]

@@ -154,6 +154,10 @@ pub struct Judgement {
     pub first_above: Option<u64>,
     /// This packet starts a dropping state (a rare event worth a log record).
     pub entered: bool,
+    /// CoDel condemned the packet but the caller's `spare` let it pass (a GSO aggregate,
+    /// dropped one time in k): no signal reached the sender, so the control law's count
+    /// is left as it was.
+    pub spared: bool,
 }
 
 /// `a` is at or after `b` on the wrapping 32-bit clock.
@@ -224,6 +228,12 @@ pub fn drop_spacing_ns(interval_ns: u64, count: u64) -> u64 {
 
 /// One arriving packet with predicted sojourn `sojourn_ns` at `now_ns`, given the class's
 /// current `control` word and `first_above`.
+///
+/// `spare` is asked only when CoDel condemns the packet: true lets it pass with no signal
+/// (a GSO aggregate the caller drops one time in k). RFC 8289's `count` counts signals
+/// the sender saw, so a spared packet leaves it as it was and the next decision comes one
+/// spacing of that count later; counting it too would speed the drops up k times faster
+/// than the sender is told.
 #[inline(always)]
 pub fn judge(
     control: u64,
@@ -231,6 +241,7 @@ pub fn judge(
     sojourn_ns: u64,
     now_ns: u64,
     config: &CodelConfig,
+    spare: impl FnOnce() -> bool,
 ) -> Judgement {
     // RFC 8289 `dodequeue`: is the queue persistently above target?
     let mut new_first_above = None;
@@ -250,24 +261,27 @@ pub fn judge(
     let mut congested = false;
     let mut changed = false;
     let mut entered = false;
+    let mut spared = false;
     if state.dropping {
         if !ok_to_drop {
             state.dropping = false;
             changed = true;
         } else if at_or_after(now, state.drop_next) {
-            congested = true;
-            state.count = if state.count < COUNT_MAX {
-                state.count + 1
-            } else {
-                COUNT_MAX
-            };
+            spared = spare();
+            congested = !spared;
+            if !spared && state.count < COUNT_MAX {
+                state.count += 1;
+            }
             let next_ns = ((state.drop_next as u64) << TIME_SHIFT)
                 + drop_spacing_ns(config.interval_ns, state.count);
             state.drop_next = coarse(next_ns);
             changed = true;
         }
     } else if ok_to_drop {
-        congested = true;
+        // Entering: a spared packet still starts the dropping state (the queue has stood
+        // above target for an interval), at the count the re-entry rule gives.
+        spared = spare();
+        congested = !spared;
         let delta = state.count.wrapping_sub(state.lastcount) & COUNT_MAX;
         // Linux's `codel_time_before(now - drop_next, 16 * interval)`: a drop_next still in
         // the future counts as recent.
@@ -285,6 +299,7 @@ pub fn judge(
         control: if changed { Some(state.pack()) } else { None },
         first_above: new_first_above,
         entered,
+        spared,
     }
 }
 
@@ -369,7 +384,25 @@ mod tests {
 
     /// Feeds one packet; installs what the judgement changes (as one CPU would).
     fn feed(state: &mut CodelState, sojourn: u64, now: u64, config: &CodelConfig) -> bool {
-        let judgement = judge(state.control, state.first_above, sojourn, now, config);
+        feed_sparing(state, sojourn, now, config, || false)
+    }
+
+    /// [`feed`] with a `spare` for the packet.
+    fn feed_sparing(
+        state: &mut CodelState,
+        sojourn: u64,
+        now: u64,
+        config: &CodelConfig,
+        spare: impl FnOnce() -> bool,
+    ) -> bool {
+        let judgement = judge(
+            state.control,
+            state.first_above,
+            sojourn,
+            now,
+            config,
+            spare,
+        );
         if let Some(control) = judgement.control {
             state.control = control;
         }
@@ -423,6 +456,44 @@ mod tests {
         for step in 0..1000 {
             assert!(!feed(&mut state, 2 * MS, 1000 * MS + step * MS, &config));
         }
+    }
+
+    #[test]
+    fn a_spared_packet_is_no_signal_and_leaves_the_count() {
+        let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+        let start = 1_000 * MS;
+        // Every condemned packet spared: the decisions keep the spacing of count 1.
+        let mut state = CodelState::default();
+        let mut decisions = Vec::new();
+        for step in 0..=1000 {
+            let dropped = feed_sparing(&mut state, 20 * MS, start + step * MS, &config, || {
+                decisions.push(step);
+                true
+            });
+            assert!(!dropped, "a spared packet passes");
+        }
+        assert_eq!(
+            decisions,
+            [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]
+        );
+        let control = Control::unpack(state.control);
+        assert!(control.dropping);
+        assert_eq!(control.count, 1);
+        // Every other decision spared: the count is the entry's 1 plus the real drops, and
+        // the spacing follows it.
+        let mut state = CodelState::default();
+        let (mut decisions, mut drops) = (Vec::new(), 0u64);
+        for step in 0..=1000 {
+            let index = decisions.len();
+            drops += feed_sparing(&mut state, 20 * MS, start + step * MS, &config, || {
+                decisions.push(step);
+                index % 2 == 1
+            }) as u64;
+        }
+        assert_eq!(Control::unpack(state.control).count, drops);
+        // Dropped at 100 (count 1), spared at 200 (count still 1: 100 ms on), dropped at
+        // 300 (count 2), spared 70.7 ms later.
+        assert_eq!(&decisions[..4], &[100, 200, 300, 371]);
     }
 
     #[test]

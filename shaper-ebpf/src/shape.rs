@@ -14,7 +14,7 @@ use crate::{
     bucket::{bucket_key, count_new_key, swap},
     maps::{CLASSES, CLASS_BUCKETS, CODEL, KEYED_BUCKETS, SHAPE_PACKET},
     parse::Packet,
-    rewrite::set_ecn_ce,
+    rewrite::{ecn_capable, set_ecn_ce},
 };
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_UNSPEC},
@@ -92,7 +92,8 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     let (congested, entered) = if sparse {
         (false, false)
     } else {
-        judge_packet(unsafe { &mut *codel }, sojourn, now, &judge.codel)
+        let spare = || spares_aggregate(ctx, packet, class.codel.ecn != 0);
+        judge_packet(unsafe { &mut *codel }, sojourn, now, &judge.codel, spare)
     };
     if entered {
         warn!(
@@ -103,7 +104,7 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     if congested {
         if class.codel.ecn != 0 && set_ecn_ce(ctx, packet) {
             marked = true;
-        } else if !spares_aggregate(packet) {
+        } else {
             return count_drop(stats, packet.wire_len);
         }
     }
@@ -138,30 +139,38 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
 /// segments is dropped with probability 1/k, so a drop costs the sender one segment on
 /// average, as CoDel means it to, not up to 44 at once (three pods' TCP with TSO on
 /// through global shape classes: 0.66-0.70 of the limit when dropped whole, 0.74-0.78
-/// when dropped one time in k). k is the parser's count (a VM's aggregate, SKB_GSO_DODGY,
-/// has it from gso_size, as the kernel will segment it).
+/// when dropped one time in k, 0.83-0.89 once a spared one also left CoDel's count). k is
+/// the parser's count (a VM's aggregate, SKB_GSO_DODGY, has it from gso_size, as the
+/// kernel will segment it). An ECN-capable aggregate is marked instead (with `ecn` on),
+/// never spared. Asked by CoDel only for a condemned packet, before its state moves: a
+/// spared aggregate is no signal and leaves the control law's count
+/// (`shaper_common::codel::judge`).
 #[inline(always)]
-fn spares_aggregate(packet: &Packet) -> bool {
+fn spares_aggregate(ctx: &TcContext, packet: &Packet, ecn: bool) -> bool {
     let segments = packet.segments;
-    segments > 1 && unsafe { bpf_get_prandom_u32() } % segments != 0
+    segments > 1
+        && !(ecn && ecn_capable(ctx, packet))
+        && unsafe { bpf_get_prandom_u32() } % segments != 0
 }
 
 /// CoDel's verdict on the packet. The control word moves by one compare-and-swap: of
 /// CPUs racing for one drop slot exactly one wins and drops; a packet whose CPU loses the
 /// race passes (the winner acted on the same queue at the same instant).
-/// Returns (congested, whether this packet started a dropping state).
+/// Returns (congested, whether this packet started a dropping state); a spared packet is
+/// not congested.
 #[inline(always)]
 fn judge_packet(
     state: &mut CodelState,
     sojourn: u64,
     now: u64,
     config: &CodelConfig,
+    spare: impl FnOnce() -> bool,
 ) -> (bool, bool) {
     let control_word = &raw mut state.control;
     let first_above_word = &raw mut state.first_above;
     let control = unsafe { core::ptr::read_volatile(control_word) };
     let first_above = unsafe { core::ptr::read_volatile(first_above_word) };
-    let judgement = judge(control, first_above, sojourn, now, config);
+    let judgement = judge(control, first_above, sojourn, now, config, spare);
     if let Some(next) = judgement.first_above {
         // Only 0 <-> one deadline: a lost race moves the deadline by nanoseconds.
         swap(first_above_word, first_above, next);
