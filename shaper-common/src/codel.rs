@@ -232,8 +232,9 @@ pub fn drop_spacing_ns(interval_ns: u64, count: u64) -> u64 {
 /// `spare` is asked only when CoDel condemns the packet: true lets it pass with no signal
 /// (a GSO aggregate the caller drops one time in k). RFC 8289's `count` counts signals
 /// the sender saw, so a spared packet leaves it as it was and the next decision comes one
-/// spacing of that count later; counting it too would speed the drops up k times faster
-/// than the sender is told.
+/// spacing of that count later; counting it too would make the count grow k times faster
+/// than the signals (the drops about √k times faster). A spared packet that starts the
+/// dropping state still counts as the entry's step (count 1, or the re-entry rule's).
 #[inline(always)]
 pub fn judge(
     control: u64,

@@ -69,10 +69,10 @@ fn udp_at_100mbit_crosses_a_40ms_delay_line_without_loss_or_reordering() {
     // The server's socket must hold what the delay line sends at once after one of its
     // threads was not scheduled: its frames are due by their arrival times, so a 14 ms
     // stall (seen in CI, the two cores busy with the traffic) leaves as a back-to-back
-    // burst of about 150 datagrams, and the default receive buffer (about 90 of them)
+    // burst of 150-200 datagrams, and the default receive buffer (about 90 of them)
     // lost 52 and 112 while the delay line itself dropped none. 1M: twice the smaller of
     // that and net.core.rmem_max (2 MiB here; 416 KiB, about 180 datagrams, at the
-    // kernel's default rmem_max).
+    // kernel's default rmem_max: borderline for such a burst).
     let options = Udp {
         window: Some("1M"),
         ..Udp::at("100M", 5)

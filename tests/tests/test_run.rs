@@ -1406,7 +1406,7 @@ struct ShapeVerdict {
     leave_at: Option<u64>,
     marked: bool,
     sparse: bool,
-    /// Dropped by CoDel (not by the cap).
+    /// Condemned by CoDel and dropped (not by the cap, not spared).
     condemned: bool,
     /// Condemned by CoDel and let through by `spare` (no signal).
     spared: bool,
@@ -1690,9 +1690,9 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
             "shape",
             "--target",
             "5ms",
-            // Spared aggregates leave the count, so the aggregates' decisions speed up
-            // about sixteen times slower than the frames' drops: a short interval gives
-            // enough of them in the run.
+            // Spared aggregates leave the count, so the aggregates' count grows sixteen
+            // times slower than the frames' (one decision in 16 is a drop): a short
+            // interval gives enough decisions in the run. The cap is then 20 ms too.
             "--interval",
             "20ms",
             "--ecn",
@@ -1724,7 +1724,9 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
     let plain = ipv4(V4::default(), tcp(9401, 1810 - 54));
     let wire_len = plain.len() as u64;
     assert_eq!(wire_len, aggregate.len() as u64 + 15 * 54);
-    let (mut plain_condemned, mut condemned, mut spared) = (0u32, 0u32, 0u32);
+    let (mut plain_condemned, mut condemned, mut spared, mut capped) = (0u32, 0u32, 0u32, 0u32);
+    let codel = harness.attachment.codel().unwrap();
+    let gso_id = harness.class_id("gso");
     let start = 3_000_000_000u64;
     for index in 0..3000u64 {
         let now = start + index * 1_724_000;
@@ -1733,16 +1735,25 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
         assert_eq!(verdict, expected.verdict, "plain frame {index}");
         plain_condemned += expected.condemned as u32;
         // The program draws its lottery; the model is told its outcome when it condemns
-        // the aggregate too, and must then agree on the verdict and CoDel's next state.
+        // the aggregate too, and must then agree on the verdict and on CoDel's state as
+        // the program left it in the class's map (a count moved by a spared aggregate, or
+        // a program that condemned nothing, shows there).
         let (verdict, _) = harness.run_gso(&aggregate, now, 16, 60, wire_len as u32);
         let expected = gso_model.packet_sparing(now, wire_len, false, || verdict == PASS);
         assert_eq!(verdict, expected.verdict, "aggregate {index}");
+        let state = codel.get(&gso_id, 0).unwrap();
+        assert_eq!(
+            state, gso_model.codel,
+            "CoDel's state after aggregate {index}"
+        );
         condemned += (expected.condemned || expected.spared) as u32;
         spared += expected.spared as u32;
+        capped += (expected.verdict == SHOT && !expected.condemned) as u32;
     }
     let dropped = condemned - spared;
     println!(
-        "CoDel: {plain_condemned} plain frames dropped; {condemned} aggregates condemned, {dropped} dropped"
+        "CoDel: {plain_condemned} plain frames dropped; {condemned} aggregates condemned, \
+         {dropped} dropped; {capped} aggregates dropped at the cap"
     );
     assert!(plain_condemned >= 15, "CoDel dropped plain frames");
     assert!(condemned >= 200, "CoDel condemned aggregates: {condemned}");
