@@ -140,11 +140,11 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
 /// segment on average, as CoDel means it to, not up to 44 at once (three pods' TCP with
 /// TSO on through global shape classes: 0.66-0.70 of the limit when dropped whole,
 /// 0.74-0.78 when dropped one time in k; in a later A/B 0.78-0.83 with that, 0.83-0.89
-/// once a spared one also left CoDel's count). k is
-/// the parser's count (a VM's aggregate, SKB_GSO_DODGY, has it from gso_size, as the
-/// kernel will segment it). An ECN-capable aggregate is marked instead (with `ecn` on),
-/// never spared (should the CE write fail, it is dropped whole: a rare case). Asked by CoDel only for a condemned packet, before its state moves: a
-/// spared aggregate is no signal and leaves the control law's count
+/// once a spared one also left CoDel's count). k is the parser's count (a VM's aggregate,
+/// SKB_GSO_DODGY, has it from gso_size, as the kernel will segment it). An ECN-capable
+/// aggregate is marked instead (with `ecn` on), never spared (should the CE write fail,
+/// it is dropped whole: a rare case). Asked by CoDel only for a condemned packet, before
+/// its state moves: a spared aggregate is no signal and leaves the control law's count
 /// (`shaper_common::codel::judge`).
 #[inline(always)]
 fn spares_aggregate(ctx: &TcContext, packet: &Packet, ecn: bool) -> bool {

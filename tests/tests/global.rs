@@ -335,34 +335,32 @@ fn reconverged_after(hosts: &[String], restart: Instant) -> Result<Duration> {
     anyhow::bail!("the hosts did not re-learn their shares within 10 s: {answered:?}")
 }
 
-/// iperf3's per-second sender rates and retransmissions, as "9.40/63 6.30/70 ...".
-fn per_second(json: &serde_json::Value) -> String {
-    let intervals = json["intervals"].as_array().cloned().unwrap_or_default();
-    intervals
-        .iter()
-        .map(|i| {
-            format!(
-                "{}/{}",
-                mbit(i["sum"]["bits_per_second"].as_f64().unwrap_or(0.0)),
-                i["sum"]["retransmits"]
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The mean of iperf3's per-second sender rates from second `from` on.
-fn steady_bps(json: &serde_json::Value, from: usize) -> f64 {
-    let rates: Vec<f64> = json["intervals"]
+/// iperf3's per-second sender intervals: (bit/s, retransmissions).
+fn per_second(json: &serde_json::Value) -> Vec<(Option<f64>, u64)> {
+    json["intervals"]
         .as_array()
         .map(|intervals| {
             intervals
                 .iter()
-                .skip(from)
-                .filter_map(|i| i["sum"]["bits_per_second"].as_f64())
+                .map(|i| {
+                    let sum = &i["sum"];
+                    (
+                        sum["bits_per_second"].as_f64(),
+                        sum["retransmits"].as_u64().unwrap_or(0),
+                    )
+                })
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The mean of iperf3's per-second sender rates from second `from` on.
+fn steady_bps(json: &serde_json::Value, from: usize) -> f64 {
+    let rates: Vec<f64> = per_second(json)
+        .into_iter()
+        .skip(from)
+        .filter_map(|(bps, _)| bps)
+        .collect();
     rates.iter().sum::<f64>() / rates.len().max(1) as f64
 }
 
@@ -399,6 +397,10 @@ fn tcp_through_a_global_shape_class_fills_the_limit() -> Result<()> {
         println!(
             "   host {index}, Mbit/s/retransmits per second: {}",
             per_second(json)
+                .iter()
+                .map(|(bps, retransmits)| format!("{}/{retransmits}", mbit(bps.unwrap_or(0.0))))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
     }
     assert!(total >= 0.90 * LIMIT, "aggregate goodput {total}");
