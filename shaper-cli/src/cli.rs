@@ -268,14 +268,14 @@ pub struct ClassAddArgs {
 #[derive(Args, Debug)]
 pub struct CodelArgs {
     /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
-    /// 1.5 frame times at low rates). A single bulk flow over a long path fills the rate
-    /// better with more (80 ms RTT, 20 Mbit/s: median 0.94 with 15ms, 0.90 with 5ms), at
-    /// the cost of that much more queue for the class's bulk packets; sparse flows (pings,
-    /// DNS) skip that queue.
+    /// 1.5 frame times at low rates). Sparse flows (pings, DNS) skip the queue.
     #[arg(long, value_name = "DURATION")]
     pub target: Option<String>,
     /// Shape: CoDel's interval, how long the delay may stay above target before drops
-    /// start; about the worst-case RTT (default 100ms).
+    /// start, and the spacing of the first drops: the path's RTT plus the time a sender's
+    /// answer takes to drain the queue (default 100ms). A single bulk flow over a long
+    /// path fills the rate better with more (80 ms RTT, 20 Mbit/s: median 0.92 with
+    /// 200ms, 0.90 with 100ms), with the same short queue.
     #[arg(long, value_name = "DURATION")]
     pub interval: Option<String>,
     /// Shape: `on` (default) CE-marks ECN-capable packets where CoDel would drop them;

@@ -234,7 +234,8 @@ pub fn drop_spacing_ns(interval_ns: u64, count: u64) -> u64 {
 /// the sender saw, so a spared packet leaves it as it was and the next decision comes one
 /// spacing of that count later; counting it too would make the count grow k times faster
 /// than the signals (the drops about √k times faster). A spared packet that starts the
-/// dropping state still counts as the entry's step (count 1, or the re-entry rule's).
+/// dropping state starts it one signal short of the entry's count (0 rather than 1, or the
+/// re-entry rule's less one), so the first real drop is the entry's step.
 #[inline(always)]
 pub fn judge(
     control: u64,
@@ -280,7 +281,10 @@ pub fn judge(
         }
     } else if ok_to_drop {
         // Entering: a spared packet still starts the dropping state (the queue has stood
-        // above target for an interval), at the count the re-entry rule gives.
+        // above target for an interval), one signal short of the count the re-entry rule
+        // gives. Counted as a signal, the first real drop would come at count 2 and the
+        // next decision 0.7 interval after it, before a sender 80 ms away has drained the
+        // queue: a second cut of its window every epoch (see the README).
         spared = spare();
         congested = !spared;
         let delta = state.count.wrapping_sub(state.lastcount) & COUNT_MAX;
@@ -288,7 +292,8 @@ pub fn judge(
         // the future counts as recent.
         let since_last = now.wrapping_sub(state.drop_next);
         let recent = (since_last.wrapping_sub(coarse(16 * config.interval_ns)) as i32) < 0;
-        state.count = if delta > 1 && recent { delta } else { 1 };
+        let count = if delta > 1 && recent { delta } else { 1 };
+        state.count = if spared { count - 1 } else { count };
         state.drop_next = coarse(now_ns + drop_spacing_ns(config.interval_ns, state.count));
         state.lastcount = state.count;
         state.dropping = true;
@@ -479,22 +484,29 @@ mod tests {
         );
         let control = Control::unpack(state.control);
         assert!(control.dropping);
-        assert_eq!(control.count, 1);
-        // Every other decision spared: the count is the entry's 1 plus the real drops, and
-        // the spacing follows it.
-        let mut state = CodelState::default();
-        let (mut decisions, mut drops) = (Vec::new(), 0u64);
-        for step in 0..=1000 {
-            let index = decisions.len();
-            drops += feed_sparing(&mut state, 20 * MS, start + step * MS, &config, || {
-                decisions.push(step);
-                index % 2 == 1
-            }) as u64;
-        }
-        assert_eq!(Control::unpack(state.control).count, drops);
+        assert_eq!(control.count, 0, "no signal yet");
+        // Every other decision spared: the count is the number of real drops, and the
+        // spacing follows it.
+        let every_other = |spare_first: bool| {
+            let mut state = CodelState::default();
+            let (mut decisions, mut drops) = (Vec::new(), 0u64);
+            for step in 0..=1000 {
+                let index = decisions.len();
+                drops += feed_sparing(&mut state, 20 * MS, start + step * MS, &config, || {
+                    decisions.push(step);
+                    (index % 2 == 0) == spare_first
+                }) as u64;
+            }
+            assert_eq!(Control::unpack(state.control).count, drops);
+            decisions
+        };
         // Dropped at 100 (count 1), spared at 200 (count still 1: 100 ms on), dropped at
         // 300 (count 2), spared 70.7 ms later.
-        assert_eq!(&decisions[..4], &[100, 200, 300, 371]);
+        assert_eq!(&every_other(false)[..4], &[100, 200, 300, 371]);
+        // The entry spared (count 0), so the first real drop, at 200, is count 1 and the
+        // next decision a whole interval later, not 70.7 ms: a sender gets an interval to
+        // answer its first signal before a second one can cut its window again.
+        assert_eq!(&every_other(true)[..5], &[100, 200, 300, 400, 471]);
     }
 
     #[test]
