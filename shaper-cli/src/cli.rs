@@ -268,14 +268,17 @@ pub struct ClassAddArgs {
 #[derive(Args, Debug)]
 pub struct CodelArgs {
     /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
-    /// 1.5 frame times at low rates). Sparse flows (pings, DNS) skip the queue.
+    /// 1.5 frame times at low rates). More queues the class's bulk packets longer, and on
+    /// a long path its drops cut a sender's window twice more often; sparse flows (pings,
+    /// DNS) skip the queue.
     #[arg(long, value_name = "DURATION")]
     pub target: Option<String>,
     /// Shape: CoDel's interval, how long the delay may stay above target before drops
-    /// start, and the spacing of the first drops: the path's RTT plus the time a sender's
-    /// answer takes to drain the queue (default 100ms). A single bulk flow over a long
-    /// path fills the rate better with more (80 ms RTT, 20 Mbit/s: median 0.92 with
-    /// 200ms, 0.90 with 100ms), with the same short queue.
+    /// start, and the spacing of the first drops (default 100ms). Set it to about the
+    /// path's RTT plus the time a sender's answer takes to drain the queue: a single bulk
+    /// flow over a long path fills the rate better with a longer one (80 ms RTT,
+    /// 20 Mbit/s: median 0.92 with 200ms, 0.90 with 100ms). The standing queue stays at
+    /// the target; the hard cap and the bfifo grow with the interval.
     #[arg(long, value_name = "DURATION")]
     pub interval: Option<String>,
     /// Shape: `on` (default) CE-marks ECN-capable packets where CoDel would drop them;

@@ -24,7 +24,8 @@
 
 /// Default target: the acceptable standing queue (RFC 8289, fq_codel, CAKE).
 pub const DEFAULT_TARGET_NS: u64 = 5_000_000;
-/// Default interval: about a worst-case RTT.
+/// Default interval: about the path's RTT plus the time a sender's answer takes to drain
+/// the queue.
 pub const DEFAULT_INTERVAL_NS: u64 = 100_000_000;
 /// One full Ethernet frame: the queue CoDel never drops from, and the unit of the low-rate
 /// target (1.5 frame times, as CAKE).
@@ -156,7 +157,7 @@ pub struct Judgement {
     pub entered: bool,
     /// CoDel condemned the packet but the caller's `spare` let it pass (a GSO aggregate,
     /// dropped one time in k): no signal reached the sender, so the control law's count
-    /// is left as it was.
+    /// is left as it was (at an entry: one short of the entry's count).
     pub spared: bool,
 }
 
@@ -234,8 +235,8 @@ pub fn drop_spacing_ns(interval_ns: u64, count: u64) -> u64 {
 /// the sender saw, so a spared packet leaves it as it was and the next decision comes one
 /// spacing of that count later; counting it too would make the count grow k times faster
 /// than the signals (the drops about √k times faster). A spared packet that starts the
-/// dropping state starts it one signal short of the entry's count (0 rather than 1, or the
-/// re-entry rule's less one), so the first real drop is the entry's step.
+/// dropping state starts it one signal short of the entry's count (0 on a fresh entry, or
+/// the re-entry rule's less one), so the first real drop is the entry's step.
 #[inline(always)]
 pub fn judge(
     control: u64,
@@ -287,15 +288,18 @@ pub fn judge(
         // queue: a second cut of its window every epoch (see the README).
         spared = spare();
         congested = !spared;
-        let delta = state.count.wrapping_sub(state.lastcount) & COUNT_MAX;
+        // Signals since the last entry; a spared entry with no real drop since is 0.
+        let delta = state.count.saturating_sub(state.lastcount);
         // Linux's `codel_time_before(now - drop_next, 16 * interval)`: a drop_next still in
         // the future counts as recent.
         let since_last = now.wrapping_sub(state.drop_next);
         let recent = (since_last.wrapping_sub(coarse(16 * config.interval_ns)) as i32) < 0;
         let count = if delta > 1 && recent { delta } else { 1 };
-        state.count = if spared { count - 1 } else { count };
+        state.count = count - spared as u64;
         state.drop_next = coarse(now_ns + drop_spacing_ns(config.interval_ns, state.count));
-        state.lastcount = state.count;
+        // As if the entry had dropped, so the next re-entry counts this episode's signals
+        // alike whether or not its entry was spared.
+        state.lastcount = count;
         state.dropping = true;
         changed = true;
         entered = true;
@@ -533,6 +537,44 @@ mod tests {
         assert!(resumed.dropping);
         assert_eq!(resumed.count, count - 1, "delta = count - lastcount(1)");
         assert!(drops > count);
+    }
+
+    #[test]
+    fn a_spared_entry_counts_its_episode_as_a_dropped_one_would() {
+        let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+        // `steps` ms above target from `now`, sparing the first `spared` decisions; then a
+        // dip below target. The state before the dip.
+        let episode = |state: &mut CodelState, now: &mut u64, steps: u32, mut spared: u32| {
+            for _ in 0..steps {
+                *now += MS;
+                feed_sparing(state, 20 * MS, *now, &config, || {
+                    let spare = spared > 0;
+                    spared = spared.saturating_sub(1);
+                    spare
+                });
+            }
+            let control = Control::unpack(state.control);
+            *now += MS;
+            feed(state, 0, *now, &config);
+            control
+        };
+        // A spared entry, then real drops: a re-entry resumes at the signals since the
+        // entry less one, as after a dropped entry.
+        let (mut state, mut now) = (CodelState::default(), 1_000 * MS);
+        let first = episode(&mut state, &mut now, 600, 1);
+        assert!(first.count >= 7, "{}", first.count);
+        let resumed = episode(&mut state, &mut now, 101, 0);
+        assert!(resumed.dropping);
+        assert_eq!(resumed.count, first.count - 1);
+        // The re-entry spared too: one short of that.
+        let (mut state, mut now) = (CodelState::default(), 1_000 * MS);
+        episode(&mut state, &mut now, 600, 1);
+        assert_eq!(episode(&mut state, &mut now, 101, 1).count, first.count - 2);
+        // A spared entry and no real drop: a re-entry soon after starts afresh (count 1),
+        // not at a count wrapped below zero.
+        let (mut state, mut now) = (CodelState::default(), 1_000 * MS);
+        assert_eq!(episode(&mut state, &mut now, 150, 10).count, 0);
+        assert_eq!(episode(&mut state, &mut now, 101, 0).count, 1);
     }
 
     #[test]

@@ -172,7 +172,8 @@ impl Tree {
 pub struct Codel {
     /// The standing queue delay to keep (raised to 1.5 frame times at low rates).
     pub target_ns: u64,
-    /// How long the delay may stay above target before drops start; about a worst-case RTT.
+    /// How long the delay may stay above target before drops start; about the path's RTT
+    /// plus the time a sender's answer takes to drain the queue.
     pub interval_ns: u64,
     /// CE-mark ECN-capable packets instead of dropping them.
     pub ecn: bool,
