@@ -37,8 +37,10 @@ const LOCK_DIR: &str = RUN_DIR;
 const LOCK_FILE: &str = "/run/shaper/lock";
 const HOST_NAMESPACE_DIR: &str = "host";
 const NETNS_DIR_PREFIX: &str = "netns-";
-const PROG_PIN: &str = "prog";
-const LINK_PIN: &str = "link";
+/// The attachment's program, pinned in its directory ([`Location::dir`]).
+pub const PROG_PIN: &str = "prog";
+/// The attachment's TCX link, pinned beside the program (TCX mode only).
+pub const LINK_PIN: &str = "link";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Direction {

@@ -4,7 +4,10 @@
 //! reference CNI `bandwidth` plugin, each set up and torn down in turn on the same link.
 
 use anyhow::{bail, Context as _, Result};
-use aya::programs::{tc::TcAttachOptions, LinkOrder, TcAttachType};
+use aya::programs::{
+    links::FdLink, tc::SchedClassifierLinkId, tc::TcAttachOptions, LinkOrder, SchedClassifier,
+    TcAttachType,
+};
 use serde_json::{json, Value};
 use shaper_common::layout::program_names;
 use shaper_tests::{
@@ -26,6 +29,8 @@ const DEV: &str = ROUTER_TO_SERVER;
 const CNI_DIR: &str = "/usr/lib/cni";
 /// A rate no run here reaches, for "attached but never limiting" setups.
 const NEVER_REACHED: &str = "40gbit";
+/// A port no sender uses.
+const UNMATCHED_PORT: u16 = 30_000;
 /// Ports the throughput senders use; the classes and filters that match them come last.
 const BLAST_PORTS: [u16; 2] = [20001, 20002];
 /// What limits the UDP accuracy runs.
@@ -35,6 +40,8 @@ const UDP_PEERS: [Peer; 2] = [Peer::Shaper("drop"), Peer::Tbf];
 pub struct TrafficEffort {
     pub rounds: usize,
     pub forward_seconds: u32,
+    /// On/off pairs a round for each program row's alternating measure.
+    pub alternation_pairs: usize,
     pub many_classes: u32,
     pub accuracy_mbit: Vec<u64>,
     pub accuracy_seconds: u32,
@@ -293,6 +300,9 @@ enum Forwarder {
     /// The empty TC program (the per-packet floor), attached by TCX: what any program on
     /// this hook costs before it does anything.
     EmptyProgram,
+    /// The empty program plus one read of the clock shaper's packet path uses: what that
+    /// read costs on the path.
+    ClockProgram,
     /// shaper with this many classes, in one rule shape (every class matches a 4-port
     /// block) or in two (the idle classes match one port each).
     Shaper {
@@ -301,6 +311,8 @@ enum Forwarder {
     },
     Tbf,
     HtbU32(u32),
+    /// shaper with one class the senders do not match: parse, verdict cache, no class.
+    ShaperUnmatched,
 }
 
 impl Forwarder {
@@ -308,6 +320,8 @@ impl Forwarder {
         match self {
             Forwarder::Nothing => "nothing attached".into(),
             Forwarder::EmptyProgram => "empty TC program (TCX)".into(),
+            Forwarder::ClockProgram => "empty TC program + one clock read".into(),
+            Forwarder::ShaperUnmatched => "shaper, 1 class no packet matches".into(),
             Forwarder::Shaper { classes: 1, .. } => "shaper, 1 class (rate never reached)".into(),
             Forwarder::Shaper {
                 classes,
@@ -324,13 +338,30 @@ impl Forwarder {
 }
 
 impl Forwarder {
+    /// The program of shaper's object this setup attaches on its own, if any.
+    fn object_program(self) -> Option<&'static str> {
+        match self {
+            Forwarder::EmptyProgram => Some(program_names::FLOOR),
+            Forwarder::ClockProgram => Some(program_names::FLOOR_CLOCK),
+            _ => None,
+        }
+    }
+
+    /// Whether shaper's CLI sets this setup up.
+    fn is_shaper(self) -> bool {
+        matches!(self, Forwarder::Shaper { .. } | Forwarder::ShaperUnmatched)
+    }
+
     /// The configuration, as printed in the report.
     fn command(self) -> String {
         match self {
             Forwarder::Nothing => "-".into(),
-            Forwarder::EmptyProgram => format!(
+            Forwarder::EmptyProgram | Forwarder::ClockProgram => format!(
                 "the object's {} attached at {DEV} egress by TCX (aya)",
-                program_names::FLOOR
+                self.object_program().unwrap_or_default()
+            ),
+            Forwarder::ShaperUnmatched => format!(
+                "shaper attach {DEV}; shaper class add other --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport {UNMATCHED_PORT}"
             ),
             Forwarder::Shaper { classes: 1, .. } => format!(
                 "shaper attach {DEV}; shaper class add blast --dev {DEV} --rate {NEVER_REACHED} --proto udp --dport 20000-20003"
@@ -356,8 +387,26 @@ impl Forwarder {
 /// rule shape.
 fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
-        // The empty program's link lives as long as an `EmptyOnPath`, held by the caller.
-        Forwarder::Nothing | Forwarder::EmptyProgram => Ok(()),
+        // The object's programs' links live as long as an `EmptyOnPath`, held by the caller.
+        Forwarder::Nothing | Forwarder::EmptyProgram | Forwarder::ClockProgram => Ok(()),
+        Forwarder::ShaperUnmatched => {
+            lab.router.shaper(&["attach", DEV])?;
+            lab.router
+                .shaper(&[
+                    "class",
+                    "add",
+                    "other",
+                    "--dev",
+                    DEV,
+                    "--rate",
+                    NEVER_REACHED,
+                    "--proto",
+                    "udp",
+                    "--dport",
+                    &UNMATCHED_PORT.to_string(),
+                ])
+                .map(|_| ())
+        }
         Forwarder::Shaper {
             classes: count,
             one_shape,
@@ -415,24 +464,26 @@ fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
 
 fn remove_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
-        Forwarder::Nothing | Forwarder::EmptyProgram => Ok(()),
-        Forwarder::Shaper { .. } => lab.router.shaper(&["detach", DEV]).map(|_| ()),
+        Forwarder::Nothing | Forwarder::EmptyProgram | Forwarder::ClockProgram => Ok(()),
+        Forwarder::Shaper { .. } | Forwarder::ShaperUnmatched => {
+            lab.router.shaper(&["detach", DEV]).map(|_| ())
+        }
         Forwarder::Tbf | Forwarder::HtbU32(_) => {
             tc_batch(lab, &[format!("qdisc del dev {DEV} root")])
         }
     }
 }
 
-/// The empty program attached at the router's egress, held by a thread inside the
-/// router's namespace (aya attaches by name in the caller's namespace); detached when
-/// dropped.
+/// A program of shaper's object (the empty one, or it plus a clock read) attached at the
+/// router's egress, held by a thread inside the router's namespace (aya attaches by name
+/// in the caller's namespace); detached when dropped.
 struct EmptyOnPath {
     stop: Option<mpsc::Sender<()>>,
     holder: Option<thread::JoinHandle<()>>,
 }
 
 impl EmptyOnPath {
-    fn attach(lab: &Lab) -> Result<Self> {
+    fn attach(lab: &Lab, name: &'static str) -> Result<Self> {
         let router = lab.router.clone();
         let (stop, stopped) = mpsc::channel::<()>();
         let (ready, attached) = mpsc::channel::<Result<()>>();
@@ -440,7 +491,7 @@ impl EmptyOnPath {
             let loaded = (|| -> Result<aya::Ebpf> {
                 router.enter()?;
                 let mut ebpf = aya::Ebpf::load(shaper::EBPF_OBJECT)?;
-                let program = shaper::state::load_program(&mut ebpf, program_names::FLOOR)?;
+                let program = shaper::state::load_program(&mut ebpf, name)?;
                 program.attach_with_options(
                     DEV,
                     TcAttachType::Egress,
@@ -466,12 +517,12 @@ impl EmptyOnPath {
         };
         match attached.recv_timeout(COMMAND_LIMIT) {
             Ok(Ok(())) => Ok(on_path),
-            Ok(Err(error)) => Err(error.context("cannot attach the empty program")),
+            Ok(Err(error)) => Err(error.context(format!("cannot attach {name}"))),
             Err(_) => {
                 // Left to finish on its own: joining a stuck load could wait forever.
                 on_path.stop.take();
                 on_path.holder.take();
-                bail!("attaching the empty program did not finish")
+                bail!("attaching {name} did not finish")
             }
         }
     }
@@ -484,6 +535,136 @@ impl Drop for EmptyOnPath {
             let _ = holder.join();
         }
     }
+}
+
+/// A program on the path, measured against nothing by attaching and detaching its TCX
+/// link in quick turns during the blast. The forwarding rate wanders by about 5 % from one
+/// window to the next at every window length from 0.1 to 5 s (120 s of nothing attached on
+/// this machine), so a few 5 s windows cannot tell 1 % from 3 %; hundreds of short windows
+/// that alternate can, as drift slower than a turn cancels between neighbours.
+#[derive(Clone)]
+enum Toggled {
+    /// A program of the object, loaded by the measuring thread.
+    Object(&'static str),
+    /// shaper's own attachment, its pinned program and link in this directory: the link
+    /// pin is taken over for the turns and pinned again after them.
+    Shaper(std::path::PathBuf),
+}
+
+/// How long a program is left on (or off) the path before its window is counted.
+const TURN_SETTLE: Duration = Duration::from_millis(20);
+/// One counted window of a turn.
+const TURN_WINDOW: Duration = Duration::from_millis(100);
+
+/// The time `pairs` on/off turns take.
+fn alternation_time(pairs: usize) -> Duration {
+    (2 * pairs as u32 + 1) * (TURN_SETTLE + TURN_WINDOW)
+}
+
+/// `pairs` turns of `toggled` on and off the router's egress, from a thread in the
+/// router's namespace: each on-window's packets/s against the mean of the off-windows
+/// either side of it.
+fn alternate(lab: &Lab, toggled: Toggled, pairs: usize) -> Result<Vec<f64>> {
+    let router = lab.router.clone();
+    let worker = thread::spawn(move || -> Result<Vec<f64>> {
+        router.enter()?;
+        match toggled {
+            Toggled::Object(name) => {
+                let mut ebpf = aya::Ebpf::load(shaper::EBPF_OBJECT)?;
+                let program = shaper::state::load_program(&mut ebpf, name)?;
+                turns(program, pairs)
+            }
+            Toggled::Shaper(dir) => {
+                let mut program = SchedClassifier::from_pin(dir.join(shaper::state::PROG_PIN))
+                    .context("cannot open shaper's pinned program")?;
+                let link_pin = dir.join(shaper::state::LINK_PIN);
+                // Unpinning the link detaches it: the turns attach the same program, with
+                // its maps and classes, by links of their own.
+                std::fs::remove_file(&link_pin)
+                    .with_context(|| format!("cannot take over {}", link_pin.display()))?;
+                let ratios = turns(&mut program, pairs);
+                // Back as shaper left it, whatever the turns did: `shaper detach` finds
+                // its link.
+                let link_id = attach_tcx(&mut program)?;
+                let link: FdLink = program.take_link(link_id)?.try_into()?;
+                link.pin(&link_pin)
+                    .with_context(|| format!("cannot pin {} again", link_pin.display()))?;
+                ratios
+            }
+        }
+    });
+    let limit = alternation_time(pairs) + COMMAND_LIMIT;
+    let started = Instant::now();
+    while !worker.is_finished() {
+        if started.elapsed() > limit {
+            bail!("the on/off turns did not finish in {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    worker
+        .join()
+        .map_err(|_| anyhow::anyhow!("the on/off turns panicked"))?
+}
+
+fn attach_tcx(program: &mut SchedClassifier) -> Result<SchedClassifierLinkId> {
+    Ok(program.attach_with_options(
+        DEV,
+        TcAttachType::Egress,
+        TcAttachOptions::TcxOrder(LinkOrder::default()),
+    )?)
+}
+
+/// The turns themselves, on the calling thread (in the router's namespace), `program`
+/// off the path before and after.
+fn turns(program: &mut SchedClassifier, pairs: usize) -> Result<Vec<f64>> {
+    let mut off_before = turn_pps()?;
+    let mut ratios = Vec::with_capacity(pairs);
+    for _ in 0..pairs {
+        let link_id = attach_tcx(program)?;
+        let on = turn_pps();
+        program.detach(link_id)?;
+        let on = on?;
+        let off_after = turn_pps()?;
+        ratios.push(on / ((off_before + off_after) / 2.0));
+        off_before = off_after;
+    }
+    Ok(ratios)
+}
+
+/// Packets/s the router sent toward the server over one turn's window, read from the
+/// calling thread's own namespace (`/proc/thread-self`; sysfs would show the process's).
+fn turn_pps() -> Result<f64> {
+    thread::sleep(TURN_SETTLE);
+    let before = tx_packets()?;
+    let started = Instant::now();
+    thread::sleep(TURN_WINDOW);
+    let after = tx_packets()?;
+    if after <= before {
+        bail!("no packets were forwarded during an on/off turn");
+    }
+    Ok((after - before) as f64 / started.elapsed().as_secs_f64())
+}
+
+fn tx_packets() -> Result<u64> {
+    let table = std::fs::read_to_string("/proc/thread-self/net/dev")?;
+    // "  dev: rx_bytes rx_packets (6 more rx) tx_bytes tx_packets ..."
+    table
+        .lines()
+        .find_map(|line| {
+            let (name, counters) = line.split_once(':')?;
+            (name.trim() == DEV).then(|| counters.split_whitespace().nth(9))?
+        })
+        .context("the router's interface is missing from /proc/thread-self/net/dev")?
+        .parse()
+        .context("unreadable tx_packets in /proc/thread-self/net/dev")
+}
+
+/// The mean of per-pair ratios and its standard error.
+fn mean_and_error(ratios: &[f64]) -> (f64, f64) {
+    let n = ratios.len() as f64;
+    let mean = ratios.iter().sum::<f64>() / n;
+    let variance = ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, (variance / n).sqrt())
 }
 
 /// An nftables table in the server's namespace that drops the senders' datagrams at
@@ -673,10 +854,13 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
     let window = Duration::from_secs(effort.forward_seconds.into());
     // The senders' own limit for a round: two windows a setup, generous (installing a
     // thousand classes under load takes seconds); the section stops them when done.
-    let limit = 2 * (setups.len() as u32 * (effort.forward_seconds + 10) + 10);
+    let turns_seconds = alternation_time(effort.alternation_pairs).as_secs() as u32 + 1;
+    let limit = 2 * (setups.len() as u32 * (effort.forward_seconds + turns_seconds + 10) + 10);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    let mut alternations: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    let mut alternation_rounds: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     for round in 0..effort.rounds {
         // A blast per round: iperf3's server ends a test that receives nothing (the sink
         // drops it all) for 120 s.
@@ -690,21 +874,53 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
         ratios[0].push(1.0);
         for (index, setup) in setups.iter().enumerate().skip(1) {
             install_forwarder(lab, *setup)?;
-            let empty = match setup {
-                Forwarder::EmptyProgram => Some(EmptyOnPath::attach(lab)?),
-                _ => None,
+            let empty = match setup.object_program() {
+                Some(name) => Some(EmptyOnPath::attach(lab, name)?),
+                None => None,
             };
             let pps = blast.pps(settle, window).and_then(|pps| {
-                let program_ns = match setup {
-                    Forwarder::Shaper { .. } => Some(program_ns_per_run(STATS_WINDOW)?),
-                    _ => None,
+                let program_ns = if setup.is_shaper() {
+                    Some(program_ns_per_run(STATS_WINDOW)?)
+                } else {
+                    None
                 };
                 Ok((pps, program_ns))
             });
             drop(empty);
+            let toggled = if let Some(name) = setup.object_program() {
+                Some(Toggled::Object(name))
+            } else if setup.is_shaper() {
+                Some(Toggled::Shaper(
+                    shaper::state::Location {
+                        netns: Some(lab.router.name.clone()),
+                        dev: DEV.into(),
+                        direction: shaper::state::Direction::Egress,
+                    }
+                    .dir(),
+                ))
+            } else {
+                None
+            };
+            let turned = match (&pps, toggled) {
+                (Ok(_), Some(toggled)) => Some(alternate(lab, toggled, effort.alternation_pairs)),
+                _ => None,
+            };
             remove_forwarder(lab, *setup)?;
             let (pps, program_ns) = pps?;
             print_window(round, *setup, pps, program_ns);
+            if let Some(turned) = turned {
+                let turned = turned?;
+                let (ratio, error) = mean_and_error(&turned);
+                println!(
+                    "round {}: {:44} on/off every {:?}: {ratio:.3} ± {error:.3} × nothing ({} pairs)",
+                    round + 1,
+                    setup.label(),
+                    TURN_SETTLE + TURN_WINDOW,
+                    turned.len()
+                );
+                alternations[index].extend(turned);
+                alternation_rounds[index].push(ratio);
+            }
             let nothing_after = blast.pps(settle, window)?;
             print_window(round, Forwarder::Nothing, nothing_after, None);
             samples[index].push(pps);
@@ -743,6 +959,31 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
             "ratio_runs": paired,
             "ratio_to_none": ratio,
         });
+        if !alternations[index].is_empty() {
+            // Rounds differ by more than their turns' errors (each blast settles its
+            // own way): with three rounds or more, the error is that of the rounds' means.
+            let rounds = &alternation_rounds[index];
+            let (ratio, turns_error) = mean_and_error(&alternations[index]);
+            let error = if rounds.len() >= 3 {
+                mean_and_error(rounds).1
+            } else {
+                turns_error
+            };
+            println!(
+                "{:44} on/off turns {ratio:.3} ± {error:.3} × nothing ({} pairs; rounds {})",
+                "",
+                alternations[index].len(),
+                rounds
+                    .iter()
+                    .map(|r| format!("{r:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            row["alternating_ratio"] = json!(ratio);
+            row["alternating_error"] = json!(error);
+            row["alternating_pairs"] = json!(alternations[index].len());
+            row["alternating_rounds"] = json!(rounds);
+        }
         if !program_samples[index].is_empty() {
             let measured_ns = median(&program_samples[index]);
             let program_ns = (measured_ns - stats_overhead_ns).max(0.0);
@@ -787,6 +1028,7 @@ fn setups(effort: &TrafficEffort) -> Vec<Forwarder> {
     vec![
         Forwarder::Nothing,
         Forwarder::EmptyProgram,
+        Forwarder::ClockProgram,
         Forwarder::Shaper {
             classes: 1,
             one_shape: true,
@@ -802,6 +1044,8 @@ fn setups(effort: &TrafficEffort) -> Vec<Forwarder> {
             one_shape: false,
         },
         Forwarder::HtbU32(n),
+        // Last of shaper's rows: the targets read shaper's rows in order.
+        Forwarder::ShaperUnmatched,
     ]
 }
 
