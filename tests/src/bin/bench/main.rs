@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use shaper::{
     classes::{self, ClassSpec, Tree},
     rules::{PortRange, Proto, Rule},
-    state::{self, Attachment, Direction, Location},
+    state::{self, Attachment},
 };
 use shaper_common::{map_names, program_names, Bucket, BucketKey, Scope, FAMILY_V4, PROTO_UDP};
 use shaper_tests::{output_bounded, Lab, Netns, COMMAND_LIMIT};
@@ -92,7 +92,7 @@ fn effort(quick: bool) -> Effort {
             traffic: TrafficEffort {
                 rounds: 1,
                 forward_seconds: 3,
-                alternation_pairs: 15,
+                on_off_pairs: 15,
                 many_classes: 1000,
                 accuracy_mbit: vec![10],
                 accuracy_seconds: 3,
@@ -116,7 +116,7 @@ fn effort(quick: bool) -> Effort {
             traffic: TrafficEffort {
                 rounds: 5,
                 forward_seconds: 5,
-                alternation_pairs: 100,
+                on_off_pairs: 100,
                 many_classes: 1000,
                 accuracy_mbit: vec![1, 10, 100, 1000],
                 accuracy_seconds: 6,
@@ -266,11 +266,7 @@ fn bench_attachment(lab: &Lab, dev: &str, flow_table: u32) -> Result<Attachment>
     )?;
     lab.router
         .shaper(&["attach", dev, "--flow-table-size", &flow_table.to_string()])?;
-    Attachment::open(&Location {
-        netns: Some(lab.router.name.clone()),
-        dev: dev.into(),
-        direction: Direction::Egress,
-    })
+    Attachment::open(&traffic::router_egress(lab, dev))
 }
 
 /// What the kernel's run-time statistics (BPF_ENABLE_STATS) record per run of the empty
@@ -796,12 +792,7 @@ fn map_memory(path: &std::path::Path) -> Result<(u64, u32)> {
 }
 
 fn memory(lab: &Lab) -> Result<Value> {
-    let dir = Location {
-        netns: Some(lab.router.name.clone()),
-        dev: "bench0".into(),
-        direction: Direction::Egress,
-    }
-    .dir();
+    let dir = traffic::router_egress(lab, "bench0").dir();
     let mut maps = Vec::new();
     let mut total = 0;
     for name in map_names::ALL {
@@ -1132,7 +1123,7 @@ fn traffic_markdown(report: &Value) -> String {
     }
     out.push_str("\n![cost per packet against flows and classes](bench/cost-vs-scale.png)\n");
 
-    out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server, which drops them at prerouting (nftables) once the streams are set up, so the cores go to sending and forwarding; each round keeps one blast running and installs, measures and removes every setup in turn, with a window of nothing attached before the first setup and after each; packets/s is the router's tx packets/s on its server-side veth over a setup's window (the median of the rounds), and × nothing is the median over rounds of each window against the mean of the nothing-attached windows either side of it (every round's ratio in brackets). The empty program is the object's `shaper_floor` on the same hook, and with one clock read its `shaper_floor_clock` (what the clock costs on the path); `shaper, 1 class no packet matches` has its one class on a port no sender uses (parse and verdict cache, no class). For shaper, the kernel's own run-time statistics (BPF_ENABLE_STATS, on for 1 s after the window) give its program's time per forwarded packet on this path, less the statistics' own cost (what they record for the empty program in a test run: their clock reads, the call, the empty body); capacity × nothing is what that time leaves of the machine's time per forwarded packet with nothing attached (cores × 1 s / packets/s): budget / (budget + program). For the programs (the empty one and shaper's), × nothing on/off is the precise figure: in the same blast, after the window, the program's TCX link is attached and detached in turns of 120 ms (20 ms to settle, 100 ms counted; shaper's own link is unpinned for the turns and pinned again after them), each on-turn against the mean of the off-turns either side, and the mean over every round's turns ± its standard error (that of the rounds' means with three rounds or more: rounds differ by more than their turns do). The forwarding rate wanders by about 5 % between neighbouring windows at every length from 0.1 to 5 s (120 s of nothing attached on this machine), so a few 5 s windows cannot tell 1 % from 3 %; hundreds of short turns can, since drift slower than a turn cancels between neighbours. Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape): once with every class in one rule shape (4-port blocks), once with the idle classes in a second shape (single ports). Senders: `iperf3 -c 198.18.2.2 -u -b 0 -l 64 -A CPU` (ports 20001 and 20002). Target: shaper ≥ 97 % of nothing (judged on the on/off figure), and above tbf/htb.\n\n| setup | packets/s (median) | × nothing (rounds) | × nothing on/off (± s.e., turns) | program ns / packet | capacity × nothing | configuration |\n|---|---|---|---|---|---|---|\n");
+    out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server, which drops them at prerouting (nftables) once the streams are set up, so the cores go to sending and forwarding; each round keeps one blast running and installs, measures and removes every setup in turn, with a window of nothing attached before the first setup and after each; packets/s is the router's tx packets/s on its server-side veth over a setup's window (the median of the rounds), and × nothing is the median over rounds of each window against the mean of the nothing-attached windows either side of it (every round's ratio in brackets). The empty program is the object's `shaper_floor` on the same hook, and with one clock read its `shaper_floor_clock` (what the clock costs on the path); `shaper, 1 class no packet matches` has its one class on a port no sender uses (parse and verdict cache, no class). For shaper, the kernel's own run-time statistics (BPF_ENABLE_STATS, on for 1 s after the window) give its program's time per forwarded packet on this path, less the statistics' own cost (what they record for the empty program in a test run: their clock reads, the call, the empty body); capacity × nothing is what that time leaves of the machine's time per forwarded packet with nothing attached (cores × 1 s / packets/s): budget / (budget + program). For the programs (the empty one and shaper's), × nothing on/off is the precise figure: in the same blast, the program's TCX link is attached and detached in turns of 120 ms (20 ms to settle, 100 ms counted; shaper's own link is unpinned for the turns and pinned again after them), each on-turn against the mean of the off-turns either side, and the mean over every round's pairs ± its standard error (that of the rounds' means with three rounds or more, since rounds differ by more than their pairs do; with one round a lower bound, since neighbouring pairs share an off-window). The turns come after the setup's windows, set up again for them, and a fresh window of nothing follows them, so the windows stay neighbours. The forwarding rate wanders by about 5 % between neighbouring windows at every length from 0.1 to 5 s (120 s of nothing attached on this machine), so a few 5 s windows cannot tell 1 % from 3 %; hundreds of short turns can, since drift slower than a turn cancels between neighbours. Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape): once with every class in one rule shape (4-port blocks), once with the idle classes in a second shape (single ports). Senders: `iperf3 -c 198.18.2.2 -u -b 0 -l 64 -A CPU` (ports 20001 and 20002). Target: shaper ≥ 97 % of nothing (judged on the on/off figure), and above tbf/htb.\n\n| setup | packets/s (median) | × nothing (rounds) | × nothing on/off (± s.e., pairs) | program ns / packet | capacity × nothing | configuration |\n|---|---|---|---|---|---|---|\n");
     for row in report["throughput"].as_array().into_iter().flatten() {
         let rounds: Vec<String> = row["ratio_runs"]
             .as_array()
@@ -1152,25 +1143,25 @@ fn traffic_markdown(report: &Value) -> String {
                 format!("{:.3}", f(&row["capacity_ratio"])),
             )
         };
-        let turns = if row["alternating_ratio"].is_null() {
+        let on_off = if row["on_off_ratio"].is_null() {
             "-".to_string()
         } else {
-            let rounds: Vec<String> = row["alternating_rounds"]
+            let rounds: Vec<f64> = row["on_off_rounds"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|ratio| format!("{:.3}", f(ratio)))
+                .map(f)
                 .collect();
             format!(
-                "{:.3} ± {:.3} ({} turns; rounds {})",
-                f(&row["alternating_ratio"]),
-                f(&row["alternating_error"]),
-                row["alternating_pairs"],
-                rounds.join(" ")
+                "{:.3} ± {:.3} ({} pairs; rounds {})",
+                f(&row["on_off_ratio"]),
+                f(&row["on_off_error"]),
+                row["on_off_pairs"],
+                traffic::joined(&rounds)
             )
         };
         out.push_str(&format!(
-            "| {} | {:.0} | {:.3} ({}) | {turns} | {program} | {capacity} | {} |\n",
+            "| {} | {:.0} | {:.3} ({}) | {on_off} | {program} | {capacity} | {} |\n",
             row["setup"].as_str().unwrap_or_default(),
             f(&row["pps"]),
             f(&row["ratio_to_none"]),
@@ -1459,15 +1450,15 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
             [ratio_of("htb", 1), f64::NAN],
         ),
     ] {
-        let shaper = shaper_figure(nth, "alternating_ratio");
+        let shaper = shaper_figure(nth, "on_off_ratio");
         let verdict = if shaper >= 0.97 && peers.iter().all(|p| p.is_nan() || shaper > *p) {
             "meets"
         } else {
             "misses"
         };
         println!(
-            "target ≥ 97 % of nothing and above tbf/htb: shaper {label} {verdict} ({shaper:.3} ± {:.3} on/off; windows {:.3}; capacity from the program's run time {:.3})",
-            shaper_figure(nth, "alternating_error"),
+            "target ≥ 97 % of nothing and above tbf/htb: shaper {label} {verdict} ({shaper:.3} ± {:.3} on/off, windows {:.3}, capacity from the program's run time {:.3}; tbf/htb by windows)",
+            shaper_figure(nth, "on_off_error"),
             ratio_of("shaper", nth),
             shaper_figure(nth, "capacity_ratio")
         );
@@ -1487,13 +1478,16 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
                 }
                 // The programs' rows carry their on/off figure and its error.
                 if (setup.starts_with("shaper") || setup.starts_with("empty"))
-                    && !(sane(&row["alternating_ratio"], MAX_SANE_RATIO)
-                        && sane(&row["alternating_error"], 1.0)
-                        && sane(&row["alternating_pairs"], f64::INFINITY))
+                    && !(sane(&row["on_off_ratio"], MAX_SANE_RATIO)
+                        && sane(&row["on_off_error"], 1.0)
+                        && sane(&row["on_off_pairs"], f64::INFINITY)
+                        && row["on_off_rounds"]
+                            .as_array()
+                            .is_some_and(|rounds| rounds.iter().all(|r| sane(r, MAX_SANE_RATIO))))
                 {
                     broken.push(format!(
                         "throughput {setup}: on/off figure {} ± {}",
-                        row["alternating_ratio"], row["alternating_error"]
+                        row["on_off_ratio"], row["on_off_error"]
                     ));
                 }
                 // shaper's rows carry its program's run time on the path as the kernel
@@ -1611,7 +1605,8 @@ mod tests {
                 "setup": setup, "command": "-", "pps": 3e5, "pps_runs": [3e5], "ratio_to_none": 0.97,
                 "ratio_runs": [0.97], "program_measured_ns": 160.0, "stats_overhead_ns": 60.0,
                 "program_ns": 100.0, "budget_ns": 4000.0, "capacity_ratio": 0.976,
-                "alternating_ratio": 0.975, "alternating_error": 0.001, "alternating_pairs": 500,
+                "on_off_ratio": 0.975, "on_off_error": 0.001, "on_off_pairs": 500,
+                "on_off_rounds": [0.975],
             })).collect::<Vec<_>>(),
             "sender_max_udp_bps": 9e8,
             "accuracy": expected.accuracy.iter().map(|key| json!({
@@ -1685,7 +1680,7 @@ mod tests {
             "throughput row missing: shaper, 1 class no packet matches",
         );
         let mut report = sane.clone();
-        report["throughput"][1]["alternating_ratio"] = Value::Null;
+        report["throughput"][1]["on_off_ratio"] = Value::Null;
         rejected(
             &report,
             &expected,

@@ -40,8 +40,8 @@ const UDP_PEERS: [Peer; 2] = [Peer::Shaper("drop"), Peer::Tbf];
 pub struct TrafficEffort {
     pub rounds: usize,
     pub forward_seconds: u32,
-    /// On/off pairs a round for each program row's alternating measure.
-    pub alternation_pairs: usize,
+    /// On/off pairs a round for each program's row (see [`TurnedProgram`]).
+    pub on_off_pairs: usize,
     pub many_classes: u32,
     pub accuracy_mbit: Vec<u64>,
     pub accuracy_seconds: u32,
@@ -387,7 +387,7 @@ impl Forwarder {
 /// rule shape.
 fn install_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
     match forwarder {
-        // The object's programs' links live as long as an `EmptyOnPath`, held by the caller.
+        // The object's programs' links live as long as an `ObjectOnPath`, held by the caller.
         Forwarder::Nothing | Forwarder::EmptyProgram | Forwarder::ClockProgram => Ok(()),
         Forwarder::ShaperUnmatched => {
             lab.router.shaper(&["attach", DEV])?;
@@ -477,12 +477,12 @@ fn remove_forwarder(lab: &Lab, forwarder: Forwarder) -> Result<()> {
 /// A program of shaper's object (the empty one, or it plus a clock read) attached at the
 /// router's egress, held by a thread inside the router's namespace (aya attaches by name
 /// in the caller's namespace); detached when dropped.
-struct EmptyOnPath {
+struct ObjectOnPath {
     stop: Option<mpsc::Sender<()>>,
     holder: Option<thread::JoinHandle<()>>,
 }
 
-impl EmptyOnPath {
+impl ObjectOnPath {
     fn attach(lab: &Lab, name: &'static str) -> Result<Self> {
         let router = lab.router.clone();
         let (stop, stopped) = mpsc::channel::<()>();
@@ -491,12 +491,7 @@ impl EmptyOnPath {
             let loaded = (|| -> Result<aya::Ebpf> {
                 router.enter()?;
                 let mut ebpf = aya::Ebpf::load(shaper::EBPF_OBJECT)?;
-                let program = shaper::state::load_program(&mut ebpf, name)?;
-                program.attach_with_options(
-                    DEV,
-                    TcAttachType::Egress,
-                    TcAttachOptions::TcxOrder(LinkOrder::default()),
-                )?;
+                attach_tcx(shaper::state::load_program(&mut ebpf, name)?)?;
                 Ok(ebpf)
             })();
             match loaded {
@@ -528,7 +523,7 @@ impl EmptyOnPath {
     }
 }
 
-impl Drop for EmptyOnPath {
+impl Drop for ObjectOnPath {
     fn drop(&mut self) {
         self.stop.take();
         if let Some(holder) = self.holder.take() {
@@ -537,13 +532,13 @@ impl Drop for EmptyOnPath {
     }
 }
 
-/// A program on the path, measured against nothing by attaching and detaching its TCX
-/// link in quick turns during the blast. The forwarding rate wanders by about 5 % from one
-/// window to the next at every window length from 0.1 to 5 s (120 s of nothing attached on
-/// this machine), so a few 5 s windows cannot tell 1 % from 3 %; hundreds of short windows
-/// that alternate can, as drift slower than a turn cancels between neighbours.
-#[derive(Clone)]
-enum Toggled {
+/// A program on the path, measured against nothing in on/off turns: its TCX link attached
+/// and detached in quick turns during the blast. The forwarding rate wanders by about 5 %
+/// from one window to the next at every window length from 0.1 to 5 s (120 s of nothing
+/// attached on this machine), so a few 5 s windows cannot tell 1 % from 3 %; hundreds of
+/// short windows that alternate can, as drift slower than a turn cancels between
+/// neighbours.
+enum TurnedProgram {
     /// A program of the object, loaded by the measuring thread.
     Object(&'static str),
     /// shaper's own attachment, its pinned program and link in this directory: the link
@@ -556,54 +551,62 @@ const TURN_SETTLE: Duration = Duration::from_millis(20);
 /// One counted window of a turn.
 const TURN_WINDOW: Duration = Duration::from_millis(100);
 
-/// The time `pairs` on/off turns take.
-fn alternation_time(pairs: usize) -> Duration {
+/// The time `pairs` on/off pairs take (an off window before the first).
+fn on_off_time(pairs: usize) -> Duration {
     (2 * pairs as u32 + 1) * (TURN_SETTLE + TURN_WINDOW)
 }
 
-/// `pairs` turns of `toggled` on and off the router's egress, from a thread in the
+/// shaper's attachment at the router's `dev` egress (its pins are under `.dir()`).
+pub fn router_egress(lab: &Lab, dev: &str) -> shaper::state::Location {
+    shaper::state::Location {
+        netns: Some(lab.router.name.clone()),
+        dev: dev.into(),
+        direction: shaper::state::Direction::Egress,
+    }
+}
+
+/// `pairs` on/off pairs of `program` at the router's egress, from a thread in the
 /// router's namespace: each on-window's packets/s against the mean of the off-windows
 /// either side of it.
-fn alternate(lab: &Lab, toggled: Toggled, pairs: usize) -> Result<Vec<f64>> {
+fn on_off_turns(lab: &Lab, program: TurnedProgram, pairs: usize) -> Result<Vec<f64>> {
     let router = lab.router.clone();
-    let worker = thread::spawn(move || -> Result<Vec<f64>> {
-        router.enter()?;
-        match toggled {
-            Toggled::Object(name) => {
-                let mut ebpf = aya::Ebpf::load(shaper::EBPF_OBJECT)?;
-                let program = shaper::state::load_program(&mut ebpf, name)?;
-                turns(program, pairs)
+    let (done, finished) = mpsc::channel::<Result<Vec<f64>>>();
+    thread::spawn(move || {
+        let turned = (|| -> Result<Vec<f64>> {
+            router.enter()?;
+            match program {
+                TurnedProgram::Object(name) => {
+                    let mut ebpf = aya::Ebpf::load(shaper::EBPF_OBJECT)?;
+                    turns(shaper::state::load_program(&mut ebpf, name)?, pairs)
+                }
+                TurnedProgram::Shaper(dir) => {
+                    let mut program = SchedClassifier::from_pin(dir.join(shaper::state::PROG_PIN))
+                        .context("cannot open shaper's pinned program")?;
+                    let link_pin = dir.join(shaper::state::LINK_PIN);
+                    // Unpinning the link detaches it: the turns attach the same program,
+                    // with its maps and classes, by links of their own.
+                    std::fs::remove_file(&link_pin)
+                        .with_context(|| format!("cannot take over {}", link_pin.display()))?;
+                    let ratios = turns(&mut program, pairs);
+                    // Back as shaper left it, whatever the turns did: `shaper detach`
+                    // finds its link. (After a timeout the directory may be gone: the
+                    // pin then fails and the link goes with this thread.)
+                    let link_id = attach_tcx(&mut program)?;
+                    let link: FdLink = program.take_link(link_id)?.try_into()?;
+                    link.pin(&link_pin)
+                        .with_context(|| format!("cannot pin {} again", link_pin.display()))?;
+                    ratios
+                }
             }
-            Toggled::Shaper(dir) => {
-                let mut program = SchedClassifier::from_pin(dir.join(shaper::state::PROG_PIN))
-                    .context("cannot open shaper's pinned program")?;
-                let link_pin = dir.join(shaper::state::LINK_PIN);
-                // Unpinning the link detaches it: the turns attach the same program, with
-                // its maps and classes, by links of their own.
-                std::fs::remove_file(&link_pin)
-                    .with_context(|| format!("cannot take over {}", link_pin.display()))?;
-                let ratios = turns(&mut program, pairs);
-                // Back as shaper left it, whatever the turns did: `shaper detach` finds
-                // its link.
-                let link_id = attach_tcx(&mut program)?;
-                let link: FdLink = program.take_link(link_id)?.try_into()?;
-                link.pin(&link_pin)
-                    .with_context(|| format!("cannot pin {} again", link_pin.display()))?;
-                ratios
-            }
-        }
+        })();
+        let _ = done.send(turned);
     });
-    let limit = alternation_time(pairs) + COMMAND_LIMIT;
-    let started = Instant::now();
-    while !worker.is_finished() {
-        if started.elapsed() > limit {
-            bail!("the on/off turns did not finish in {limit:?}");
-        }
-        thread::sleep(Duration::from_millis(50));
+    let limit = on_off_time(pairs) + COMMAND_LIMIT;
+    match finished.recv_timeout(limit) {
+        Ok(turned) => turned,
+        // Left to finish on its own: joining a stuck attach could wait forever.
+        Err(_) => bail!("the on/off turns did not finish in {limit:?}"),
     }
-    worker
-        .join()
-        .map_err(|_| anyhow::anyhow!("the on/off turns panicked"))?
 }
 
 fn attach_tcx(program: &mut SchedClassifier) -> Result<SchedClassifierLinkId> {
@@ -632,7 +635,8 @@ fn turns(program: &mut SchedClassifier, pairs: usize) -> Result<Vec<f64>> {
 }
 
 /// Packets/s the router sent toward the server over one turn's window, read from the
-/// calling thread's own namespace (`/proc/thread-self`; sysfs would show the process's).
+/// calling thread's own namespace (`/proc/thread-self`; `/sys/class/net` shows the
+/// namespace sysfs was mounted in).
 fn turn_pps() -> Result<f64> {
     thread::sleep(TURN_SETTLE);
     let before = tx_packets()?;
@@ -647,24 +651,37 @@ fn turn_pps() -> Result<f64> {
 
 fn tx_packets() -> Result<u64> {
     let table = std::fs::read_to_string("/proc/thread-self/net/dev")?;
-    // "  dev: rx_bytes rx_packets (6 more rx) tx_bytes tx_packets ..."
-    table
-        .lines()
-        .find_map(|line| {
-            let (name, counters) = line.split_once(':')?;
-            (name.trim() == DEV).then(|| counters.split_whitespace().nth(9))?
-        })
-        .context("the router's interface is missing from /proc/thread-self/net/dev")?
-        .parse()
-        .context("unreadable tx_packets in /proc/thread-self/net/dev")
+    tx_packets_in(&table, DEV)
+        .with_context(|| format!("no tx_packets of {DEV} in /proc/thread-self/net/dev"))
 }
 
-/// The mean of per-pair ratios and its standard error.
-fn mean_and_error(ratios: &[f64]) -> (f64, f64) {
-    let n = ratios.len() as f64;
-    let mean = ratios.iter().sum::<f64>() / n;
-    let variance = ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+/// `dev`'s tx_packets in a `/proc/net/dev` table: after the colon, 8 receive counters,
+/// then tx_bytes and tx_packets.
+fn tx_packets_in(table: &str, dev: &str) -> Option<u64> {
+    table.lines().find_map(|line| {
+        let (name, counters) = line.split_once(':')?;
+        (name.trim() == dev).then(|| counters.split_whitespace().nth(9)?.parse().ok())?
+    })
+}
+
+/// The mean of `values` and its standard error (NaN below two values).
+fn mean_and_error(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    if values.len() < 2 {
+        return (mean, f64::NAN);
+    }
+    let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
     (mean, (variance / n).sqrt())
+}
+
+/// Ratios as the printouts and the report list them.
+pub fn joined(ratios: &[f64]) -> String {
+    ratios
+        .iter()
+        .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// An nftables table in the server's namespace that drops the senders' datagrams at
@@ -852,15 +869,16 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
     let setups = setups(effort);
     let settle = Duration::from_millis(500);
     let window = Duration::from_secs(effort.forward_seconds.into());
-    // The senders' own limit for a round: two windows a setup, generous (installing a
-    // thousand classes under load takes seconds); the section stops them when done.
-    let turns_seconds = alternation_time(effort.alternation_pairs).as_secs() as u32 + 1;
-    let limit = 2 * (setups.len() as u32 * (effort.forward_seconds + turns_seconds + 10) + 10);
+    // The senders' own limit for a round: up to three windows and the on/off turns a
+    // setup, generous (installing a thousand classes under load takes seconds); the
+    // section stops them when done.
+    let turns_seconds = on_off_time(effort.on_off_pairs).as_secs() as u32 + 1;
+    let limit = 2 * (setups.len() as u32 * (3 * effort.forward_seconds + turns_seconds + 10) + 10);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
-    let mut alternations: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
-    let mut alternation_rounds: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    let mut on_off: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    let mut on_off_rounds: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     for round in 0..effort.rounds {
         // A blast per round: iperf3's server ends a test that receives nothing (the sink
         // drops it all) for 120 s.
@@ -874,8 +892,8 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
         ratios[0].push(1.0);
         for (index, setup) in setups.iter().enumerate().skip(1) {
             install_forwarder(lab, *setup)?;
-            let empty = match setup.object_program() {
-                Some(name) => Some(EmptyOnPath::attach(lab, name)?),
+            let object = match setup.object_program() {
+                Some(name) => Some(ObjectOnPath::attach(lab, name)?),
                 None => None,
             };
             let pps = blast.pps(settle, window).and_then(|pps| {
@@ -886,41 +904,10 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
                 };
                 Ok((pps, program_ns))
             });
-            drop(empty);
-            let toggled = if let Some(name) = setup.object_program() {
-                Some(Toggled::Object(name))
-            } else if setup.is_shaper() {
-                Some(Toggled::Shaper(
-                    shaper::state::Location {
-                        netns: Some(lab.router.name.clone()),
-                        dev: DEV.into(),
-                        direction: shaper::state::Direction::Egress,
-                    }
-                    .dir(),
-                ))
-            } else {
-                None
-            };
-            let turned = match (&pps, toggled) {
-                (Ok(_), Some(toggled)) => Some(alternate(lab, toggled, effort.alternation_pairs)),
-                _ => None,
-            };
+            drop(object);
             remove_forwarder(lab, *setup)?;
             let (pps, program_ns) = pps?;
             print_window(round, *setup, pps, program_ns);
-            if let Some(turned) = turned {
-                let turned = turned?;
-                let (ratio, error) = mean_and_error(&turned);
-                println!(
-                    "round {}: {:44} on/off every {:?}: {ratio:.3} ± {error:.3} × nothing ({} pairs)",
-                    round + 1,
-                    setup.label(),
-                    TURN_SETTLE + TURN_WINDOW,
-                    turned.len()
-                );
-                alternations[index].extend(turned);
-                alternation_rounds[index].push(ratio);
-            }
             let nothing_after = blast.pps(settle, window)?;
             print_window(round, Forwarder::Nothing, nothing_after, None);
             samples[index].push(pps);
@@ -930,6 +917,34 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
             if let Some(ns) = program_ns {
                 program_samples[index].push(ns);
             }
+            // The turns come after the setup's windows (set up again for them), and a
+            // fresh window of nothing after them: the windows stay neighbours.
+            let program = if let Some(name) = setup.object_program() {
+                TurnedProgram::Object(name)
+            } else if setup.is_shaper() {
+                install_forwarder(lab, *setup)?;
+                TurnedProgram::Shaper(router_egress(lab, DEV).dir())
+            } else {
+                continue;
+            };
+            let turned = on_off_turns(lab, program, effort.on_off_pairs);
+            if setup.is_shaper() {
+                remove_forwarder(lab, *setup)?;
+            }
+            let turned = turned?;
+            let (ratio, error) = mean_and_error(&turned);
+            println!(
+                "round {}: {:44} on/off every {:?}: {ratio:.3} ± {error:.3} × nothing ({} pairs)",
+                round + 1,
+                setup.label(),
+                TURN_SETTLE + TURN_WINDOW,
+                turned.len()
+            );
+            on_off[index].extend(turned);
+            on_off_rounds[index].push(ratio);
+            nothing_before = blast.pps(settle, window)?;
+            print_window(round, Forwarder::Nothing, nothing_before, None);
+            samples[0].push(nothing_before);
         }
     }
     // The machine's time per forwarded packet with nothing attached: each sender keeps
@@ -945,11 +960,7 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
             "{:44} median {:>10.0} pps  × nothing {ratio:.3} (rounds {})",
             setup.label(),
             pps,
-            paired
-                .iter()
-                .map(|r| format!("{r:.3}"))
-                .collect::<Vec<_>>()
-                .join(" ")
+            joined(paired)
         );
         let mut row = json!({
             "setup": setup.label(),
@@ -959,30 +970,28 @@ pub fn throughput(lab: &Lab, effort: &TrafficEffort, stats_overhead_ns: f64) -> 
             "ratio_runs": paired,
             "ratio_to_none": ratio,
         });
-        if !alternations[index].is_empty() {
-            // Rounds differ by more than their turns' errors (each blast settles its
-            // own way): with three rounds or more, the error is that of the rounds' means.
-            let rounds = &alternation_rounds[index];
-            let (ratio, turns_error) = mean_and_error(&alternations[index]);
+        if !on_off[index].is_empty() {
+            // Rounds differ by more than their turns' errors (each blast settles its own
+            // way): with three rounds or more, the error is that of the rounds' means.
+            // With fewer it is the pairs', a lower bound (neighbouring pairs share an
+            // off-window).
+            let rounds = &on_off_rounds[index];
+            let (ratio, pairs_error) = mean_and_error(&on_off[index]);
             let error = if rounds.len() >= 3 {
                 mean_and_error(rounds).1
             } else {
-                turns_error
+                pairs_error
             };
             println!(
-                "{:44} on/off turns {ratio:.3} ± {error:.3} × nothing ({} pairs; rounds {})",
+                "{:44} on/off {ratio:.3} ± {error:.3} × nothing ({} pairs; rounds {})",
                 "",
-                alternations[index].len(),
-                rounds
-                    .iter()
-                    .map(|r| format!("{r:.3}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                on_off[index].len(),
+                joined(rounds)
             );
-            row["alternating_ratio"] = json!(ratio);
-            row["alternating_error"] = json!(error);
-            row["alternating_pairs"] = json!(alternations[index].len());
-            row["alternating_rounds"] = json!(rounds);
+            row["on_off_ratio"] = json!(ratio);
+            row["on_off_error"] = json!(error);
+            row["on_off_pairs"] = json!(on_off[index].len());
+            row["on_off_rounds"] = json!(rounds);
         }
         if !program_samples[index].is_empty() {
             let measured_ns = median(&program_samples[index]);
@@ -1244,4 +1253,34 @@ pub fn accuracy(lab: &mut Lab, effort: &TrafficEffort, plots: &mut Plots) -> Res
         }
     }
     Ok(json!({ "sender_max_udp_bps": sender_max_bps, "rows": rows }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tx_packets_are_the_tenth_counter_after_the_colon() {
+        // Two header lines, then one line per interface; a long name leaves no space
+        // after the colon.
+        let table = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+    r1: 9876543   12345    0    0    0     0          0         0 87654321  424242    0    0    0     0       0          0
+averylongname0:1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16
+";
+        assert_eq!(tx_packets_in(table, "r1"), Some(424_242));
+        assert_eq!(tx_packets_in(table, "averylongname0"), Some(10));
+        assert_eq!(tx_packets_in(table, "lo"), Some(0));
+        assert_eq!(tx_packets_in(table, "r2"), None);
+    }
+
+    #[test]
+    fn the_error_is_the_standard_deviation_over_the_root_of_the_count() {
+        // Sample standard deviation of 1, 2, 3, 4 is sqrt(5/3).
+        let (mean, error) = mean_and_error(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(mean, 2.5);
+        assert!((error - (5.0f64 / 3.0).sqrt() / 2.0).abs() < 1e-12);
+        assert!(mean_and_error(&[0.97]).1.is_nan());
+    }
 }
