@@ -268,9 +268,9 @@ pub struct ClassAddArgs {
 #[derive(Args, Debug)]
 pub struct CodelArgs {
     /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
-    /// 1.5 frame times at low rates). More queues the class's bulk packets longer, and on
-    /// a long path its drops cut a sender's window twice more often; sparse flows (pings,
-    /// DNS) skip the queue.
+    /// 1.5 frame times at low rates). A larger one keeps the class's bulk packets queued
+    /// longer (sparse flows such as pings and DNS skip that queue), and on a long path it
+    /// makes a sender's window more often cut twice in a row.
     #[arg(long, value_name = "DURATION")]
     pub target: Option<String>,
     /// Shape: CoDel's interval, how long the delay may stay above target before drops

@@ -836,7 +836,7 @@ fn daemon_forwards_the_programs_log_records() -> Result<()> {
     })?;
     lab.udp(&Udp::at("20M", 2))?;
     let expected =
-        format!("class {id}: queue above its CoDel target for an interval; dropping started");
+        format!("class {id}: queue above its CoDel target for an interval; CoDel entered its dropping state");
     wait_for("the forwarded record", Duration::from_secs(5), || {
         Ok(daemon.log().contains(&expected))
     })?;

@@ -1102,6 +1102,12 @@ fn f(value: &Value) -> f64 {
     value.as_f64().unwrap_or(0.0)
 }
 
+/// A JSON array of per-round ratios, as the report prints them.
+fn rounds(ratios: &Value) -> String {
+    let ratios: Vec<f64> = ratios.as_array().into_iter().flatten().map(f).collect();
+    traffic::joined(&ratios)
+}
+
 /// The throughput, accuracy, TCP, plot and limits sections.
 fn traffic_markdown(report: &Value) -> String {
     let mut out = String::new();
@@ -1125,12 +1131,6 @@ fn traffic_markdown(report: &Value) -> String {
 
     out.push_str("\n## Forwarding throughput\n\nThe lab's router forwards 64-byte UDP datagrams from two iperf3 senders (`-u -b 0 -l 64`, one pinned to each core) toward the server, which drops them at prerouting (nftables) once the streams are set up, so the cores go to sending and forwarding; each round keeps one blast running and installs, measures and removes every setup in turn, with a window of nothing attached before the first setup and after each; packets/s is the router's tx packets/s on its server-side veth over a setup's window (the median of the rounds), and × nothing is the median over rounds of each window against the mean of the nothing-attached windows either side of it (every round's ratio in brackets). The empty program is the object's `shaper_floor` on the same hook, and with one clock read its `shaper_floor_clock` (what the clock costs on the path); `shaper, 1 class no packet matches` has its one class on a port no sender uses (parse and verdict cache, no class). For shaper, the kernel's own run-time statistics (BPF_ENABLE_STATS, on for 1 s after the window) give its program's time per forwarded packet on this path, less the statistics' own cost (what they record for the empty program in a test run: their clock reads, the call, the empty body); capacity × nothing is what that time leaves of the machine's time per forwarded packet with nothing attached (cores × 1 s / packets/s): budget / (budget + program). For the programs (the empty one and shaper's), × nothing on/off is the precise figure: in the same blast, the program's TCX link is attached and detached in turns of 120 ms (20 ms to settle, 100 ms counted; shaper's own link is unpinned for the turns and pinned again after them), each on-turn against the mean of the off-turns either side, and the mean over every round's pairs ± its standard error (that of the rounds' means with three rounds or more, since rounds differ by more than their pairs do; with one round a lower bound, since neighbouring pairs share an off-window). The turns come after the setup's windows, set up again for them, and a fresh window of nothing follows them, so the windows stay neighbours. The forwarding rate wanders by about 5 % between neighbouring windows at every length from 0.1 to 5 s (120 s of nothing attached on this machine), so a few 5 s windows cannot tell 1 % from 3 %; hundreds of short turns can, since drift slower than a turn cancels between neighbours. Limits are set so high that no rate is ever reached: this is the cost of being on the path. With many classes, the senders match the last class or filter added (u32 walks its list in order; shaper's classifier does one hash lookup per rule shape): once with every class in one rule shape (4-port blocks), once with the idle classes in a second shape (single ports). Senders: `iperf3 -c 198.18.2.2 -u -b 0 -l 64 -A CPU` (ports 20001 and 20002). Target: shaper ≥ 97 % of nothing (judged on the on/off figure), and above tbf/htb.\n\n| setup | packets/s (median) | × nothing (rounds) | × nothing on/off (± s.e., pairs) | program ns / packet | capacity × nothing | configuration |\n|---|---|---|---|---|---|---|\n");
     for row in report["throughput"].as_array().into_iter().flatten() {
-        let rounds: Vec<String> = row["ratio_runs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|ratio| format!("{:.3}", f(ratio)))
-            .collect();
         let (program, capacity) = if row["program_ns"].is_null() {
             ("-".to_string(), "-".to_string())
         } else {
@@ -1146,18 +1146,12 @@ fn traffic_markdown(report: &Value) -> String {
         let on_off = if row["on_off_ratio"].is_null() {
             "-".to_string()
         } else {
-            let rounds: Vec<f64> = row["on_off_rounds"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(f)
-                .collect();
             format!(
                 "{:.3} ± {:.3} ({} pairs; rounds {})",
                 f(&row["on_off_ratio"]),
                 f(&row["on_off_error"]),
                 row["on_off_pairs"],
-                traffic::joined(&rounds)
+                rounds(&row["on_off_rounds"])
             )
         };
         out.push_str(&format!(
@@ -1165,7 +1159,7 @@ fn traffic_markdown(report: &Value) -> String {
             row["setup"].as_str().unwrap_or_default(),
             f(&row["pps"]),
             f(&row["ratio_to_none"]),
-            rounds.join(" "),
+            rounds(&row["ratio_runs"]),
             row["command"].as_str().unwrap_or_default()
         ));
     }
