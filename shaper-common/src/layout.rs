@@ -715,20 +715,30 @@ pub const fn verdict_stamp(rules_generation: u32) -> u64 {
     rules_generation as u64 + 1
 }
 
-/// The cache slot of a tuple: a multiplicative fold (a few instructions, no loop the
-/// verifier must unroll beyond five steps) whose top bits pick one of
-/// `VERDICT_CACHE_SLOTS`.
+/// The cache slot of a tuple: a multilinear hash (each word times its own odd constant,
+/// summed) whose top bits pick one of `VERDICT_CACHE_SLOTS`. The five products are
+/// independent, so they run side by side; the fold used before mixed word after word
+/// and waited for five multiplies in a row (`shaper-bench --compare`: a cache hit with
+/// no class matching × 0.76–0.85 of before).
 #[inline(always)]
 pub const fn verdict_slot(tuple: &[u64; 5]) -> u32 {
-    const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut hash = 0u64;
-    let mut index = 0;
-    while index < 5 {
-        hash = (hash ^ tuple[index]).wrapping_mul(MIX);
-        hash ^= hash >> 29;
-        index += 1;
-    }
-    (hash.wrapping_mul(MIX) >> (64 - VERDICT_CACHE_SLOTS.trailing_zeros())) as u32
+    const KEYS: [u64; 5] = [
+        0x9e37_79b9_7f4a_7c15,
+        0xc2b2_ae3d_27d4_eb4f,
+        0x1656_67b1_9e37_79f9,
+        0xd6e8_feb8_6659_fd93,
+        0xff51_afd7_ed55_8ccd,
+    ];
+    // A product carries a word's top bits only into its own top few: the first word's
+    // ports (its upper half) are turned into its lower half first.
+    let hash = tuple[0]
+        .rotate_left(32)
+        .wrapping_mul(KEYS[0])
+        .wrapping_add(tuple[1].wrapping_mul(KEYS[1]))
+        .wrapping_add(tuple[2].wrapping_mul(KEYS[2]))
+        .wrapping_add(tuple[3].wrapping_mul(KEYS[3]))
+        .wrapping_add(tuple[4].wrapping_mul(KEYS[4]));
+    (hash >> (64 - VERDICT_CACHE_SLOTS.trailing_zeros())) as u32
 }
 
 #[cfg(feature = "user")]

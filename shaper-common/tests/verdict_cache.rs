@@ -53,10 +53,32 @@ fn tuples_differing_in_one_field_spread_over_the_slots() {
         tuple[2] = host << 32;
         tuple
     }));
+    // Hosts numbered ::1, ::2, … differ in the address's last two bytes: the top of the
+    // last word, as the packet holds it (network order).
+    let v6_host_numbers = spread((0..1024u16).map(|host| {
+        let mut tuple = [first_word(6, 6, 443, 40_000), 0, 0, 0, 1];
+        tuple[4] = u64::from_le_bytes([
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            host.to_be_bytes()[0],
+            host.to_be_bytes()[1],
+        ]);
+        tuple
+    }));
     println!(
-        "slots taken: sport {source_ports}, dport {dest_ports}, src {sources}, v6 {v6_low_word}"
+        "slots taken: sport {source_ports}, dport {dest_ports}, src {sources}, v6 {v6_low_word}, v6 host numbers {v6_host_numbers}"
     );
-    for taken in [source_ports, dest_ports, sources, v6_low_word] {
+    for taken in [
+        source_ports,
+        dest_ports,
+        sources,
+        v6_low_word,
+        v6_host_numbers,
+    ] {
         assert!(taken >= fair, "{taken} of {VERDICT_CACHE_SLOTS} slots");
     }
 }

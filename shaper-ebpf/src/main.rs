@@ -14,7 +14,12 @@
 //!
 //! The maps are in [`maps`]. On the host this crate compiles to an empty program so
 //! workspace tooling works.
-#![cfg_attr(target_arch = "bpf", no_std, no_main, feature(core_intrinsics))]
+#![cfg_attr(
+    target_arch = "bpf",
+    no_std,
+    no_main,
+    feature(core_intrinsics, asm_experimental_arch)
+)]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(not(target_arch = "bpf"))]

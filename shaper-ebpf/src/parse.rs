@@ -66,9 +66,18 @@ impl Packet {
 pub(crate) fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
     // Bounded for the verifier; no header shaper reads lies beyond 16 KiB.
     let offset = offset & 0x3fff;
-    // black_box keeps LLVM from re-associating `data + offset + size`: the verifier must
-    // see the bounds check made on the very pointer that is then read.
-    let field = core::hint::black_box(ctx.data() + offset);
+    // An opaque register move keeps LLVM from re-associating `data + offset + size`: the
+    // verifier must see the bounds check made on the very pointer that is then read.
+    // (`black_box` did the same through a stack slot: a store and a load per field, 128
+    // instructions more in the program.)
+    let mut field = ctx.data() + offset;
+    unsafe {
+        core::arch::asm!(
+            "{0} = {0}",
+            inout(reg) field,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
     if field + core::mem::size_of::<T>() <= ctx.data_end() {
         Some(unsafe { core::ptr::read_unaligned(field as *const T) })
     } else {

@@ -25,13 +25,19 @@ use std::{
 /// Loads the eBPF object with its maps pinned in `dir`: maps already pinned there are
 /// reused, missing ones are created and pinned.
 pub fn load_object(dir: &Path, flow_table_size: u32) -> Result<Ebpf> {
+    load_object_bytes(dir, flow_table_size, crate::EBPF_OBJECT)
+}
+
+/// [`load_object`] for another build of the object with the same maps (benchmarks
+/// compare two builds on one attachment's state).
+pub fn load_object_bytes(dir: &Path, flow_table_size: u32, object: &[u8]) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(map_names::KEYED_BUCKETS, flow_table_size);
     let paths: Vec<(&str, PathBuf)> = map_names::ALL.iter().map(|n| (*n, dir.join(n))).collect();
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());
     }
-    loader.load(crate::EBPF_OBJECT).map_err(|e| {
+    loader.load(object).map_err(|e| {
         runtime(format!(
             "cannot load the eBPF object: {}",
             one_line(&e.to_string())

@@ -22,7 +22,8 @@ mod pins;
 
 pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
 pub use loader::{
-    attach_fresh, detach, forget, load_object, load_program, reattach, upgrade, Upgraded,
+    attach_fresh, detach, forget, load_object, load_object_bytes, load_program, reattach, upgrade,
+    Upgraded,
 };
 pub use names::decode_name;
 pub(crate) use names::encode_name;

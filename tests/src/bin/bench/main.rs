@@ -37,16 +37,22 @@ struct Options {
     only: Option<String>,
     json: Option<PathBuf>,
     report: Option<PathBuf>,
+    /// `--compare`: builds of the eBPF object to time against the first, paired.
+    compare: Vec<PathBuf>,
 }
 
 fn options() -> Result<Options> {
+    options_from(std::env::args().skip(1))
+}
+
+fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
     let mut options = Options {
         quick: false,
         only: None,
         json: None,
         report: None,
+        compare: Vec::new(),
     };
-    let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
@@ -59,12 +65,19 @@ fn options() -> Result<Options> {
                 }
                 options.only = Some(section);
             }
+            "--compare" => {
+                let objects = args.next().context("--compare needs OBJECT,OBJECT")?;
+                options.compare = objects.split(',').map(Into::into).collect();
+                if options.compare.len() < 2 {
+                    bail!("--compare {objects}: name two or more builds of the eBPF object, comma-separated");
+                }
+            }
             "--json" => options.json = Some(args.next().context("--json needs a file")?.into()),
             "--report" => {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global, --compare OBJECT,OBJECT, --json FILE, --report FILE)")
             }
         }
     }
@@ -158,6 +171,10 @@ fn main() -> Result<()> {
             bail!("broken: {}", broken.join("; "));
         }
         return Ok(());
+    }
+    if !options.compare.is_empty() {
+        let lab = Lab::new()?;
+        return compare_objects(&lab, &options.compare);
     }
     if options.only.as_deref() == Some("forwarding") {
         // The forwarding rows alone, at the run's effort (5 rounds in the full run).
@@ -332,15 +349,90 @@ fn udp_class(name: String, dport: u16, scope: Scope) -> ClassSpec {
 fn time_runs(program: &SchedClassifier, frame: &[u8], effort: &Effort) -> Result<Vec<f64>> {
     let mut samples = Vec::new();
     for _ in 0..effort.runs {
-        let result = program.test_run(TestRunOptions {
-            data_in: Some(frame),
-            repeat: effort.repeat,
-            ..TestRunOptions::default()
-        })?;
-        samples.push(result.duration.as_nanos() as f64);
+        samples.push(test_run_ns(program, frame, effort.repeat)?);
     }
     samples.sort_by(f64::total_cmp);
     Ok(samples)
+}
+
+/// One test run of `repeat` passes: the kernel's mean time per pass.
+fn test_run_ns(program: &SchedClassifier, frame: &[u8], repeat: u32) -> Result<f64> {
+    let result = program.test_run(TestRunOptions {
+        data_in: Some(frame),
+        repeat,
+        ..TestRunOptions::default()
+    })?;
+    Ok(result.duration.as_nanos() as f64)
+}
+
+/// Alternating runs per object in `--compare`.
+const COMPARE_RUNS: usize = 20;
+const COMPARE_REPEAT: u32 = 200_000;
+
+/// `--compare A,B,…`: the per-packet cases that decide a packet-path change, timed for
+/// each build of the object on the same attachments, the builds taking turns run by
+/// run. A VM's speed drifts by tens of per cent between minutes (the same object read
+/// 42–63 ns in three quick runs), so builds are compared by the median of their paired
+/// ratios to the first, never by runs made apart.
+fn compare_objects(lab: &Lab, objects: &[PathBuf]) -> Result<()> {
+    let flow_scoped = bench_attachment(lab, "bench0", 1024)?;
+    classes::add(&flow_scoped, &udp_class("one".into(), 5000, Scope::Flow))?;
+    let class_wide = bench_attachment(lab, "bench1", 1024)?;
+    classes::add(&class_wide, &udp_class("wide".into(), 5000, Scope::Class))?;
+    let attachments = [&flow_scoped, &class_wide];
+    // (case, attachment, program, frame)
+    let cases = [
+        (CASE_FLOOR, 0, program_names::FLOOR, udp_frame(5000, 40000)),
+        (CASE_D, 0, program_names::SHAPER, udp_frame(6000, 40000)),
+        (CASE_FLAT, 1, program_names::SHAPER, udp_frame(5000, 40000)),
+        (CASE_A, 0, program_names::SHAPER, udp_frame(5000, 40000)),
+    ];
+    let mut builds = Vec::new();
+    for path in objects {
+        let bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
+        let mut loaded = Vec::new();
+        for attachment in attachments {
+            let mut ebpf = state::load_object_bytes(attachment.dir(), 1024, &bytes)
+                .with_context(|| format!("{}", path.display()))?;
+            state::load_program(&mut ebpf, program_names::FLOOR)?;
+            state::load_program(&mut ebpf, program_names::SHAPER)?;
+            loaded.push(ebpf);
+        }
+        builds.push(loaded);
+    }
+    // samples[build][case][run]
+    let mut samples = vec![vec![Vec::with_capacity(COMPARE_RUNS); cases.len()]; builds.len()];
+    for _ in 0..COMPARE_RUNS {
+        for (build, loaded) in builds.iter().enumerate() {
+            for (case, (_, attachment, name, frame)) in cases.iter().enumerate() {
+                let program = program(&loaded[*attachment], name)?;
+                samples[build][case].push(test_run_ns(program, frame, COMPARE_REPEAT)?);
+            }
+        }
+    }
+    println!(
+        "== paired test runs ({COMPARE_RUNS} turns of {COMPARE_REPEAT}); ns median, × the first build (median of paired ratios)"
+    );
+    for (build, path) in objects.iter().enumerate() {
+        println!("{}", path.display());
+        for (case, (label, ..)) in cases.iter().enumerate() {
+            let runs = &samples[build][case];
+            let mut ratios: Vec<f64> = runs
+                .iter()
+                .zip(&samples[0][case])
+                .map(|(run, first)| run / first)
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            let mut sorted = runs.clone();
+            sorted.sort_by(f64::total_cmp);
+            println!(
+                "  {label:44} {:>7.1} ns  × first {:.3}",
+                median(&sorted),
+                median(&ratios)
+            );
+        }
+    }
+    Ok(())
 }
 
 fn median(sorted: &[f64]) -> f64 {
@@ -1633,6 +1725,21 @@ mod tests {
         let error = check_targets(report, expected).expect_err("a broken report passed");
         let message = format!("{error:#}");
         assert!(message.contains(what), "{message}");
+    }
+
+    #[test]
+    fn compare_takes_two_builds_or_more() {
+        let args = |line: &str| line.split(' ').map(String::from).collect::<Vec<_>>();
+        let options = options_from(args("--compare old.o,new.o").into_iter()).unwrap();
+        assert_eq!(
+            options.compare,
+            vec![PathBuf::from("old.o"), PathBuf::from("new.o")]
+        );
+        let error = options_from(args("--compare new.o").into_iter())
+            .err()
+            .unwrap();
+        assert!(error.to_string().contains("two or more builds"), "{error}");
+        assert!(options_from(args("--compare").into_iter()).is_err());
     }
 
     #[test]
