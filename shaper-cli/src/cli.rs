@@ -270,7 +270,7 @@ pub struct CodelArgs {
     /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
     /// 1.5 frame times at low rates). A larger one keeps the class's bulk packets queued
     /// longer (sparse flows such as pings and DNS skip that queue), and on a long path it
-    /// makes a sender's window more often cut twice in a row.
+    /// makes back-to-back cuts of a sender's window more frequent.
     #[arg(long, value_name = "DURATION")]
     pub target: Option<String>,
     /// Shape: CoDel's interval, how long the delay may stay above target before drops

@@ -98,7 +98,7 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     if entered {
         warn!(
             ctx,
-            "class {}: queue above its CoDel target for an interval; CoDel entered its dropping state", judge_id
+            "class {}: queue above its CoDel target for an interval; entered CoDel's dropping state", judge_id
         );
     }
     if congested {

@@ -835,8 +835,9 @@ fn daemon_forwards_the_programs_log_records() -> Result<()> {
         Ok(http_get(&router, "/healthz").is_ok_and(|(s, _)| s == 200))
     })?;
     lab.udp(&Udp::at("20M", 2))?;
-    let expected =
-        format!("class {id}: queue above its CoDel target for an interval; CoDel entered its dropping state");
+    let expected = format!(
+        "class {id}: queue above its CoDel target for an interval; entered CoDel's dropping state"
+    );
     wait_for("the forwarded record", Duration::from_secs(5), || {
         Ok(daemon.log().contains(&expected))
     })?;

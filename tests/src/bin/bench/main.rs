@@ -1,7 +1,9 @@
 //! `cargo xtask bench`: shaper measured side by side with its peers in one run, on the
 //! namespace lab. Every figure is a ratio of two measurements taken in the same run.
 //!
-//! Usage: shaper-bench [--quick] [--only latency|per-packet|global] [--json FILE] [--report FILE]
+//! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global] [--json FILE]
+//! [--report FILE], or shaper-bench --compare OBJECT,OBJECT[,…] (builds of the eBPF object
+//! timed against the first, turn by turn).
 //! (`--only latency` runs the latency section alone, for a quick look; its report and
 //! JSON hold that section only and its targets are the only ones checked.)
 //! (plots go to `bench/` beside the report).
@@ -67,7 +69,11 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
             }
             "--compare" => {
                 let objects = args.next().context("--compare needs OBJECT,OBJECT")?;
-                options.compare = objects.split(',').map(Into::into).collect();
+                options.compare = objects
+                    .split(',')
+                    .filter(|path| !path.is_empty())
+                    .map(Into::into)
+                    .collect();
                 if options.compare.len() < 2 {
                     bail!("--compare {objects}: name two or more builds of the eBPF object, comma-separated");
                 }
@@ -80,6 +86,11 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                 bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global, --compare OBJECT,OBJECT, --json FILE, --report FILE)")
             }
         }
+    }
+    let other_options =
+        options.only.is_some() || options.json.is_some() || options.report.is_some();
+    if !options.compare.is_empty() && other_options {
+        bail!("--compare runs alone: it takes no --only, --json or --report");
     }
     Ok(options)
 }
@@ -365,9 +376,11 @@ fn test_run_ns(program: &SchedClassifier, frame: &[u8], repeat: u32) -> Result<f
     Ok(result.duration.as_nanos() as f64)
 }
 
-/// Alternating runs per object in `--compare`.
-const COMPARE_RUNS: usize = 20;
+/// Turns of `--compare` (odd: the median is a turn's figure).
+const COMPARE_TURNS: usize = 21;
 const COMPARE_REPEAT: u32 = 200_000;
+/// Flow table entries of `--compare`'s attachments (one flow uses it).
+const COMPARE_FLOW_TABLE: u32 = 1024;
 
 /// `--compare A,B,…`: the per-packet cases that decide a packet-path change, timed for
 /// each build of the object on the same attachments, the builds taking turns run by
@@ -375,9 +388,9 @@ const COMPARE_REPEAT: u32 = 200_000;
 /// 42–63 ns in three quick runs), so builds are compared by the median of their paired
 /// ratios to the first, never by runs made apart.
 fn compare_objects(lab: &Lab, objects: &[PathBuf]) -> Result<()> {
-    let flow_scoped = bench_attachment(lab, "bench0", 1024)?;
+    let flow_scoped = bench_attachment(lab, "bench0", COMPARE_FLOW_TABLE)?;
     classes::add(&flow_scoped, &udp_class("one".into(), 5000, Scope::Flow))?;
-    let class_wide = bench_attachment(lab, "bench1", 1024)?;
+    let class_wide = bench_attachment(lab, "bench1", COMPARE_FLOW_TABLE)?;
     classes::add(&class_wide, &udp_class("wide".into(), 5000, Scope::Class))?;
     let attachments = [&flow_scoped, &class_wide];
     // (case, attachment, program, frame)
@@ -392,7 +405,7 @@ fn compare_objects(lab: &Lab, objects: &[PathBuf]) -> Result<()> {
         let bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
         let mut loaded = Vec::new();
         for attachment in attachments {
-            let mut ebpf = state::load_object_bytes(attachment.dir(), 1024, &bytes)
+            let mut ebpf = state::load_object_bytes(attachment.dir(), COMPARE_FLOW_TABLE, &bytes)
                 .with_context(|| format!("{}", path.display()))?;
             state::load_program(&mut ebpf, program_names::FLOOR)?;
             state::load_program(&mut ebpf, program_names::SHAPER)?;
@@ -400,10 +413,16 @@ fn compare_objects(lab: &Lab, objects: &[PathBuf]) -> Result<()> {
         }
         builds.push(loaded);
     }
-    // samples[build][case][run]
-    let mut samples = vec![vec![Vec::with_capacity(COMPARE_RUNS); cases.len()]; builds.len()];
-    for _ in 0..COMPARE_RUNS {
-        for (build, loaded) in builds.iter().enumerate() {
+    // samples[build][case][turn]
+    let mut samples = vec![vec![Vec::with_capacity(COMPARE_TURNS); cases.len()]; builds.len()];
+    for turn in 0..COMPARE_TURNS {
+        // Every other turn in reverse, so no build always runs first.
+        let mut order: Vec<usize> = (0..builds.len()).collect();
+        if turn % 2 == 1 {
+            order.reverse();
+        }
+        for build in order {
+            let loaded = &builds[build];
             for (case, (_, attachment, name, frame)) in cases.iter().enumerate() {
                 let program = program(&loaded[*attachment], name)?;
                 samples[build][case].push(test_run_ns(program, frame, COMPARE_REPEAT)?);
@@ -411,10 +430,11 @@ fn compare_objects(lab: &Lab, objects: &[PathBuf]) -> Result<()> {
         }
     }
     println!(
-        "== paired test runs ({COMPARE_RUNS} turns of {COMPARE_REPEAT}); ns median, × the first build (median of paired ratios)"
+        "== paired test runs ({COMPARE_TURNS} turns of {COMPARE_REPEAT}); ns median, × the first build (median of paired ratios)"
     );
     for (build, path) in objects.iter().enumerate() {
         println!("{}", path.display());
+        print_program_sizes(&builds[build][0])?;
         for (case, (label, ..)) in cases.iter().enumerate() {
             let runs = &samples[build][case];
             let mut ratios: Vec<f64> = runs
@@ -1740,6 +1760,11 @@ mod tests {
             .unwrap();
         assert!(error.to_string().contains("two or more builds"), "{error}");
         assert!(options_from(args("--compare").into_iter()).is_err());
+        assert!(options_from(args("--compare new.o,").into_iter()).is_err());
+        let error = options_from(args("--compare old.o,new.o --json out.json").into_iter())
+            .err()
+            .unwrap();
+        assert!(error.to_string().contains("runs alone"), "{error}");
     }
 
     #[test]
