@@ -376,7 +376,7 @@ fn test_run_ns(program: &SchedClassifier, frame: &[u8], repeat: u32) -> Result<f
     Ok(result.duration.as_nanos() as f64)
 }
 
-/// Turns of `--compare` (odd: the median is a turn's figure).
+/// Turns of `--compare` (odd: the median is one turn's figure).
 const COMPARE_TURNS: usize = 21;
 const COMPARE_REPEAT: u32 = 200_000;
 /// Flow table entries of `--compare`'s attachments (one flow uses it).
@@ -437,18 +437,15 @@ fn compare_objects(lab: &Lab, objects: &[PathBuf]) -> Result<()> {
         print_program_sizes(&builds[build][0])?;
         for (case, (label, ..)) in cases.iter().enumerate() {
             let runs = &samples[build][case];
-            let mut ratios: Vec<f64> = runs
+            let ratios: Vec<f64> = runs
                 .iter()
                 .zip(&samples[0][case])
                 .map(|(run, first)| run / first)
                 .collect();
-            ratios.sort_by(f64::total_cmp);
-            let mut sorted = runs.clone();
-            sorted.sort_by(f64::total_cmp);
             println!(
                 "  {label:44} {:>7.1} ns  × first {:.3}",
-                median(&sorted),
-                median(&ratios)
+                shaper_tests::global::median(runs),
+                shaper_tests::global::median(&ratios)
             );
         }
     }
