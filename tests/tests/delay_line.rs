@@ -121,15 +121,18 @@ fn the_probe_reads_no_added_rtt_on_an_idle_40ms_path() {
 #[test]
 fn tcp_reports_the_base_rtt_plus_the_routers_queue() {
     let mut lab = Lab::with_delay(Duration::from_millis(20)).unwrap();
-    // The bottleneck at the router's r1, its queue at most 25 kB (10 ms at 20 Mbit/s) plus
+    // The bottleneck at the router's r1, its queue at most 50 kB (20 ms at 20 Mbit/s) plus
     // a 5 kB burst: the flows' smoothed RTT lies between the base RTT and the base RTT
-    // plus that queue (and some slack for delayed ACKs and scheduling).
+    // plus that queue (and some slack for delayed ACKs and scheduling). A Cubic flow backs
+    // off to 0.7 of its window, so the queue must hold about 0.3 / 0.7 of the path's 100 kB
+    // BDP to keep the link busy through it: with 25 kB two flows left it idle now and then
+    // and read 0.94-0.99 of the rate (0.941 failed CI); with 50 kB, 0.98-1.00.
     lab.router
         .run(
             "tc",
             &[
                 "qdisc", "add", "dev", "r1", "root", "tbf", "rate", "20mbit", "burst", "5000",
-                "limit", "25000",
+                "limit", "50000",
             ],
         )
         .unwrap();
@@ -158,9 +161,9 @@ fn tcp_reports_the_base_rtt_plus_the_routers_queue() {
         "{:?}",
         result.rtt_intervals
     );
-    assert!((40.0..=60.0).contains(&mean), "mean RTT {mean:.2} ms");
+    assert!((40.0..=70.0).contains(&mean), "mean RTT {mean:.2} ms");
     for &(end, rtt) in &result.rtt_intervals[1..] {
-        assert!((40.0..=60.0).contains(&rtt), "{rtt:.2} ms at {end:.0} s");
+        assert!((40.0..=70.0).contains(&rtt), "{rtt:.2} ms at {end:.0} s");
     }
     // Payload: a full-size segment carries 1448 of its 1514 bytes (19.1 of the 20 Mbit/s).
     assert_within(

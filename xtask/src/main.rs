@@ -217,6 +217,8 @@ fn test() -> Result<()> {
         "test",
         "--package",
         "shaper-tests",
+        // Every lab binary runs even when one fails, so a CI log shows all failures at once.
+        "--no-fail-fast",
         "--",
         "--test-threads=1",
     ])?;
