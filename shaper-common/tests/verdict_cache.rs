@@ -71,7 +71,7 @@ fn spread(tuples: impl Iterator<Item = [u64; 5]>) -> usize {
 }
 
 #[test]
-fn tuples_differing_in_one_field_spread_over_the_slots() {
+fn tuples_differing_in_ports_hosts_or_subnets_spread_over_the_slots() {
     // 1024 balls in 1024 bins fill about 1 - 1/e = 63 % of them when the hash is fair.
     let fair = (VERDICT_CACHE_SLOTS as f64 * 0.58) as usize;
     let server = v4_addr([198, 18, 2, 2]);

@@ -1,6 +1,6 @@
 //! A real redis-server for global classes: on a loopback port picked here, no persistence,
 //! stopped on drop (also when a test panics). `restart_empty` is the "Redis restarted and
-//! lost everything" case. With TLS ([`RedisServer::start_tls`]) it also listens for
+//! lost everything" case, with its ACL users made a moment later. With TLS ([`RedisServer::start_tls`]) it also listens for
 //! `rediss://` on a second loopback port, with a certificate from a private CA made here.
 
 use crate::process::{output_bounded, run_checked, wait_bounded};
@@ -271,14 +271,6 @@ impl RedisServer {
         )
     }
 
-    fn spawn_with_users(&mut self) -> Result<()> {
-        self.spawn()?;
-        for (user, password) in &self.users {
-            self.make_user(user, password)?;
-        }
-        Ok(())
-    }
-
     /// Kills the server (SIGKILL: no goodbye to the clients).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -287,10 +279,17 @@ impl RedisServer {
         }
     }
 
-    /// A new, empty server on the same port (a restart that lost every key and script).
-    pub fn restart_empty(&mut self) -> Result<()> {
+    /// A new, empty server on the same port (a restart that lost every key and script),
+    /// its ACL users made `users_after` later (as when a config manager, not an ACL file,
+    /// makes them): clients that connect meanwhile are refused their login.
+    pub fn restart_empty(&mut self, users_after: Duration) -> Result<()> {
         self.kill();
-        self.spawn_with_users()
+        self.spawn()?;
+        thread::sleep(users_after);
+        for (user, password) in &self.users {
+            self.make_user(user, password)?;
+        }
+        Ok(())
     }
 
     /// One command through redis-cli; its reply as text.

@@ -31,6 +31,11 @@ pub fn load_object(dir: &Path, flow_table_size: u32) -> Result<Ebpf> {
 /// [`load_object`] for another build of the object with the same maps (benchmarks
 /// compare two builds on one attachment's state).
 pub fn load_object_bytes(dir: &Path, flow_table_size: u32, object: &[u8]) -> Result<Ebpf> {
+    if object.is_empty() {
+        return Err(runtime(
+            "this shaper was built without its eBPF object (AYA_BUILD_SKIP): build it again without that variable",
+        ));
+    }
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(map_names::KEYED_BUCKETS, flow_table_size);
     let paths: Vec<(&str, PathBuf)> = map_names::ALL.iter().map(|n| (*n, dir.join(n))).collect();
