@@ -166,7 +166,7 @@ pub fn describe_counters(counters: &Value) -> String {
             format!(
                 "{} ({} ms): {} frames in, {} out, {} dropped (socket {}, queue full {}, \
                  oversize {}, send errors {}), max queue {}, sent vs due: mean {:+.0} µs, \
-                 {:.0} µs late to {:.0} µs early at most",
+                 {:.0} µs late to {:.0} µs early at most, {} frames over 1 ms late ({} over 5 ms)",
                 d["name"].as_str().unwrap_or("?"),
                 d["delay_ms"],
                 d["received"],
@@ -188,6 +188,8 @@ pub fn describe_counters(counters: &Value) -> String {
                 d["error_mean_us"].as_f64().unwrap_or(f64::NAN),
                 d["late_max_us"].as_f64().unwrap_or(f64::NAN),
                 d["early_max_us"].as_f64().unwrap_or(f64::NAN),
+                d["late_over_1ms"],
+                d["late_over_5ms"],
             )
         })
         .collect::<Vec<_>>()

@@ -76,7 +76,7 @@ fn run(task: Task) -> Result<()> {
         }
         Task::Dist => {
             setup::setup()?;
-            dist::dist().map(|_| ())
+            dist::dist(dist::Profile::Release).map(|_| ())
         }
     }
 }
@@ -222,15 +222,17 @@ fn test() -> Result<()> {
         "--exclude",
         "shaper-ebpf",
     ])?;
-    // The bench's own checks of its report (no root, no lab).
-    cargo(&[&["test"][..], BENCH_BINARY].concat())?;
     std::env::set_var("SHAPER_BIN", shaper_binary());
-    // The package tests install what `dist` built.
-    std::env::set_var("SHAPER_DEB", dist::dist()?);
+    // The package tests install what `dist` built, from the debug build just made.
+    std::env::set_var("SHAPER_DEB", dist::dist(dist::Profile::Dev)?);
     cargo(&[
         "test",
         "--package",
         "shaper-tests",
+        // With the bench's own checks of its report (no root, no lab), and built once
+        // with the features the bench's quick run below needs.
+        "--features",
+        "bench",
         // Every lab binary runs even when one fails, so a CI log shows all failures at once.
         "--no-fail-fast",
         "--",

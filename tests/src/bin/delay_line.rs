@@ -308,6 +308,10 @@ struct Counters {
     error_sum_ns: AtomicU64,
     late_max_ns: AtomicU64,
     early_max_ns: AtomicU64,
+    /// Frames that left more than 1 ms / 5 ms after their due time (a thread held off
+    /// its CPU: how often the lab itself adds jitter).
+    late_over_1ms: AtomicU64,
+    late_over_5ms: AtomicU64,
 }
 
 /// One direction: frames received on `from`, due at receive time + `delay`, sent on `to`.
@@ -384,8 +388,14 @@ impl Direction {
             let sent_at = now_ns();
             c.error_sum_ns
                 .fetch_add(sent_at.wrapping_sub(due), Ordering::Relaxed);
-            c.late_max_ns
-                .fetch_max(sent_at.saturating_sub(due), Ordering::Relaxed);
+            let late = sent_at.saturating_sub(due);
+            c.late_max_ns.fetch_max(late, Ordering::Relaxed);
+            if late > 1_000_000 {
+                c.late_over_1ms.fetch_add(1, Ordering::Relaxed);
+            }
+            if late > 5_000_000 {
+                c.late_over_5ms.fetch_add(1, Ordering::Relaxed);
+            }
             c.early_max_ns
                 .fetch_max(due.saturating_sub(sent_at), Ordering::Relaxed);
             match to.send(&frame) {
@@ -432,6 +442,8 @@ impl Direction {
             },
             "late_max_us": get(&c.late_max_ns) as f64 / 1e3,
             "early_max_us": get(&c.early_max_ns) as f64 / 1e3,
+            "late_over_1ms": get(&c.late_over_1ms),
+            "late_over_5ms": get(&c.late_over_5ms),
         })
     }
 }

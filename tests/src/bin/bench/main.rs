@@ -101,9 +101,14 @@ struct Effort {
     runs: usize,
     live_flows: u32,
     classes: u16,
+    /// Classes the control-plane section applies (and the tree's children).
+    control_plane_classes: u16,
     traffic: TrafficEffort,
     latency: latency::LatencyEffort,
 }
+
+/// Classes the full run's control-plane section applies (its tree: 1 000 parents of 10).
+const FULL_CONTROL_PLANE_CLASSES: u16 = 10_000;
 
 /// How much a run does: `--quick` (CI) or the full run.
 fn effort(quick: bool) -> Effort {
@@ -113,6 +118,9 @@ fn effort(quick: bool) -> Effort {
             runs: 3,
             live_flows: 100_000,
             classes: 10_000,
+            // 10 000 take a minute of applying (shaper's batch, tc's, and their trees):
+            // the smoke test checks the figures exist with a tenth.
+            control_plane_classes: 1_000,
             traffic: TrafficEffort {
                 rounds: 1,
                 forward_seconds: 3,
@@ -137,6 +145,7 @@ fn effort(quick: bool) -> Effort {
             runs: 7,
             live_flows: 1_000_000,
             classes: 10_000,
+            control_plane_classes: FULL_CONTROL_PLANE_CLASSES,
             traffic: TrafficEffort {
                 rounds: 5,
                 forward_seconds: 5,
@@ -208,7 +217,10 @@ fn main() -> Result<()> {
     }
     println!("== memory (kernel map accounting)");
     let memory = memory(&lab)?;
-    println!("== control plane: 10 000 classes, and a rate change");
+    println!(
+        "== control plane: {} classes, and a rate change",
+        effort.control_plane_classes
+    );
     let control = control_plane(&lab, &effort)?;
     drop(lab);
     // A fresh lab for traffic: the per-packet attachments above hold large maps.
@@ -951,7 +963,7 @@ fn timed(mut command: Command) -> Result<f64> {
 }
 
 fn control_plane(lab: &Lab, effort: &Effort) -> Result<Value> {
-    let count = effort.classes as u32;
+    let count = effort.control_plane_classes as u32;
     // shaper: one batch file of `class add` lines.
     let router = &lab.router;
     router.run(
@@ -1345,7 +1357,7 @@ impl Expected {
                 .collect(),
             class_counts: class_levels(effort.classes),
             maps: map_names::ALL.to_vec(),
-            control_plane_classes: effort.classes,
+            control_plane_classes: effort.control_plane_classes,
             throughput: traffic::expected_throughput(&effort.traffic),
             accuracy: traffic::expected_accuracy(&effort.traffic),
             latency: latency::expected(&effort.latency),
@@ -1509,10 +1521,18 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
         }
     }
     let tree_ratio = f(&control["tree_apply_ratio_shaper_to_tc"]);
+    // The target is about scale (tc's u32 lists grow worse than linearly): a quick run's
+    // small tree reports its ratio without a verdict.
+    let verdict = if expected.control_plane_classes < FULL_CONTROL_PLANE_CLASSES {
+        "not judged below 1000 x 10"
+    } else if tree_ratio < 1.0 {
+        "meets"
+    } else {
+        "misses"
+    };
     println!(
-        "target: a {} x 10 tree applied faster than tc -batch: {} ({tree_ratio:.2})",
+        "target: a {} x 10 tree applied faster than tc -batch: {verdict} ({tree_ratio:.2})",
         control["tree_parents"],
-        if tree_ratio < 1.0 { "meets" } else { "misses" }
     );
     if !sane(&control["apply_ratio_shaper_to_tc"], f64::INFINITY) {
         broken.push(format!(
