@@ -6,7 +6,10 @@ mod setup;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 #[derive(Parser)]
 #[command(about = "shaper's project tasks")]
@@ -96,10 +99,7 @@ fn with_cargo_bin_on_path() {
     if let Ok(cargo_home) = home {
         let bin = cargo_home.join("bin");
         let path = std::env::var("PATH").unwrap_or_default();
-        if !path
-            .split(':')
-            .any(|p| bin.as_path() == std::path::Path::new(p))
-        {
+        if !path.split(':').any(|p| bin.as_path() == Path::new(p)) {
             std::env::set_var("PATH", format!("{}:{path}", bin.display()));
         }
     }
@@ -150,30 +150,50 @@ fn build_shaper() -> Result<()> {
 /// publishes docs/BENCHMARKS.md; the quick run (CI's smoke test) reuses the debug builds
 /// the tests just made and reports to target/, leaving the published report alone.
 fn bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
-    let root = workspace_root();
     let profile: &[&str] = if quick { &[] } else { &["--release"] };
     let build = [&["build", "--package", "shaper-cli"][..], profile].concat();
     cargo(&build)?;
-    let json = json.unwrap_or_else(|| root.join("target/bench.json"));
-    let (report, binary) = if quick {
-        (
-            root.join("target/BENCHMARKS-quick.md"),
-            root.join("target/debug/shaper"),
-        )
+    cargo(&[&["build"][..], profile, BENCH_BINARY].concat())?;
+    let dir = if quick {
+        "target/debug"
     } else {
-        (
-            root.join("docs/BENCHMARKS.md"),
-            root.join("target/release/shaper"),
-        )
+        "target/release"
     };
-    std::env::set_var("SHAPER_BIN", binary);
-    let (json, report) = (json.display().to_string(), report.display().to_string());
-    let mut args = [&["run"][..], profile, BENCH_BINARY, &["--"]].concat();
+    run_bench(&workspace_root().join(dir), quick, json)
+}
+
+/// Runs the bench driver found in `dir` (a build directory) against the shaper there.
+/// `cargo xtask test` calls it with the driver its lab-test build made (integration tests
+/// build the package's binaries), since `cargo run` would resolve the features without
+/// the tests' dev-dependencies and build shaper and its eBPF object once more (a minute).
+fn run_bench(dir: &Path, quick: bool, json: Option<PathBuf>) -> Result<()> {
+    let root = workspace_root();
+    let json = json.unwrap_or_else(|| root.join("target/bench.json"));
+    let report = if quick {
+        root.join("target/BENCHMARKS-quick.md")
+    } else {
+        root.join("docs/BENCHMARKS.md")
+    };
+    std::env::set_var("SHAPER_BIN", dir.join("shaper"));
+    let driver = dir.join("shaper-bench");
+    let mut command = Command::new(&driver);
     if quick {
-        args.push("--quick");
+        command.arg("--quick");
     }
-    args.extend(["--json", &json, "--report", &report]);
-    cargo(&args)
+    command
+        .arg("--json")
+        .arg(&json)
+        .arg("--report")
+        .arg(&report)
+        .current_dir(&root);
+    println!("[xtask] {command:?}");
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {}", driver.display()))?;
+    if !status.success() {
+        bail!("{} failed", driver.display());
+    }
+    Ok(())
 }
 
 /// Cargo's selection of the bench binary.
@@ -238,6 +258,6 @@ fn test() -> Result<()> {
         "--",
         "--test-threads=1",
     ])?;
-    // The bench's quick run, so it cannot rot.
-    bench(true, None)
+    // The bench's quick run, so it cannot rot, with the driver the lab-test build made.
+    run_bench(&workspace_root().join("target/debug"), true, None)
 }
