@@ -422,16 +422,10 @@ pub fn tcp_under_probe(
         steady_goodput_bps > 0.0,
         "no goodput interval after {from} s"
     );
-    let rtts: Vec<f64> = run
-        .rtt_intervals
-        .iter()
-        .filter(|(end, _)| *end > from)
-        .map(|(_, ms)| *ms)
-        .collect();
     Ok(LoadedRun {
         steady_goodput_bps,
         added: samples.added_rtt(steady_from, idle)?,
-        sender_rtt_ms: (!rtts.is_empty()).then(|| rtts.iter().sum::<f64>() / rtts.len() as f64),
+        sender_rtt_ms: run.steady_rtt_ms_from(from),
         sender_rtt_series: run.rtt_intervals.clone(),
         probe_series: series(&samples, idle),
     })

@@ -81,6 +81,18 @@ impl TcpResult {
         self.steady_bps_from(1.0)
     }
 
+    /// The sender's smoothed RTT (ms) averaged over the client intervals that end after
+    /// `from` seconds: the steady state, without slow start's overshoot.
+    pub fn steady_rtt_ms_from(&self, from: f64) -> Option<f64> {
+        let rtts: Vec<f64> = self
+            .rtt_intervals
+            .iter()
+            .filter(|(end, _)| *end > from)
+            .map(|(_, ms)| *ms)
+            .collect();
+        (!rtts.is_empty()).then(|| rtts.iter().sum::<f64>() / rtts.len() as f64)
+    }
+
     /// Goodput (bit/s) over the intervals (of at least half a second) that start at
     /// `from` seconds or later.
     pub fn steady_bps_from(&self, from: f64) -> f64 {
