@@ -1,7 +1,8 @@
 //! A real redis-server for global classes: on a loopback port picked here, no persistence,
 //! stopped on drop (also when a test panics). `restart_empty` is the "Redis restarted and
-//! lost everything" case, with its ACL users made a moment later. With TLS ([`RedisServer::start_tls`]) it also listens for
-//! `rediss://` on a second loopback port, with a certificate from a private CA made here.
+//! lost everything" case, with its ACL users made a moment later. With TLS
+//! ([`RedisServer::start_tls`]) it also listens for `rediss://` on a second loopback port,
+//! with a certificate from a private CA made here.
 
 use crate::process::{output_bounded, run_checked, wait_bounded};
 use anyhow::{bail, Context as _, Result};

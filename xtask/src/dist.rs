@@ -26,7 +26,7 @@ pub enum Profile {
 
 impl Profile {
     /// Cargo's name for it.
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Profile::Release => "release",
             Profile::Dev => "dev",
@@ -34,7 +34,7 @@ impl Profile {
     }
 
     /// Where cargo puts its binaries.
-    fn dir(self) -> &'static str {
+    pub fn dir(self) -> &'static str {
         match self {
             Profile::Release => "target/release",
             Profile::Dev => "target/debug",

@@ -139,7 +139,9 @@ fn cargo(args: &[&str]) -> Result<()> {
 }
 
 fn shaper_binary() -> PathBuf {
-    workspace_root().join("target/debug/shaper")
+    workspace_root()
+        .join(dist::Profile::Dev.dir())
+        .join("shaper")
 }
 
 fn build_shaper() -> Result<()> {
@@ -150,23 +152,26 @@ fn build_shaper() -> Result<()> {
 /// publishes docs/BENCHMARKS.md; the quick run (CI's smoke test) reuses the debug builds
 /// the tests just made and reports to target/, leaving the published report alone.
 fn bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
-    let profile: &[&str] = if quick { &[] } else { &["--release"] };
-    let build = [&["build", "--package", "shaper-cli"][..], profile].concat();
-    cargo(&build)?;
-    cargo(&[&["build"][..], profile, BENCH_BINARY].concat())?;
-    let dir = if quick {
-        "target/debug"
-    } else {
-        "target/release"
-    };
-    run_bench(&workspace_root().join(dir), quick, json)
+    let profile = ["--profile", bench_profile(quick).name()];
+    cargo(&[&["build"][..], &profile, &["--package", "shaper-cli"]].concat())?;
+    cargo(&[&["build"][..], &profile, BENCH_BINARY].concat())?;
+    run_bench(quick, json)
 }
 
-/// Runs the bench driver found in `dir` (a build directory) against the shaper there.
+/// The quick run uses the debug builds, the full run release builds.
+fn bench_profile(quick: bool) -> dist::Profile {
+    if quick {
+        dist::Profile::Dev
+    } else {
+        dist::Profile::Release
+    }
+}
+
+/// Runs the bench driver of its profile's build directory against the shaper there.
 /// `cargo xtask test` calls it with the driver its lab-test build made (integration tests
 /// build the package's binaries), since `cargo run` would resolve the features without
 /// the tests' dev-dependencies and build shaper and its eBPF object once more (a minute).
-fn run_bench(dir: &Path, quick: bool, json: Option<PathBuf>) -> Result<()> {
+fn run_bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
     let root = workspace_root();
     let json = json.unwrap_or_else(|| root.join("target/bench.json"));
     let report = if quick {
@@ -174,6 +179,7 @@ fn run_bench(dir: &Path, quick: bool, json: Option<PathBuf>) -> Result<()> {
     } else {
         root.join("docs/BENCHMARKS.md")
     };
+    let dir = root.join(bench_profile(quick).dir());
     std::env::set_var("SHAPER_BIN", dir.join("shaper"));
     let driver = dir.join("shaper-bench");
     let mut command = Command::new(&driver);
@@ -259,5 +265,5 @@ fn test() -> Result<()> {
         "--test-threads=1",
     ])?;
     // The bench's quick run, so it cannot rot, with the driver the lab-test build made.
-    run_bench(&workspace_root().join("target/debug"), true, None)
+    run_bench(true, None)
 }
