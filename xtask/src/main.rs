@@ -138,6 +138,9 @@ fn cargo(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The delay line's executable (tests/src/bin/delay_line.rs).
+const DELAY_LINE: &str = "shaper-delay-line";
+
 fn shaper_binary() -> PathBuf {
     workspace_root()
         .join(dist::Profile::Dev.dir())
@@ -154,7 +157,7 @@ fn build_shaper() -> Result<()> {
 fn bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
     let profile = ["--profile", bench_profile(quick).name()];
     cargo(&[&["build"][..], &profile, &["--package", "shaper-cli"]].concat())?;
-    cargo(&[&["build"][..], &profile, BENCH_BINARY].concat())?;
+    cargo(&[&["build"][..], &profile, BENCH_BINARIES].concat())?;
     run_bench(quick, json)
 }
 
@@ -181,6 +184,7 @@ fn run_bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
     };
     let dir = root.join(bench_profile(quick).dir());
     std::env::set_var("SHAPER_BIN", dir.join("shaper"));
+    std::env::set_var("SHAPER_DELAY_LINE_BIN", dir.join(DELAY_LINE));
     let driver = dir.join("shaper-bench");
     let mut command = Command::new(&driver);
     if quick {
@@ -202,14 +206,16 @@ fn run_bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// Cargo's selection of the bench binary.
-const BENCH_BINARY: &[&str] = &[
+/// Cargo's selection of the bench driver and the delay line its latency section runs.
+const BENCH_BINARIES: &[&str] = &[
     "--package",
     "shaper-tests",
     "--features",
     "bench",
     "--bin",
     "shaper-bench",
+    "--bin",
+    DELAY_LINE,
 ];
 
 fn man() -> Result<()> {
@@ -249,6 +255,15 @@ fn test() -> Result<()> {
         "shaper-ebpf",
     ])?;
     std::env::set_var("SHAPER_BIN", shaper_binary());
+    // The delay line the lab-test build makes (a package binary): unset, each lab binary
+    // with a delay line would build it itself, with other features, under the tests (20 s
+    // of compiling in CI, beside a measurement).
+    std::env::set_var(
+        "SHAPER_DELAY_LINE_BIN",
+        workspace_root()
+            .join(dist::Profile::Dev.dir())
+            .join(DELAY_LINE),
+    );
     // The package tests install what `dist` built, from the debug build just made.
     std::env::set_var("SHAPER_DEB", dist::dist(dist::Profile::Dev)?);
     cargo(&[
