@@ -147,6 +147,17 @@ fn shaper_binary() -> PathBuf {
         .join("shaper")
 }
 
+/// Points the lab and the bench at the shaper and the delay line of `profile`'s build
+/// directory (unset, the lab would build the delay line itself, with other features,
+/// under the tests: 20 s of compiling in CI, beside a measurement); returns that
+/// directory.
+fn use_binaries_of(profile: dist::Profile) -> PathBuf {
+    let dir = workspace_root().join(profile.dir());
+    std::env::set_var("SHAPER_BIN", dir.join("shaper"));
+    std::env::set_var("SHAPER_DELAY_LINE_BIN", dir.join(DELAY_LINE));
+    dir
+}
+
 fn build_shaper() -> Result<()> {
     cargo(&["build", "--package", "shaper-cli"])
 }
@@ -182,9 +193,7 @@ fn run_bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
     } else {
         root.join("docs/BENCHMARKS.md")
     };
-    let dir = root.join(bench_profile(quick).dir());
-    std::env::set_var("SHAPER_BIN", dir.join("shaper"));
-    std::env::set_var("SHAPER_DELAY_LINE_BIN", dir.join(DELAY_LINE));
+    let dir = use_binaries_of(bench_profile(quick));
     let driver = dir.join("shaper-bench");
     let mut command = Command::new(&driver);
     if quick {
@@ -254,16 +263,8 @@ fn test() -> Result<()> {
         "--exclude",
         "shaper-ebpf",
     ])?;
-    std::env::set_var("SHAPER_BIN", shaper_binary());
-    // The delay line the lab-test build makes (a package binary): unset, each lab binary
-    // with a delay line would build it itself, with other features, under the tests (20 s
-    // of compiling in CI, beside a measurement).
-    std::env::set_var(
-        "SHAPER_DELAY_LINE_BIN",
-        workspace_root()
-            .join(dist::Profile::Dev.dir())
-            .join(DELAY_LINE),
-    );
+    // The delay line is a package binary: the lab-test build below makes it.
+    use_binaries_of(dist::Profile::Dev);
     // The package tests install what `dist` built, from the debug build just made.
     std::env::set_var("SHAPER_DEB", dist::dist(dist::Profile::Dev)?);
     cargo(&[
