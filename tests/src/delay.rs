@@ -15,6 +15,8 @@ use crate::{
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use std::{
+    collections::BTreeMap,
+    fmt,
     process::{Child, Command, Stdio},
     sync::{
         mpsc::{Receiver, RecvTimeoutError},
@@ -32,6 +34,151 @@ pub const DELAY_TO_SERVER: &str = "d1";
 const RT_PRIORITY: &str = "10";
 /// How long the delay line may take to bind its sockets, and to answer a signal.
 const ANSWER_LIMIT: Duration = Duration::from_secs(10);
+/// How late the delay line may send frames (the 99th percentile over a run, µs) for the
+/// run's figures to be believed: a frame held back is delay the path does not have.
+pub const LATENESS_P99_LIMIT_US: f64 = 1000.0;
+
+/// The delay line's lateness counts at one moment, per direction: a bin's upper edge (µs)
+/// and the frames that left that late (cumulative since the start).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LatenessReading {
+    directions: Vec<(String, BTreeMap<u64, u64>)>,
+    realtime: bool,
+}
+
+impl LatenessReading {
+    /// The reading in a `counters` event.
+    pub fn from_counters(counters: &Value) -> Self {
+        let directions: Vec<&Value> = counters["directions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .collect();
+        Self {
+            realtime: !directions.is_empty() && directions.iter().all(|d| d["realtime"] == true),
+            directions: directions
+                .iter()
+                .map(|d| {
+                    let bins = d["late_bins"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|bin| Some((bin[0].as_u64()?, bin[1].as_u64()?)))
+                        .collect();
+                    (d["name"].as_str().unwrap_or("?").to_string(), bins)
+                })
+                .collect(),
+        }
+    }
+
+    /// How late frames left between `earlier` and this reading.
+    pub fn since(&self, earlier: &LatenessReading) -> Timekeeping {
+        let directions = self
+            .directions
+            .iter()
+            .map(|(name, bins)| {
+                let before = earlier
+                    .directions
+                    .iter()
+                    .find(|(other, _)| other == name)
+                    .map(|(_, bins)| bins);
+                let run: BTreeMap<u64, u64> = bins
+                    .iter()
+                    .map(|(edge, count)| {
+                        let was = before.and_then(|b| b.get(edge)).copied().unwrap_or(0);
+                        (*edge, count.saturating_sub(was))
+                    })
+                    .filter(|(_, count)| *count > 0)
+                    .collect();
+                DirectionLateness::of(name, &run)
+            })
+            .collect();
+        Timekeeping {
+            directions,
+            realtime: self.realtime,
+        }
+    }
+}
+
+/// How late one direction's frames left over a run (percentiles are bin upper edges, µs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectionLateness {
+    pub name: String,
+    pub frames: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub worst_us: f64,
+}
+
+impl DirectionLateness {
+    fn of(name: &str, bins: &BTreeMap<u64, u64>) -> Self {
+        let frames = bins.values().sum();
+        let percentile = |p: f64| {
+            let rank = ((p / 100.0 * frames as f64).ceil() as u64).max(1);
+            let mut seen = 0;
+            for (edge, count) in bins {
+                seen += count;
+                if seen >= rank {
+                    return *edge as f64;
+                }
+            }
+            0.0
+        };
+        Self {
+            name: name.to_string(),
+            frames,
+            p50_us: percentile(50.0),
+            p99_us: percentile(99.0),
+            worst_us: bins.keys().next_back().map_or(0.0, |edge| *edge as f64),
+        }
+    }
+}
+
+/// How late the delay line sent frames over a run, per direction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timekeeping {
+    pub directions: Vec<DirectionLateness>,
+    /// Whether its threads ran SCHED_FIFO.
+    pub realtime: bool,
+}
+
+impl Timekeeping {
+    /// The highest p99 lateness of the directions (µs).
+    pub fn p99_us(&self) -> f64 {
+        self.directions.iter().map(|d| d.p99_us).fold(0.0, f64::max)
+    }
+
+    /// Whether the delay line kept time: p99 lateness within [`LATENESS_P99_LIMIT_US`]
+    /// in every direction.
+    pub fn kept_time(&self) -> bool {
+        self.p99_us() <= LATENESS_P99_LIMIT_US
+    }
+}
+
+impl fmt::Display for Timekeeping {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let directions: Vec<String> = self
+            .directions
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {} frames, late p50 {:.0} µs p99 {:.0} µs, worst under {:.0} µs",
+                    d.name, d.frames, d.p50_us, d.p99_us, d.worst_us
+                )
+            })
+            .collect();
+        write!(
+            f,
+            "delay line{}: {}",
+            if self.realtime {
+                ""
+            } else {
+                " (not SCHED_FIFO)"
+            },
+            directions.join("; ")
+        )
+    }
+}
 
 /// A running `shaper-delay-line` in a lab's delay namespace; stopped on drop, which prints
 /// its counters (frames forwarded and dropped, how late they left).
@@ -91,6 +238,11 @@ impl DelayLine {
         while self.lines().try_recv().is_ok() {}
         self.signal("USR1")?;
         self.wait_event("counters")
+    }
+
+    /// Its lateness counts now (see [`LatenessReading::since`]).
+    pub fn lateness(&mut self) -> Result<LatenessReading> {
+        Ok(LatenessReading::from_counters(&self.counters()?))
     }
 
     fn lines(&mut self) -> &Receiver<String> {
@@ -156,6 +308,55 @@ impl DelayLine {
     }
 }
 
+/// Runs through a lab's delay line in which it kept time, at most this many tries.
+pub const DELAY_LINE_TRIES: u32 = 3;
+
+impl crate::Lab {
+    /// Runs `run` and checks that the delay line kept time meanwhile (p99 lateness within
+    /// [`LATENESS_P99_LIMIT_US`], printed). A run in which it did not measured a path
+    /// with more delay than the lab's, so it does not count: it is made again, at most
+    /// [`DELAY_LINE_TRIES`] times in all, and then the lab is the error. Errors of `run`
+    /// itself are returned at once. A lab without a delay line runs `run` once.
+    pub fn through_delay_line<T>(
+        &mut self,
+        mut run: impl FnMut(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        if self.delay_line().is_none() {
+            return run(self);
+        }
+        let mut late = Vec::new();
+        for _ in 0..DELAY_LINE_TRIES {
+            let before = self.delay_line_reading()?;
+            let result = run(self)?;
+            let timekeeping = self.delay_line_reading()?.since(&before);
+            println!("{timekeeping}");
+            if timekeeping.kept_time() {
+                return Ok(result);
+            }
+            println!(
+                "the delay line did not keep time (p99 {:.0} µs > {LATENESS_P99_LIMIT_US} µs): \
+                 the run does not count",
+                timekeeping.p99_us()
+            );
+            late.push(timekeeping);
+        }
+        bail!(
+            "the delay line did not keep time in {DELAY_LINE_TRIES} runs (the machine is too \
+             busy for a delayed path): {}",
+            late.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        )
+    }
+
+    fn delay_line_reading(&mut self) -> Result<LatenessReading> {
+        self.delay_line()
+            .context("the lab has no delay line")?
+            .lateness()
+    }
+}
+
 /// One line per direction: what went through, what was lost, how late it left.
 pub fn describe_counters(counters: &Value) -> String {
     counters["directions"]
@@ -166,7 +367,8 @@ pub fn describe_counters(counters: &Value) -> String {
             format!(
                 "{} ({} ms): {} frames in, {} out, {} dropped (socket {}, queue full {}, \
                  oversize {}, send errors {}), max queue {}, sent vs due: mean {:+.0} µs, \
-                 {:.0} µs late to {:.0} µs early at most, {} frames over 1 ms late ({} over 5 ms)",
+                 late p50 {:.0} µs p99 {:.0} µs p99.9 {:.0} µs, {:.0} µs late to {:.0} µs early \
+                 at most, {} frames over 1 ms late ({} over 5 ms); receive lag p99 {:.0} µs",
                 d["name"].as_str().unwrap_or("?"),
                 d["delay_ms"],
                 d["received"],
@@ -186,10 +388,14 @@ pub fn describe_counters(counters: &Value) -> String {
                 d["send_errors"],
                 d["max_queue"],
                 d["error_mean_us"].as_f64().unwrap_or(f64::NAN),
+                d["late_p50_us"].as_f64().unwrap_or(f64::NAN),
+                d["late_p99_us"].as_f64().unwrap_or(f64::NAN),
+                d["late_p999_us"].as_f64().unwrap_or(f64::NAN),
                 d["late_max_us"].as_f64().unwrap_or(f64::NAN),
                 d["early_max_us"].as_f64().unwrap_or(f64::NAN),
                 d["late_over_1ms"],
                 d["late_over_5ms"],
+                d["receive_lag_p99_us"].as_f64().unwrap_or(f64::NAN),
             )
         })
         .collect::<Vec<_>>()
@@ -206,5 +412,53 @@ impl Drop for DelayLine {
             ),
             None => eprintln!("delay line in {}: no counters at exit", self.ns.name),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn counters(bins_ab: &[[u64; 2]], bins_ba: &[[u64; 2]]) -> Value {
+        json!({"event": "counters", "directions": [
+            {"name": "d0->d1", "late_bins": bins_ab, "realtime": true},
+            {"name": "d1->d0", "late_bins": bins_ba, "realtime": true},
+        ]})
+    }
+
+    #[test]
+    fn lateness_over_a_run_is_the_difference_of_two_readings() {
+        let before =
+            LatenessReading::from_counters(&counters(&[[10, 500], [3000, 40]], &[[10, 5]]));
+        // The run: 1000 frames in 10 µs, 9 in 20 µs, 1 in 1.51 ms one way; 100 in 10 µs
+        // and 2 in 3 ms the other (the 40 from before do not count).
+        let after = LatenessReading::from_counters(&counters(
+            &[[10, 1500], [20, 9], [1510, 1], [3000, 40]],
+            &[[10, 105], [3000, 2]],
+        ));
+        let run = after.since(&before);
+        assert!(run.realtime);
+        let ab = &run.directions[0];
+        assert_eq!(
+            (ab.frames, ab.p50_us, ab.p99_us, ab.worst_us),
+            (1010, 10.0, 20.0, 1510.0)
+        );
+        let ba = &run.directions[1];
+        assert_eq!((ba.frames, ba.p99_us, ba.worst_us), (102, 3000.0, 3000.0));
+        assert_eq!(run.p99_us(), 3000.0);
+        assert!(!run.kept_time());
+        // Nothing sent in a run: nothing late.
+        let idle = after.since(&after);
+        assert_eq!((idle.p99_us(), idle.directions[0].frames), (0.0, 0));
+        assert!(idle.kept_time());
+        // A delay line whose threads did not get SCHED_FIFO says so.
+        let mut plain = counters(&[], &[]);
+        plain["directions"][1]["realtime"] = json!(false);
+        assert!(
+            !LatenessReading::from_counters(&plain)
+                .since(&before)
+                .realtime
+        );
     }
 }

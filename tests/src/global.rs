@@ -15,7 +15,7 @@
 
 use crate::{
     cleanup::{remove_namespace, sweep_stale},
-    process::{output_bounded, shaper_bin, wait_bounded},
+    process::{output_bounded, shaper_bin, wait_bounded, wait_listening, Transport},
     redis::{free_port, RedisServer},
     topology::{new_lab_id, Netns},
 };
@@ -66,6 +66,9 @@ pub struct GlobalClass {
     pub limit: &'static str,
     pub action: &'static str,
     pub on_loss: &'static str,
+    /// `on_coordinator_loss` per host (host i takes entry i), where hosts differ; empty:
+    /// every host takes `on_loss`.
+    pub on_loss_by_host: &'static [&'static str],
     pub interval: &'static str,
     /// A pod namespace behind each host, whose traffic the host forwards.
     pub pods: bool,
@@ -82,6 +85,7 @@ impl Default for GlobalClass {
             limit: "30mbit",
             action: "drop",
             on_loss: "static",
+            on_loss_by_host: &[],
             interval: "250ms",
             pods: false,
             global: true,
@@ -273,9 +277,10 @@ impl GlobalLab {
     fn file_text(&self, index: usize) -> String {
         let class = &self.class;
         let global = if class.global {
+            let on_loss = class.on_loss_by_host.get(index).unwrap_or(&class.on_loss);
             format!(
-                "global = \"{}\"\non_coordinator_loss = \"{}\"\n",
-                self.key, class.on_loss
+                "global = \"{}\"\non_coordinator_loss = \"{on_loss}\"\n",
+                self.key
             )
         } else {
             String::new()
@@ -414,26 +419,26 @@ impl GlobalLab {
     /// Starts (or restarts at another rate) host `index`'s UDP sender toward the sink:
     /// iperf3 at `rate` for at most `seconds`, 1200-byte datagrams.
     pub fn send(&mut self, index: usize, rate: &str, seconds: u32) -> Result<()> {
-        self.stop_sender(index);
+        self.stop_sender(index)?;
         let port = 5400 + index as u16;
         // One server per host link, started once; iperf3 -s serves tests one after another.
         if !self.sink_server_running(port) {
-            let server = self
+            let mut server = self
                 .sink
                 .command("iperf3")
                 .args(["-s", "-p", &port.to_string(), "-B", &sink_addr(index)])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()?;
+            wait_listening(&self.sink, &mut server, Transport::Tcp, port)?;
             std::mem::forget(server); // killed with the sink namespace
-            thread::sleep(Duration::from_millis(300));
         }
         let sender = self.hosts[index]
             .command("iperf3")
             .args(["-u", "-c", &sink_addr(index), "-p", &port.to_string()])
             .args(["-b", rate, "-l", "1200", "-t", &seconds.to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()?;
         self.senders[index] = Some(sender);
         Ok(())
@@ -449,15 +454,41 @@ impl GlobalLab {
         .is_ok_and(|out| !out.stdout.is_empty())
     }
 
-    pub fn stop_sender(&mut self, index: usize) {
+    /// Stops host `index`'s sender; an error if it had already failed by itself.
+    pub fn stop_sender(&mut self, index: usize) -> Result<()> {
+        self.check_sender(index)?;
         if let Some(mut sender) = self.senders[index].take() {
             let _ = sender.kill();
             let _ = wait_bounded(&mut sender, Duration::from_secs(5));
         }
+        Ok(())
     }
 
-    /// Bytes each host link has delivered to the sink so far.
-    fn delivered(&self) -> Result<Vec<u64>> {
+    /// An error when host `index`'s sender exited by itself with a failure (it could not
+    /// reach the sink's server, say): its rates would read as the limiter's doing.
+    fn check_sender(&mut self, index: usize) -> Result<()> {
+        let Some(sender) = self.senders[index].as_mut() else {
+            return Ok(());
+        };
+        match sender.try_wait()? {
+            Some(status) if !status.success() => {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = sender.stderr.take() {
+                    use std::io::Read as _;
+                    let _ = pipe.read_to_string(&mut stderr);
+                }
+                self.senders[index] = None;
+                bail!(
+                    "host {index}'s iperf3 sender failed ({status}): {}",
+                    stderr.trim()
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Bytes each host link has delivered to the sink so far (as on the wire).
+    pub fn delivered(&self) -> Result<Vec<u64>> {
         let output = output_bounded(
             Command::new("ip").args(["-n", &self.sink.name, "-j", "-s", "link", "show"]),
             Duration::from_secs(5),
@@ -489,6 +520,9 @@ impl GlobalLab {
         let mut next = at + WINDOW;
         for window in 0..count {
             during(self, window)?;
+            for index in 0..self.senders.len() {
+                self.check_sender(index)?;
+            }
             let now = Instant::now();
             if next > now {
                 thread::sleep(next - now);
@@ -591,8 +625,9 @@ pub fn median(values: &[f64]) -> f64 {
 
 impl Drop for GlobalLab {
     fn drop(&mut self) {
-        for index in 0..self.senders.len() {
-            self.stop_sender(index);
+        for sender in self.senders.iter_mut().flatten() {
+            let _ = sender.kill();
+            let _ = wait_bounded(sender, Duration::from_secs(5));
         }
         self.daemons.clear();
         for ns in self

@@ -2,7 +2,7 @@
 //! and the client's JSON read into the results of [`crate::traffic`].
 
 use crate::{
-    process::{output_bounded, wait_bounded},
+    process::{output_bounded, wait_bounded, wait_listening, Transport},
     topology::Netns,
     traffic::{TcpResult, Udp, UdpResult},
 };
@@ -10,7 +10,6 @@ use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use std::{
     process::{Child, Stdio},
-    thread,
     time::{Duration, Instant},
 };
 
@@ -87,7 +86,7 @@ pub(crate) fn start_server_with(
         .stderr(Stdio::null())
         .spawn()
         .context("cannot start the iperf3 server")?;
-    match wait_listening(ns, port, &mut child) {
+    match wait_listening(ns, &mut child, Transport::Tcp, port) {
         Ok(()) => Ok(child),
         Err(error) => {
             let _ = child.kill();
@@ -95,21 +94,6 @@ pub(crate) fn start_server_with(
             Err(error)
         }
     }
-}
-
-fn wait_listening(ns: &Netns, port: u16, child: &mut Child) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait()? {
-            bail!("the iperf3 server on port {port} exited before listening ({status})");
-        }
-        let out = ns.run("ss", &["-Hltn", &format!("sport = :{port}")])?;
-        if !out.stdout.is_empty() {
-            return Ok(());
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    bail!("iperf3 server did not start listening on port {port}");
 }
 
 /// Runs the iperf3 client in `ns` against a server on `port`, killed at `deadline`; its
@@ -131,6 +115,13 @@ fn run_client(ns: &Netns, port: u16, args: &[String], deadline: Instant) -> Resu
     })?;
     if let Some(error) = json.get("error") {
         bail!("iperf3 failed: {error}");
+    }
+    if !output.status.success() {
+        bail!(
+            "iperf3 exited with {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
     }
     Ok(json)
 }

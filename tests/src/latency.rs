@@ -3,7 +3,9 @@
 //! idle one in steady state ([`AddedRtt`]). Percentiles are nearest-rank.
 
 use crate::{
-    process::{lines_of, output_bounded, wait_bounded},
+    process::{
+        lines_of, output_bounded, wait_bounded, wait_listening, wait_with_output_bounded, Transport,
+    },
     topology::Netns,
 };
 use anyhow::{bail, ensure, Context as _, Result};
@@ -181,6 +183,105 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// A probe that is no sparse flow: irtt sends isochronous UDP packets from a client to an
+/// irtt server, at [`QUEUE_PROBE_SHARE`] of a shape class's rate, 1.5 times the rate below
+/// which a flow counts as sparse (1/16 of the class's rate), so its packets wait in the
+/// class's bulk queue with the bulk flows' and read the delay CoDel lets that queue keep.
+/// The server listens on the lab's server address only, on a port the caller picks; both
+/// are killed on drop.
+pub struct QueueProbe {
+    server: Option<Child>,
+    client: Option<Child>,
+    started_unix_s: f64,
+    /// The probe's own payload rate (bit/s): part of what the class delivers.
+    pub payload_bps: f64,
+}
+
+/// The queue probe's rate as a share of the class rate: 1.5 × 1/16.
+pub const QUEUE_PROBE_SHARE: f64 = 1.5 / 16.0;
+/// The queue probe's packet length (irtt's UDP payload, bytes).
+const QUEUE_PROBE_LENGTH: u32 = 1000;
+
+impl QueueProbe {
+    /// Probes the bulk queue of a shape class at `class_bps` from `client` to `server`'s
+    /// `address` on `port`, for `duration`.
+    pub fn start(
+        client: &Netns,
+        server: &Netns,
+        address: &str,
+        port: u16,
+        class_bps: f64,
+        duration: Duration,
+    ) -> Result<Self> {
+        let payload_bps = class_bps * QUEUE_PROBE_SHARE;
+        let interval_us = (f64::from(QUEUE_PROBE_LENGTH) * 8.0 / payload_bps * 1e6).round();
+        let bind = format!("{address}:{port}");
+        // No minimum interval, no length limit; the test's duration bounds each run.
+        let server_child = server
+            .command("irtt")
+            .args(["server", "-b", &bind, "-i", "0", "-l", "0"])
+            .args(["-d", &format!("{}s", duration.as_secs() + 30)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start irtt (Debian package irtt; `cargo xtask setup` installs it)")?;
+        let mut probe = Self {
+            server: Some(server_child),
+            client: None,
+            started_unix_s: unix_now(),
+            payload_bps: f64::from(QUEUE_PROBE_LENGTH) * 8.0 / (interval_us / 1e6),
+        };
+        let server_child = probe.server.as_mut().expect("just started");
+        wait_listening(server, server_child, Transport::Udp, port)?;
+        probe.started_unix_s = unix_now();
+        let client_child = client
+            .command("irtt")
+            .args(["client", "-Q", "-o", "-"])
+            .args(["-i", &format!("{interval_us}us")])
+            .args(["-l", &QUEUE_PROBE_LENGTH.to_string()])
+            .args(["-d", &format!("{}ms", duration.as_millis())])
+            .arg("--wait=1s")
+            .arg(&bind)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("cannot start the irtt client")?;
+        probe.client = Some(client_child);
+        Ok(probe)
+    }
+
+    /// Waits for the client's end (its duration and a second more) and returns what it
+    /// saw: each answered packet's RTT by its reply time, the lost ones by send time.
+    pub fn finish(mut self) -> Result<ProbeSamples> {
+        let client = self.client.take().context("the queue probe was stopped")?;
+        let output = wait_with_output_bounded(client, Duration::from_secs(120))?;
+        ensure!(
+            output.status.success(),
+            "irtt client failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        let json: serde_json::Value =
+            serde_json::from_slice(&output.stdout).context("irtt's JSON output does not parse")?;
+        ProbeSamples::from_irtt(self.started_unix_s, &json)
+    }
+}
+
+impl Drop for QueueProbe {
+    fn drop(&mut self) {
+        for child in [self.client.take(), self.server.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = wait_bounded(&mut child, Duration::from_secs(5));
+        }
+    }
+}
+
 /// What a [`LatencyProbe`] saw.
 #[derive(Debug, Clone, Default)]
 pub struct ProbeSamples {
@@ -234,6 +335,36 @@ impl ProbeSamples {
             samples,
             lost,
         }
+    }
+
+    /// The samples in irtt's JSON output (`round_trips`: each with `lost`, the client's
+    /// send and receive wall-clock stamps and the RTT in ns), of a probe started at
+    /// `started_unix_s`.
+    pub fn from_irtt(started_unix_s: f64, json: &serde_json::Value) -> Result<Self> {
+        let trips = json["round_trips"]
+            .as_array()
+            .context("irtt's output has no round_trips")?;
+        let (mut samples, mut lost) = (Vec::new(), Vec::new());
+        for trip in trips {
+            let client = &trip["timestamps"]["client"];
+            let send_s = client["send"]["wall"].as_f64().unwrap_or(0.0) / 1e9;
+            if trip["lost"] == "false" {
+                let rtt_ms = trip["delay"]["rtt"]
+                    .as_f64()
+                    .context("an answered irtt packet without an RTT")?
+                    / 1e6;
+                let reply_s = client["receive"]["wall"].as_f64().unwrap_or(0.0) / 1e9;
+                samples.push((reply_s, rtt_ms));
+            } else {
+                lost.push(send_s);
+            }
+        }
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(Self {
+            started_unix_s,
+            samples,
+            lost,
+        })
     }
 
     /// The RTT added over `idle_rtt_ms` by probes from `after` the probe's start on.
@@ -392,7 +523,13 @@ mod tests {
 pub struct LoadedRun {
     /// Goodput (bit/s) over the server's intervals ending after the steady-state start.
     pub steady_goodput_bps: f64,
+    /// What the sparse ping probe saw.
     pub added: AddedRtt,
+    /// What the queue probe ([`QueueProbe`]) saw, when it ran.
+    pub queue: Option<AddedRtt>,
+    /// The queue probe's payload rate (bit/s; 0 when it did not run): the class carries
+    /// it beside the bulk flows.
+    pub queue_probe_bps: f64,
     /// The sender's mean smoothed RTT (ms) over the steady state; None for UDP.
     pub sender_rtt_ms: Option<f64>,
     /// The sender's smoothed RTT per interval: (end s, ms), for plots.
@@ -403,31 +540,56 @@ pub struct LoadedRun {
 
 /// Probes per second beside the bulk traffic.
 pub const PROBE_HZ: f64 = 20.0;
+/// The queue probe's irtt server port in the server namespace.
+const QUEUE_PROBE_PORT: u16 = 5250;
 
 /// Runs `tcp` from the client to the server while a [`PROBE_HZ`] ping from the client to
-/// the server runs beside it; figures over the seconds from `steady_from` on.
+/// the server runs beside it, and, with `queue_probe` (the shape class's rate, bit/s), a
+/// [`QueueProbe`] too; figures over the seconds from `steady_from` on. Through a delay
+/// line, only a run in which it kept time counts ([`crate::Lab::through_delay_line`]).
 pub fn tcp_under_probe(
     lab: &mut crate::Lab,
     tcp: &crate::traffic::Tcp,
     steady_from: Duration,
+    queue_probe: Option<f64>,
 ) -> Result<LoadedRun> {
-    let idle = idle_rtt_ms(&lab.client, crate::topology::SERVER_V4)?;
-    let probe = LatencyProbe::start(&lab.client, crate::topology::SERVER_V4, PROBE_HZ)?;
-    let run = lab.tcp_run(tcp);
-    let samples = probe.finish()?;
-    let run = run?;
-    let from = steady_from.as_secs_f64();
-    let steady_goodput_bps = run.steady_bps_from(from);
-    ensure!(
-        steady_goodput_bps > 0.0,
-        "no goodput interval after {from} s"
-    );
-    Ok(LoadedRun {
-        steady_goodput_bps,
-        added: samples.added_rtt(steady_from, idle)?,
-        sender_rtt_ms: run.steady_rtt_ms_from(from),
-        sender_rtt_series: run.rtt_intervals.clone(),
-        probe_series: series(&samples, idle),
+    lab.through_delay_line(|lab| {
+        let idle = idle_rtt_ms(&lab.client, crate::topology::SERVER_V4)?;
+        let probe = LatencyProbe::start(&lab.client, crate::topology::SERVER_V4, PROBE_HZ)?;
+        let queue_probe = queue_probe
+            .map(|class_bps| {
+                QueueProbe::start(
+                    &lab.client,
+                    &lab.server,
+                    crate::topology::SERVER_V4,
+                    QUEUE_PROBE_PORT,
+                    class_bps,
+                    Duration::from_secs(u64::from(tcp.seconds) + 2),
+                )
+            })
+            .transpose()?;
+        let queue_probe_bps = queue_probe.as_ref().map_or(0.0, |q| q.payload_bps);
+        let run = lab.tcp_run(tcp);
+        let samples = probe.finish()?;
+        let queue_samples = queue_probe.map(QueueProbe::finish).transpose()?;
+        let run = run?;
+        let from = steady_from.as_secs_f64();
+        let steady_goodput_bps = run.steady_bps_from(from);
+        ensure!(
+            steady_goodput_bps > 0.0,
+            "no goodput interval after {from} s"
+        );
+        Ok(LoadedRun {
+            steady_goodput_bps,
+            added: samples.added_rtt(steady_from, idle)?,
+            queue: queue_samples
+                .map(|q| q.added_rtt(steady_from, idle))
+                .transpose()?,
+            queue_probe_bps,
+            sender_rtt_ms: run.steady_rtt_ms_from(from),
+            sender_rtt_series: run.rtt_intervals.clone(),
+            probe_series: series(&samples, idle),
+        })
     })
 }
 
@@ -438,13 +600,15 @@ pub fn udp_under_probe(
     udp: &crate::traffic::Udp,
     steady_from: Duration,
 ) -> Result<(f64, AddedRtt)> {
-    let idle = idle_rtt_ms(&lab.client, crate::topology::SERVER_V4)?;
-    let probe = LatencyProbe::start(&lab.client, crate::topology::SERVER_V4, PROBE_HZ)?;
-    let run = lab.udp(udp);
-    let samples = probe.finish()?;
-    let run = run?;
-    let delivered = run.l2_bps_between(steady_from.as_secs_f64(), udp.seconds as f64);
-    Ok((delivered, samples.added_rtt(steady_from, idle)?))
+    lab.through_delay_line(|lab| {
+        let idle = idle_rtt_ms(&lab.client, crate::topology::SERVER_V4)?;
+        let probe = LatencyProbe::start(&lab.client, crate::topology::SERVER_V4, PROBE_HZ)?;
+        let run = lab.udp(udp);
+        let samples = probe.finish()?;
+        let run = run?;
+        let delivered = run.l2_bps_between(steady_from.as_secs_f64(), udp.seconds as f64);
+        Ok((delivered, samples.added_rtt(steady_from, idle)?))
+    })
 }
 
 fn series(samples: &ProbeSamples, idle_ms: f64) -> Vec<(f64, f64)> {

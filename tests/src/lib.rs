@@ -44,7 +44,10 @@ pub use cli::{counter, man_page_names, shaper, stderr, stdout, CLASS_COMMANDS, C
 pub use cni::{
     cni_record_path, CniLeftovers, CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES,
 };
-pub use delay::{describe_counters, DelayLine, DELAY_TO_ROUTER, DELAY_TO_SERVER};
+pub use delay::{
+    describe_counters, DelayLine, LatenessReading, Timekeeping, DELAY_LINE_TRIES, DELAY_TO_ROUTER,
+    DELAY_TO_SERVER, LATENESS_P99_LIMIT_US,
+};
 pub use global::{median, GlobalClass, GlobalLab};
 pub use iperf::{parse_iperf_rate, IPERF_GRACE};
 pub use latency::{

@@ -233,6 +233,42 @@ impl BoundedCommand for Command {
     }
 }
 
+/// The transport a server listens on, for [`wait_listening`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Udp,
+}
+
+/// Waits (at most 5 s) until `child`, a server started in `ns`, has a socket listening on
+/// `port`: a readiness check, not a sleep. Fails at once when the child exits first.
+pub fn wait_listening(
+    ns: &crate::topology::Netns,
+    child: &mut Child,
+    transport: Transport,
+    port: u16,
+) -> Result<()> {
+    let flags = match transport {
+        Transport::Tcp => "-Hltn",
+        Transport::Udp => "-Hlun",
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            bail!("the server for port {port} exited before listening ({status})");
+        }
+        let out = ns.run("ss", &[flags, &format!("sport = :{port}")])?;
+        if !out.stdout.is_empty() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    bail!(
+        "no server listening on {transport:?} port {port} in {} after 5 s",
+        ns.name
+    );
+}
+
 /// A child's output lines, read on a thread of their own so a caller can wait on them with
 /// a timeout; the channel closes when the output does.
 pub fn lines_of(output: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {

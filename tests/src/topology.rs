@@ -94,7 +94,7 @@ impl Netns {
     /// Turns off the offloads that make super-frames: TSO/GSO (the sender segments before
     /// the wire), GRO (the receiver does not merge), and TX checksumming, or frames would
     /// cross the delay line with checksums left for a NIC that is not there.
-    fn offloads_off(&self, dev: &str) -> Result<()> {
+    pub fn offloads_off(&self, dev: &str) -> Result<()> {
         self.run(
             "ethtool",
             &[

@@ -7,8 +7,9 @@
 use serde_json::Value;
 use shaper_tests::{
     assert_goodput_fraction, assert_within, counter, stderr, Capture, Lab, Udp, CLIENT_DEV,
-    ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,
+    ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV, UDP_V4_OVERHEAD,
 };
+use std::{thread, time::Duration};
 
 #[test]
 fn dscp_remarks_over_rate_packets_ipv4_and_ipv6() {
@@ -92,40 +93,75 @@ fn dscp_remarks_over_rate_packets_ipv4_and_ipv6() {
     }
 }
 
+/// ECT(0) UDP through an `ecn` class: never marked while the bucket is at most half
+/// drained (at 0.8 of the rate, no CE at all); offered at twice the rate, the packets that
+/// pass before the first CE are those that arrive while the burst's first half drains
+/// (within 20 %: marking at 15/16 of the burst would pass almost twice as many); then CE
+/// on what passes, and over the rate drops. Not ECN-capable: never marked, policed.
 #[test]
 fn ecn_marks_capable_packets_and_drops_the_rest() {
-    // ECT(0) UDP: CE-marked once the bucket is half drained; over the rate it is dropped.
     let mut lab = Lab::with_router_class(
         ROUTER_TO_SERVER,
         &["--rate", "5mbit", "--proto", "udp", "--action", "ecn"],
     )
     .unwrap();
+    let ect = |rate| Udp {
+        tos: Some(2),
+        ..Udp::at(rate, 3)
+    };
+    // Below the rate: the bucket never drains past half.
     let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
-    let ect = lab
-        .udp(&Udp {
-            tos: Some(2),
-            ..Udp::at("10M", 3)
-        })
-        .unwrap();
-    let ce = capture.count("udp and ip[1] & 3 = 3").unwrap();
-    let bad = capture
-        .lines("udp")
-        .unwrap()
-        .iter()
-        .filter(|l| l.contains("bad cksum"))
-        .count();
-    let stats = lab.router.stats_row("c").unwrap();
+    let below = lab.udp(&ect("4M")).unwrap();
+    let (all, ce) = (
+        capture.count("udp").unwrap(),
+        capture.count("udp and ip[1] & 3 = 3").unwrap(),
+    );
     println!(
-        "ecn, ECT(0) UDP at 10M through 5mbit: {:.3} Mbit/s, {ce} CE packets captured, stats marked {} dropped {}",
-        ect.total_l2_bps() / 1e6,
-        counter(&stats, "marked_packets"),
-        counter(&stats, "dropped_packets")
+        "ecn, ECT(0) UDP at 4M through 5mbit: {:.3} Mbit/s, {ce} of {all} packets CE",
+        below.total_l2_bps() / 1e6
+    );
+    assert!(all > 500, "only {all} packets captured");
+    assert_eq!(ce, 0, "CE before the bucket was half drained");
+    drop(capture);
+    // A second's rest refills the bucket, then twice the rate.
+    thread::sleep(Duration::from_secs(1));
+    let before = lab.router.stats_row("c").unwrap();
+    let mut capture = Capture::start(&lab.server, SERVER_DEV, "udp").unwrap();
+    let over = lab.udp(&ect("10M")).unwrap();
+    let lines = capture.lines("udp").unwrap();
+    let ce = lines.iter().filter(|line| line.contains(",CE")).count();
+    let unmarked_first = lines
+        .iter()
+        .position(|line| line.contains(",CE"))
+        .expect("some packet got CE");
+    let bad = lines.iter().filter(|l| l.contains("bad cksum")).count();
+    let stats = lab.router.stats_row("c").unwrap();
+    let marked = counter(&stats, "marked_packets") - counter(&before, "marked_packets");
+    // Packets that arrive while half the burst drains at (offered − rate).
+    let frame = 1400.0 + UDP_V4_OVERHEAD as f64;
+    let offered = 10e6 * frame / 1400.0;
+    let half_burst = counter(&stats, "burst_bytes") as f64 / 2.0;
+    let expected_first = half_burst * offered / (offered - 5e6) / frame;
+    println!(
+        "ecn, ECT(0) UDP at 10M through 5mbit: {:.3} Mbit/s, {ce} CE packets captured ({} \
+         passed before the first, {expected_first:.0} expected), stats marked {marked}",
+        over.total_l2_bps() / 1e6,
+        unmarked_first,
     );
     assert_eq!(bad, 0, "IPv4 header checksums must be fixed");
-    assert!(ce > 100 && ce as u64 == counter(&stats, "marked_packets"));
+    assert_eq!(ce as u64, marked, "every marked packet arrives CE");
+    assert!(
+        (unmarked_first as f64 - expected_first).abs() <= 0.2 * expected_first,
+        "{unmarked_first} packets passed before the first CE, {expected_first:.0} expected"
+    );
+    assert!(
+        ce >= lines.len() - unmarked_first - 5,
+        "after the first CE nearly every packet that passes is marked: {ce} of {}",
+        lines.len() - unmarked_first
+    );
     assert_within(
         "ECT UDP through an ecn class",
-        ect.total_l2_bps(),
+        over.total_l2_bps(),
         5e6,
         0.03,
     );

@@ -765,6 +765,28 @@ fn codel_knobs_round_trip_and_change_in_place() -> Result<()> {
         (Some("3ms"), Some("50ms"))
     );
     let id = row["id"].clone();
+    let class_id = id.as_u64().context("the row has an id")? as u32;
+    // What the program reads (the class's map), not only what `class list` says.
+    let in_map = |target_ms: u64, interval_ms: u64, ecn: bool| -> Result<()> {
+        let attachment = shaper::state::Attachment::open(&shaper::state::Location {
+            netns: Some(router.name.clone()),
+            dev: "r1".into(),
+            direction: shaper::state::Direction::Egress,
+        })?;
+        let codel = attachment.classes()?.get(&class_id, 0)?.codel;
+        let expected = shaper_common::codel::CodelConfig::new(
+            target_ms * 1_000_000,
+            interval_ms * 1_000_000,
+            10_000_000,
+        )
+        .with_ecn(ecn);
+        anyhow::ensure!(
+            codel == expected,
+            "CoDel in the program's map {codel:?}, expected {expected:?}"
+        );
+        Ok(())
+    };
+    in_map(3, 50, false)?;
     // 50 ms at 10 Mbit/s on the sparse and on the bulk leaf.
     assert_eq!(row["ecn"], false);
     assert_eq!(leaf_limits(&router, "r1"), vec![62_500, 62_500]);
@@ -789,6 +811,7 @@ fn codel_knobs_round_trip_and_change_in_place() -> Result<()> {
     );
     // Now 4 × target (80 ms) is the cap: 100 000 bytes.
     assert_eq!(leaf_limits(&router, "r1"), vec![100_000, 100_000]);
+    in_map(20, 50, false)?;
 
     // And from the command line.
     router.shaper(&[
@@ -806,6 +829,7 @@ fn codel_knobs_round_trip_and_change_in_place() -> Result<()> {
     assert_eq!(row["interval"].as_str(), Some("200ms"));
     assert_eq!(row["ecn"], true);
     assert_eq!(leaf_limits(&router, "r1"), vec![250_000, 250_000]);
+    in_map(20, 200, true)?;
     Ok(())
 }
 

@@ -2,7 +2,8 @@
 //! ping gives the configured base RTT (±0.5 ms) at 20, 40 and 80 ms; 100 Mbit/s of UDP
 //! crosses it without loss or reordering; the latency probe reads no added RTT on an idle
 //! path; TCP's smoothed RTT (iperf3) sees the base RTT plus the bottleneck's queue at the
-//! router's `r1`, which stays where classes go.
+//! router's `r1`, which stays where classes go. Every run counts only if the delay line
+//! kept time through it (p99 lateness within 1 ms: [`Lab::through_delay_line`]).
 
 use shaper_tests::{
     assert_within, describe_counters, idle_rtt_ms, Lab, LatencyProbe, Tcp, Udp, SERVER_V4,
@@ -34,7 +35,9 @@ fn idle_ping_gives_the_base_rtt(base_rtt_ms: u64) {
     assert_eq!(lab.base_rtt(), Duration::from_millis(base_rtt_ms));
     let expected = base_rtt_ms as f64;
     for (family, target) in [("IPv4", SERVER_V4), ("IPv6", SERVER_V6)] {
-        let median = idle_rtt_ms(&lab.client, target).unwrap();
+        let median = lab
+            .through_delay_line(|lab| idle_rtt_ms(&lab.client, target))
+            .unwrap();
         println!(
             "{family} idle ping through a {base_rtt_ms} ms delay line: median {median:.3} ms \
              (error {:+.3} ms)",
@@ -77,7 +80,7 @@ fn udp_at_100mbit_crosses_a_40ms_delay_line_without_loss_or_reordering() {
         window: Some("1M"),
         ..Udp::at("100M", 5)
     };
-    let result = lab.udp(&options).unwrap();
+    let result = lab.through_delay_line(|lab| lab.udp(&options)).unwrap();
     // The server's steady-state L2 rate, back to payload (what iperf3's -b counts).
     let length = f64::from(options.length);
     let payload_bps = result.total_l2_bps() * length / (length + UDP_V4_OVERHEAD as f64);
@@ -99,12 +102,17 @@ fn udp_at_100mbit_crosses_a_40ms_delay_line_without_loss_or_reordering() {
 
 #[test]
 fn the_probe_reads_no_added_rtt_on_an_idle_40ms_path() {
-    let lab = Lab::with_delay(Duration::from_millis(20)).unwrap();
-    let idle = idle_rtt_ms(&lab.client, SERVER_V4).unwrap();
-    let probe = LatencyProbe::start(&lab.client, SERVER_V4, 50.0).unwrap();
-    // 5 s, so a slow start of ping on a busy machine still leaves well over 120 replies.
-    thread::sleep(Duration::from_secs(5));
-    let samples = probe.finish().unwrap();
+    let mut lab = Lab::with_delay(Duration::from_millis(20)).unwrap();
+    let (idle, samples) = lab
+        .through_delay_line(|lab| {
+            let idle = idle_rtt_ms(&lab.client, SERVER_V4)?;
+            let probe = LatencyProbe::start(&lab.client, SERVER_V4, 50.0)?;
+            // 5 s, so a slow start of ping on a busy machine still leaves well over 120
+            // replies.
+            thread::sleep(Duration::from_secs(5));
+            Ok((idle, probe.finish()?))
+        })
+        .unwrap();
     // The first second stands for a run's warm-up, as in the tests that load the path.
     let added = samples.added_rtt(Duration::from_secs(1), idle).unwrap();
     println!(
@@ -139,9 +147,11 @@ fn tcp_reports_the_base_rtt_plus_the_routers_queue() {
         )
         .unwrap();
     let result = lab
-        .tcp_run(&Tcp {
-            flows: 2,
-            ..Tcp::for_seconds(10)
+        .through_delay_line(|lab| {
+            lab.tcp_run(&Tcp {
+                flows: 2,
+                ..Tcp::for_seconds(10)
+            })
         })
         .unwrap();
     let mean = result

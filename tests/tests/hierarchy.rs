@@ -159,6 +159,26 @@ fn a_child_alone_borrows_the_parents_rate_and_busy_children_share_it() {
             rate / 1e6
         );
     }
+    // A ceiling below the parent's rate binds: A alone borrows up to 6, not the 10 its
+    // parent could give.
+    router
+        .shaper(&[
+            "class",
+            "change",
+            "a",
+            "--dev",
+            ROUTER_TO_SERVER,
+            "--ceil",
+            "6mbit",
+        ])
+        .unwrap();
+    let capped = lab.udp(&at_20mbit(PORT_A)).unwrap();
+    assert_within(
+        "A alone at 20M (rate 3, ceil 6, parent 10)",
+        capped.total_l2_bps(),
+        6e6,
+        0.03,
+    );
     // htb side by side on the same lab: the same split, class by class, within 5 %.
     router.shaper(&["detach", ROUTER_TO_SERVER]).unwrap();
     htb_tree(&router);
@@ -229,10 +249,14 @@ fn a_parent_holds_a_sender_that_changes_its_source_port_on_every_datagram() {
     assert_within("churn under a 10 Mbit/s parent", held, 10e6, 0.03);
 }
 
-/// Each flow's bucket holds it to its rate plus its burst over any window. The burst is
-/// set small: with the default (128 KiB at 4 Mbit/s) a flow the parent held back in the
-/// first second keeps its burst unspent and may spend it in the measured window, 0.2 of
-/// its 4 Mbit/s over 5 s, as a token bucket should. 16 KiB adds at most 0.03 Mbit/s.
+/// Each flow's bucket holds it to its rate plus its burst over any window, and the parent
+/// holds their sum. The burst is set small: with the default (128 KiB at 4 Mbit/s) a flow
+/// the parent held back in the first second keeps its burst unspent and may spend it in
+/// the measured window, 0.2 of its 4 Mbit/s over 5 s, as a token bucket should. 16 KiB
+/// adds at most 0.03 Mbit/s. Two runs, so that each limit is the one that binds in one:
+/// two flows at 6 Mbit/s (12 offered, 8 allowed by their buckets, under the parent's 10:
+/// without per-flow buckets each would get 5), then four (16 allowed by their buckets,
+/// 10 by the parent).
 #[test]
 fn per_flow_buckets_under_a_parent_hold_each_flow_and_the_sum() {
     let mut lab = Lab::new().unwrap();
@@ -251,21 +275,33 @@ fn per_flow_buckets_under_a_parent_hold_each_flow_and_the_sum() {
             ],
         )
         .unwrap();
-    let run = lab
-        .udp(&Udp {
-            streams: 4,
-            ..Udp::at("5M", 6)
-        })
-        .unwrap();
-    for (index, rate) in run.stream_l2_bps.iter().enumerate() {
-        println!("flow {index}: {:.3} Mbit/s", rate / 1e6);
-        assert!(
-            *rate <= 4e6 * 1.015,
-            "flow {index} got {:.3} Mbit/s, above its 4",
-            rate / 1e6
-        );
+    for streams in [2, 4] {
+        let run = lab
+            .udp(&Udp {
+                streams,
+                ..Udp::at("6M", 6)
+            })
+            .unwrap();
+        for (index, rate) in run.stream_l2_bps.iter().enumerate() {
+            println!(
+                "{streams} flows at 6M, flow {index}: {:.3} Mbit/s",
+                rate / 1e6
+            );
+            assert!(
+                *rate <= 4e6 * 1.03,
+                "{streams} flows: flow {index} got {:.3} Mbit/s, above its 4",
+                rate / 1e6
+            );
+        }
+        if streams == 2 {
+            // The flows' own buckets bind: each gets its rate, their sum is below the parent's.
+            for (index, rate) in run.stream_l2_bps.iter().enumerate() {
+                assert_within(&format!("flow {index} of 2 at 6M"), *rate, 4e6, 0.03);
+            }
+        } else {
+            assert_within("4 flows at 6M under 10", run.total_l2_bps(), 10e6, 0.03);
+        }
     }
-    assert_within("4 flows at 5M under 10", run.total_l2_bps(), 10e6, 0.03);
 }
 
 /// `--action shape` in a tree: the HTB tree mirrors the class tree (each class's inner

@@ -1,36 +1,46 @@
 //! Shaping without bufferbloat: one `--action shape` class on the router's egress toward
-//! the server, a bulk load from the client, and a 20 Hz ping probe in the same class.
-//! Each run is 30 s; figures are over the steady state from 10 s on. Targets (issue 10):
-//! goodput >= 0.93 of the rate (0.90 at 80 ms base RTT: met in about half the runs, so
-//! not asserted), probe's added RTT p50 <= 5 ms
-//! (6 ms at 40 ms base RTT) and p99 <= 15 ms; UDP at 10x the rate delivered within 1 %.
-//! The full matrix, and tbf/htb side by side, is in `cargo xtask bench`.
+//! the server, a bulk load from the client, and two probes from the client in the same
+//! class: a 20 Hz ping (a sparse flow: it skips the bulk queue, as a neighbour's DNS or
+//! SSH does) and, where named, a queue probe (irtt above the sparse threshold: it waits in
+//! the bulk queue with the bulk flows, so it reads the queue CoDel keeps). Each run is
+//! 30 s; figures are over the steady state from 10 s on. Asserted (issues 10 and 34):
+//! goodput >= 0.93 of the rate (the queue probe's delivered payload counted with the
+//! bulk flows': the class carries both), 0.85 at 80 ms base RTT with
+//! `--interval 200ms` (0.70 with the defaults there: an accepted limit, see the test); the
+//! bulk flows' own smoothed RTT <= base + 20 ms (µs lab), base + 25 ms (40 and 80 ms); the
+//! ping's added RTT p50 <= 5 ms (6 ms with a base RTT) and p99 <= 15 ms, at most 1 % of
+//! pings lost; the queue probe's added RTT p50 <= 15 ms and p99 <= 30 ms; UDP at 10x the
+//! rate delivered within 1 %. Through the delay line, a run counts
+//! only if the delay line kept time (p99 lateness within 1 ms). The full matrix, and
+//! tbf/htb side by side, is in `cargo xtask bench`.
 
 use shaper_tests::{
     assert_goodput_fraction,
-    latency::{tcp_under_probe, udp_under_probe, LoadedRun},
-    Lab, Tcp, Udp,
+    latency::{tcp_under_probe, udp_under_probe, AddedRtt, LoadedRun},
+    Lab, Tcp, Udp, CLIENT_DEV,
 };
 use std::time::Duration;
 
 const SECONDS: u32 = 30;
 const STEADY_FROM: Duration = Duration::from_secs(10);
+/// At most this share of the ping probes may go unanswered: it is a sparse flow, which
+/// neither CoDel nor the cap should ever drop.
+const PROBE_LOSS: f64 = 0.01;
 
-fn shape_class(lab: &Lab, rate: &str) {
-    lab.router
-        .class_add(
-            "bulk",
-            "r1",
-            &[
-                "--rate",
-                rate,
-                "--dst",
-                "198.18.2.2/32",
-                "--action",
-                "shape",
-            ],
-        )
-        .unwrap();
+fn shape_class(lab: &Lab, rate: &str, extra: &[&str]) {
+    let options = [
+        &[
+            "--rate",
+            rate,
+            "--dst",
+            "198.18.2.2/32",
+            "--action",
+            "shape",
+        ][..],
+        extra,
+    ]
+    .concat();
+    lab.router.class_add("bulk", "r1", &options).unwrap();
 }
 
 fn cubic(flows: u32) -> Tcp {
@@ -40,93 +50,221 @@ fn cubic(flows: u32) -> Tcp {
     }
 }
 
-/// `goodput`: the lower bound on goodput / rate; `None` asserts only the upper one
-/// (0.99: the class holds its rate).
-fn check(what: &str, run: &LoadedRun, rate_bps: f64, goodput: Option<f64>, p50: f64, p99: f64) {
-    println!(
-        "{what}: goodput {:.3} of the rate, probe added RTT p50 {:.2} ms p99 {:.2} ms \
-         ({} probes, {} lost), sender RTT {:?} ms",
-        run.steady_goodput_bps / rate_bps,
-        run.added.p50_ms,
-        run.added.p99_ms,
-        run.added.samples,
-        run.added.lost,
-        run.sender_rtt_ms
-    );
-    let fraction = run.steady_goodput_bps / rate_bps;
-    match goodput {
-        Some(lower) => assert_goodput_fraction(what, fraction, lower),
-        None => assert!(
-            fraction <= 0.99,
-            "{what}: goodput {fraction:.3} above the rate"
-        ),
-    }
-    assert!(
-        run.added.p50_ms <= p50,
-        "{what}: probe's added RTT p50 {:.2} ms > {p50} ms",
-        run.added.p50_ms
-    );
-    assert!(
-        run.added.p99_ms <= p99,
-        "{what}: probe's added RTT p99 {:.2} ms > {p99} ms",
-        run.added.p99_ms
-    );
-    assert!(run.added.samples >= 300, "{what}: too few probes answered");
+/// What one run must show.
+struct Targets {
+    /// Least goodput / rate (bulk flows and the queue probe's delivered payload).
+    goodput: f64,
+    /// Most the bulk flows' mean smoothed RTT may exceed the base RTT by (ms).
+    bulk_rtt_over_base_ms: f64,
+    /// The ping probe's added RTT p50 and p99 (ms).
+    ping: (f64, f64),
+    /// The queue probe's added RTT p50 and p99 (ms), when it runs.
+    queue: Option<(f64, f64)>,
 }
 
-/// A lab (with `one_way` delay each way, or the µs lab), one shape class at `rate` on the
-/// router, `flows` Cubic flows under the probe.
-fn run(one_way: Option<Duration>, rate: &str, flows: u32) -> LoadedRun {
+/// The queue probe's bounds (added RTT p50, p99; ms): its packets wait behind the bulk
+/// flows' in the queue CoDel keeps near its 5 ms target, with a Cubic sawtooth's peaks
+/// above it (measured p50 9.1-9.3 ms and p99 14-15 ms at 10 Mbit/s on the µs path; p50
+/// 6.0-6.3 ms and p99 17-20 ms at 20 Mbit/s over 40 ms). A queue of 100 ms fails both.
+const QUEUE_BOUNDS: (f64, f64) = (15.0, 30.0);
+
+fn check(what: &str, run: &LoadedRun, rate_bps: f64, base_rtt_ms: f64, targets: &Targets) {
+    let queue_delivered_bps = run.queue.map_or(0.0, |queue| {
+        run.queue_probe_bps * queue.samples as f64 / (queue.samples + queue.lost).max(1) as f64
+    });
+    let fraction = (run.steady_goodput_bps + queue_delivered_bps) / rate_bps;
+    let bulk_rtt = run.sender_rtt_ms.expect("iperf3 reported the sender's RTT");
+    println!(
+        "{what}: goodput {:.3} of the rate ({:.3} bulk + {:.3} queue probe), bulk flows' RTT \
+         {bulk_rtt:.1} ms (base {base_rtt_ms:.0} ms); ping {}; queue probe {}",
+        fraction,
+        run.steady_goodput_bps / rate_bps,
+        queue_delivered_bps / rate_bps,
+        run.added,
+        run.queue
+            .map_or_else(|| "not run".to_string(), |queue| queue.to_string()),
+    );
+    println!(
+        "{what}: the bulk flows' RTT per second: {}",
+        run.sender_rtt_series
+            .iter()
+            .map(|(end, ms)| format!("{end:.0}s {ms:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert_goodput_fraction(what, fraction, targets.goodput);
+    assert!(
+        bulk_rtt <= base_rtt_ms + targets.bulk_rtt_over_base_ms,
+        "{what}: the bulk flows' RTT {bulk_rtt:.1} ms > base {base_rtt_ms:.0} + {} ms",
+        targets.bulk_rtt_over_base_ms
+    );
+    assert_added_rtt(&format!("{what}, ping"), &run.added, targets.ping);
+    assert!(run.added.samples >= 300, "{what}: too few probes answered");
+    let lost = run.added.lost as f64 / (run.added.samples + run.added.lost) as f64;
+    assert!(
+        lost <= PROBE_LOSS,
+        "{what}: {:.1} % of the pings lost ({} of {})",
+        lost * 100.0,
+        run.added.lost,
+        run.added.samples + run.added.lost
+    );
+    match (targets.queue, run.queue) {
+        (Some(bounds), Some(queue)) => {
+            assert_added_rtt(&format!("{what}, queue probe"), &queue, bounds);
+            assert!(
+                queue.samples >= 1000,
+                "{what}: too few queue probes answered"
+            );
+        }
+        (None, None) => {}
+        (expected, ran) => panic!("{what}: queue probe expected {expected:?}, ran {ran:?}"),
+    }
+}
+
+fn assert_added_rtt(what: &str, added: &AddedRtt, (p50, p99): (f64, f64)) {
+    assert!(
+        added.p50_ms <= p50,
+        "{what}: added RTT p50 {:.2} ms > {p50} ms",
+        added.p50_ms
+    );
+    assert!(
+        added.p99_ms <= p99,
+        "{what}: added RTT p99 {:.2} ms > {p99} ms",
+        added.p99_ms
+    );
+}
+
+/// A lab (with `one_way` delay each way, or the µs lab), one shape class at `rate` (with
+/// `extra` options) on the router, `flows` Cubic flows under the probes (the queue probe
+/// when `targets` has its bounds), sent with TSO/GSO on at the client or not; checked
+/// against `targets`.
+fn run_and_check(
+    what: &str,
+    one_way: Option<Duration>,
+    rate: &str,
+    extra: &[&str],
+    (flows, sender_tso): (u32, bool),
+    targets: Targets,
+) {
     let mut lab = match one_way {
         Some(delay) => Lab::with_delay(delay),
         None => Lab::new(),
     }
     .unwrap();
+    if !sender_tso {
+        lab.client.offloads_off(CLIENT_DEV).unwrap();
+    }
     lab.router.attach("r1", &[]).unwrap();
-    shape_class(&lab, rate);
-    tcp_under_probe(&mut lab, &cubic(flows), STEADY_FROM).unwrap()
+    shape_class(&lab, rate, extra);
+    let rate_bps = shaper::units::parse_rate(rate).unwrap() as f64;
+    let queue_probe = targets.queue.map(|_| rate_bps);
+    let run = tcp_under_probe(&mut lab, &cubic(flows), STEADY_FROM, queue_probe).unwrap();
+    let base_rtt_ms = lab.base_rtt().as_secs_f64() * 1e3;
+    check(what, &run, rate_bps, base_rtt_ms, &targets);
 }
 
+/// One flow on the µs path, sent in wire-size segments (TSO/GSO off at the client): its
+/// window is its queue, which CoDel holds near 10 ms (9.1-10.0 ms in five runs, the queue
+/// probe's p99 14-15 ms). With TSO on, the program spares most condemned 64 KiB
+/// aggregates (one signal per k segments) and that queue read 16-27 ms, with seconds at
+/// 40-73 ms (issue 37's case, not asserted here).
 #[test]
-fn shape_at_10mbit_keeps_a_cubic_flows_neighbours_within_5ms() {
-    let run = run(None, "10mbit", 1);
-    check("10 Mbit/s, 1 cubic", &run, 10e6, Some(0.93), 5.0, 15.0);
-}
-
-#[test]
-fn shape_at_100mbit_with_four_cubic_flows_stays_within_5ms() {
-    let run = run(None, "100mbit", 4);
-    check("100 Mbit/s, 4 cubic", &run, 100e6, Some(0.93), 5.0, 15.0);
-}
-
-#[test]
-fn shape_at_20mbit_over_a_40ms_path_keeps_goodput_and_latency() {
-    let run = run(Some(Duration::from_millis(20)), "20mbit", 4);
-    check(
-        "40 ms RTT, 20 Mbit/s, 4 cubic",
-        &run,
-        20e6,
-        Some(0.93),
-        6.0,
-        15.0,
+fn shape_at_10mbit_keeps_a_cubic_flows_queue_and_neighbours_short() {
+    run_and_check(
+        "10 Mbit/s, 1 cubic",
+        None,
+        "10mbit",
+        &[],
+        (1, false),
+        Targets {
+            goodput: 0.93,
+            bulk_rtt_over_base_ms: 20.0,
+            ping: (5.0, 15.0),
+            queue: Some(QUEUE_BOUNDS),
+        },
     );
 }
 
 #[test]
+fn shape_at_100mbit_with_four_cubic_flows_stays_within_5ms() {
+    run_and_check(
+        "100 Mbit/s, 4 cubic",
+        None,
+        "100mbit",
+        &[],
+        (4, true),
+        Targets {
+            goodput: 0.93,
+            bulk_rtt_over_base_ms: 20.0,
+            ping: (5.0, 15.0),
+            queue: None,
+        },
+    );
+}
+
+#[test]
+fn shape_at_20mbit_over_a_40ms_path_keeps_goodput_and_latency() {
+    run_and_check(
+        "40 ms RTT, 20 Mbit/s, 4 cubic",
+        Some(Duration::from_millis(20)),
+        "20mbit",
+        &[],
+        (4, true),
+        Targets {
+            goodput: 0.93,
+            bulk_rtt_over_base_ms: 25.0,
+            ping: (6.0, 15.0),
+            queue: Some(QUEUE_BOUNDS),
+        },
+    );
+}
+
+/// One Cubic flow over 80 ms with CoDel's defaults (5 ms / 100 ms): issue 10's goodput
+/// target (0.90) is an accepted limit, met in most runs but not all: in a mode where CoDel
+/// cuts the window twice per epoch goodput reads 0.77-0.80 (4 of 10 runs here: 0.768,
+/// 0.787, 0.795, 0.796; the others 0.897-0.913). The floor asserted, 0.70, is below that
+/// mode and catches a collapse.
+#[test]
 fn shape_at_20mbit_over_an_80ms_path_keeps_its_neighbours_within_6ms() {
-    let run = run(Some(Duration::from_millis(40)), "20mbit", 1);
-    // Issue 10's goodput target here (0.90) is met in about half the runs (13 of 15 runs
-    // 0.896-0.928, 2 near 0.80 where CoDel cut the window twice per epoch, median 0.899;
-    // with `--interval 200ms` 0.912-0.932 in ten runs, 0.900 once in CI; see the README),
-    // so it is not asserted; the latency targets are.
-    check("80 ms RTT, 20 Mbit/s, 1 cubic", &run, 20e6, None, 6.0, 15.0);
+    run_and_check(
+        "80 ms RTT, 20 Mbit/s, 1 cubic",
+        Some(Duration::from_millis(40)),
+        "20mbit",
+        &[],
+        (1, true),
+        Targets {
+            goodput: 0.70,
+            bulk_rtt_over_base_ms: 25.0,
+            ping: (6.0, 15.0),
+            queue: None,
+        },
+    );
+}
+
+/// The README's setting for long paths: an interval of the path's RTT plus its drain
+/// time (0.912-0.932 in ten runs, 0.900 once in CI; asserted 0.85).
+#[test]
+fn shape_with_a_200ms_interval_over_an_80ms_path_keeps_goodput_and_latency() {
+    run_and_check(
+        "80 ms RTT, 20 Mbit/s, 1 cubic, --interval 200ms",
+        Some(Duration::from_millis(40)),
+        "20mbit",
+        &["--interval", "200ms"],
+        (1, true),
+        Targets {
+            goodput: 0.85,
+            bulk_rtt_over_base_ms: 25.0,
+            ping: (6.0, 15.0),
+            queue: None,
+        },
+    );
 }
 
 #[test]
 fn shape_holds_a_udp_flood_to_the_rate_and_its_neighbours_within_15ms() {
     let mut lab = Lab::new().unwrap();
     lab.router.attach("r1", &[]).unwrap();
-    shape_class(&lab, "10mbit");
+    shape_class(&lab, "10mbit", &[]);
     let (delivered, added) = udp_under_probe(
         &mut lab,
         &Udp {
@@ -137,16 +275,16 @@ fn shape_holds_a_udp_flood_to_the_rate_and_its_neighbours_within_15ms() {
     )
     .unwrap();
     println!(
-        "UDP 10x through shape: delivered {:.3} of the rate; probe added RTT p50 {:.2} p99 {:.2} ms",
+        "UDP 10x through shape: delivered {:.3} of the rate; ping {added}",
         delivered / 10e6,
-        added.p50_ms,
-        added.p99_ms
     );
     assert!(
         (delivered / 10e6 - 1.0).abs() <= 0.01,
         "delivered {delivered:.0} bit/s, not 10 Mbit/s within 1 %"
     );
     assert!(added.p99_ms <= 15.0, "probe p99 {:.2} ms", added.p99_ms);
+    let lost = added.lost as f64 / (added.samples + added.lost) as f64;
+    assert!(lost <= PROBE_LOSS, "{added}: pings lost");
     // CoDel and the cap dropped the excess in the program, not the bfifo's tail.
     let row = lab.router.stats_row("bulk").unwrap();
     assert!(shaper_tests::counter(&row, "dropped_packets") > 1000);

@@ -26,6 +26,8 @@ use std::collections::HashMap;
 mod differential;
 #[path = "test_run/global.rs"]
 mod global;
+#[path = "test_run/marks.rs"]
+mod marks;
 #[path = "test_run/tree.rs"]
 mod tree;
 
@@ -1646,9 +1648,47 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
     assert!(codel_drops > 10);
     let now = later + 2000 * 625_000;
 
-    // The HTB path: the class's own config again; a new flow (another source port) is
-    // sparse at first and goes to the sparse leaf, then to the bulk leaf.
+    // The HTB path with CoDel: the class's own config again (ECN on), its virtual queue
+    // starting beyond HTB's burst (HTB sends that much ahead of the rate). The same
+    // overload, every other packet ECN-capable, against the model with that burst: every
+    // verdict, CE mark and leaf is the model's.
     classes.set(id, htb_config, 0).unwrap();
+    model.config = htb_config;
+    model.burst_ticks = htb_config.shape_burst_ticks();
+    assert!(model.burst_ticks > 0, "HTB's burst is in the sojourn");
+    let later = now + 10_000_000_000;
+    let (mut passed, mut marks, mut codel_drops) = (0u32, 0u32, 0u32);
+    for index in 0..2000u64 {
+        let now = later + index * 625_000;
+        let ect = index % 2 == 1;
+        let expected = model.packet(now, 1000, ect);
+        let (verdict, _, leaf, marked) = send(now, ect);
+        assert_eq!(
+            (verdict, marked),
+            (expected.verdict, expected.marked),
+            "HTB path, packet {index} at {now}"
+        );
+        if verdict == PASS {
+            let wanted = if expected.sparse {
+                htb_config.sparse_priority
+            } else {
+                htb_config.action_arg
+            };
+            assert_eq!(leaf, wanted, "HTB path, packet {index}'s leaf");
+            passed += 1;
+        }
+        marks += marked as u32;
+        codel_drops += expected.condemned as u32;
+    }
+    println!("HTB + CoDel: passed {passed}, marked {marks}, CoDel drops {codel_drops}");
+    assert!(
+        marks > 10 && codel_drops > 10,
+        "CoDel acted on the HTB path"
+    );
+    let now = later + 2000 * 625_000;
+
+    // A new flow (another source port) is sparse at first and goes to the sparse leaf,
+    // then to the bulk leaf.
     let later = now + 10_000_000_000;
     let leaves: Vec<u32> = (0..8).map(|_| send_from(40_001, later, false).2).collect();
     assert_eq!(

@@ -22,6 +22,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("util-linux", "setpriv"),
     ("tcpdump", "tcpdump"),
     ("nftables", "nft"),
+    // The latency tests' queue probe: isochronous UDP above a shape class's sparse
+    // threshold, so it waits in the bulk queue.
+    ("irtt", "irtt"),
     // Offloads off on the delay line's veths (64 KiB super-frames do not fit a packet socket).
     ("ethtool", "/usr/sbin/ethtool"),
     // The reference CNI `bandwidth`, `bridge` and `host-local` plugins: the bench's and the

@@ -221,7 +221,7 @@ fn one_row(case: &LatencyCase, effort: &LatencyEffort) -> Result<LoadedRun> {
         congestion: case.congestion.into(),
         ..Tcp::for_seconds(effort.seconds)
     };
-    let run = tcp_under_probe(&mut lab, &tcp, effort.steady_from);
+    let run = tcp_under_probe(&mut lab, &tcp, effort.steady_from, None);
     if case.limiter != Limiter::Shape {
         lab.router
             .run("tc", &["qdisc", "del", "dev", DEV, "root"])?;
