@@ -216,11 +216,13 @@ pub(crate) fn run_checked(command: &mut Command) -> Result<Output> {
     Ok(output)
 }
 
-/// `output()` and `status()` of a [`Command`], bounded by [`COMMAND_LIMIT`]: a child that
+/// `output()` of a [`Command`], bounded by [`COMMAND_LIMIT`]: a child that
 /// hangs is killed and the call fails, instead of hanging the suite.
 pub trait BoundedCommand {
     fn output_within_limit(&mut self) -> Result<Output>;
-    fn status_within_limit(&mut self) -> Result<ExitStatus>;
+    /// [`BoundedCommand::output_within_limit`] that must also succeed: a non-zero exit is
+    /// an error naming the command, its status and its stderr.
+    fn succeed_within_limit(&mut self) -> Result<Output>;
 }
 
 impl BoundedCommand for Command {
@@ -228,8 +230,16 @@ impl BoundedCommand for Command {
         output_bounded(self, COMMAND_LIMIT)
     }
 
-    fn status_within_limit(&mut self) -> Result<ExitStatus> {
-        Ok(output_bounded(self, COMMAND_LIMIT)?.status)
+    fn succeed_within_limit(&mut self) -> Result<Output> {
+        let output = output_bounded(self, COMMAND_LIMIT)?;
+        if !output.status.success() {
+            bail!(
+                "{self:?} exited with {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(output)
     }
 }
 

@@ -4,12 +4,12 @@
 //! `bandwidth` plugin, side by side. The lab's router plays the host (plugins run with
 //! only its network namespace, as under a runtime) and its server the container.
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use serde_json::{json, Value};
 use shaper_tests::{
     assert_programs_unloaded, assert_within, shaper_bin, status_program_ids,
-    wait_with_output_bounded, BoundedCommand, CniLeftovers, Lab, Netns, Udp, CNI_IPAM_PREFIX,
-    COMMAND_LIMIT,
+    wait_with_output_bounded, BoundedCommand, Capture, CniLeftovers, Lab, Netns, Udp,
+    CNI_IPAM_PREFIX, COMMAND_LIMIT,
 };
 use std::{
     io::Write as _,
@@ -216,7 +216,7 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
         0.03,
     );
     // CHECK notices a change behind its back.
-    let changed = Command::new("nsenter")
+    Command::new("nsenter")
         .arg(format!("--net=/run/netns/{}", host.name))
         .arg(shaper_bin())
         .args([
@@ -228,8 +228,7 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
             "--rate",
             "1mbit",
         ])
-        .status_within_limit()?;
-    assert!(changed.success());
+        .succeed_within_limit()?;
     let (ok, error) = plugin(&shaper_cni, &host, &container, "eth1", "CHECK", &config)?;
     assert!(!ok, "CHECK passed a changed rate");
     assert_eq!(error["code"], 100, "{error}");
@@ -314,5 +313,94 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
         reference_in / 1e6,
         reference_out / 1e6
     );
+    Ok(())
+}
+
+/// `limits_config` with `ingressAction` set.
+fn limits_config_acting(prev_result: &Value, ingress_action: &str) -> Value {
+    let mut config = limits_config("shaper-cni", prev_result);
+    config["ingressAction"] = json!(ingress_action);
+    config
+}
+
+/// The root qdisc of the host veth `dev` (in the host namespace).
+fn root_qdisc(host: &Netns, dev: &str) -> Result<String> {
+    let output = host.run("tc", &["qdisc", "show", "dev", dev, "root"])?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+/// `ingressAction: "shape"` and `"ecn"` on the traffic toward the container (the host
+/// veth's egress): shape puts shaper's HTB on the veth and holds UDP at 5× to the rate;
+/// ecn marks ECN-capable UDP CE and holds it to the rate. Then the container's namespace
+/// is deleted before DEL (a runtime that cleaned up first): DEL still succeeds and leaves
+/// no pins and no record.
+#[test]
+fn shaper_cni_shapes_marks_and_deletes_after_the_container_is_gone() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let (host, container) = (lab.router.clone(), lab.server.clone());
+    let ipam_dir = std::env::temp_dir().join(format!("{CNI_IPAM_PREFIX}{}", std::process::id()));
+    let mut leftovers = CniLeftovers {
+        host_netns: Some(host.name.clone()),
+        container_id: container_id(),
+        ifname: "eth1".into(),
+        host_dev: None,
+        ipam_dir: Some(ipam_dir.clone()),
+    };
+    let bridge = Path::new(CNI_DIR).join("bridge");
+    let shaper_cni = shaper_bin().with_file_name("shaper-cni");
+    let result = checked(
+        plugin(&bridge, &host, &container, "eth1", "ADD", &bridge_config(&ipam_dir)),
+        "bridge ADD",
+    )?;
+    let (address, host_dev) = wiring(&result)?;
+    leftovers.host_dev = Some(host_dev.clone());
+    let record = shaper_tests::cni_record_path(&container_id(), "eth1");
+    let pins = PathBuf::from(format!("/sys/fs/bpf/shaper/host/{host_dev}"));
+
+    // Shape.
+    let shape = limits_config_acting(&result, "shape");
+    checked(plugin(&shaper_cni, &host, &container, "eth1", "ADD", &shape), "ADD shape")?;
+    checked(plugin(&shaper_cni, &host, &container, "eth1", "CHECK", &shape), "CHECK shape")?;
+    let root = root_qdisc(&host, &host_dev)?;
+    assert!(root.contains("htb 5348:"), "no shaper HTB on {host_dev}: {root}");
+    let shaped = measure_into(&mut lab, &address)?;
+    assert_within("shaper-cni ingressAction shape", shaped, INGRESS_BPS as f64, 0.03);
+    checked(plugin(&shaper_cni, &host, &container, "eth1", "DEL", &shape), "DEL shape")?;
+    let root = root_qdisc(&host, &host_dev)?;
+    assert!(!root.contains("htb"), "DEL left shaper's HTB: {root}");
+
+    // ECN.
+    let ecn = limits_config_acting(&result, "ecn");
+    checked(plugin(&shaper_cni, &host, &container, "eth1", "ADD", &ecn), "ADD ecn")?;
+    let mut capture = Capture::start(&container, "eth1", "udp")?;
+    let marked = lab
+        .udp_between(
+            &host,
+            &container,
+            &address,
+            &Udp {
+                tos: Some(2),
+                ..Udp::at("50M", 3)
+            },
+        )?
+        .total_l2_bps();
+    let ce = capture.count("udp and ip[1] & 3 = 3")?;
+    println!(
+        "shaper-cni: shape {:.3} Mbit/s; ecn {:.3} Mbit/s with {ce} CE packets",
+        shaped / 1e6,
+        marked / 1e6
+    );
+    assert_within("shaper-cni ingressAction ecn", marked, INGRESS_BPS as f64, 0.03);
+    assert!(ce > 100, "only {ce} CE packets reached the container");
+
+    // The container's namespace goes first; DEL then finds the host veth by its record.
+    ensure!(record.exists(), "ADD keeps a record");
+    host.run("ip", &["netns", "del", &container.name])?;
+    let (ok, error) = plugin(&shaper_cni, &host, &container, "eth1", "DEL", &ecn)?;
+    ensure!(ok, "DEL after the namespace was deleted failed: {error}");
+    ensure!(!pins.exists(), "DEL left pins in {}", pins.display());
+    ensure!(!record.exists(), "DEL left its record");
+    let (ok, error) = plugin(&shaper_cni, &host, &container, "eth1", "DEL", &ecn)?;
+    ensure!(ok, "a second DEL failed: {error}");
     Ok(())
 }

@@ -329,10 +329,12 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Sends signal `name` to the daemon, which must still be running to take it.
     fn signal(&self, name: &str) {
-        let _ = Command::new("kill")
+        Command::new("kill")
             .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status_within_limit();
+            .succeed_within_limit()
+            .expect("the daemon takes the signal");
     }
 
     /// SIGTERM and the exit status.

@@ -37,11 +37,11 @@ fn all_succeed_from_threads(range: std::ops::Range<u32>, command: impl Fn(u32) -
         let handles: Vec<_> = range
             .map(|i| {
                 let command = &command;
-                scope.spawn(move || command(i).status_within_limit().unwrap())
+                scope.spawn(move || command(i).succeed_within_limit().unwrap())
             })
             .collect();
         for handle in handles {
-            assert!(handle.join().unwrap().success());
+            handle.join().expect("a command thread panicked");
         }
     });
 }
@@ -195,19 +195,19 @@ fn detach_after_the_namespace_was_deleted_removes_the_pins() {
     let name = format!("{}-gone", lab.router.name);
     Command::new("ip")
         .args(["netns", "add", &name])
-        .status_within_limit()
+        .succeed_within_limit()
         .unwrap();
     Command::new("ip")
         .args([
             "-n", &name, "link", "add", "gone0", "type", "veth", "peer", "name", "gone1",
         ])
-        .status_within_limit()
+        .succeed_within_limit()
         .unwrap();
     let gone = Netns { name: name.clone() };
     gone.attach("gone0", &[]).unwrap();
     Command::new("ip")
         .args(["netns", "del", &name])
-        .status_within_limit()
+        .succeed_within_limit()
         .unwrap();
     let pins = std::path::Path::new("/sys/fs/bpf/shaper").join(format!("netns-{name}"));
     assert!(pins.exists());

@@ -7,8 +7,8 @@
 
 use shaper_tests::{
     assert_goodput_fraction, assert_programs_unloaded, assert_within, counter, loaded_program_ids,
-    status_program_ids, Lab, Udp, UdpResult, CLIENT_DEV, ROUTER_TO_CLIENT, ROUTER_TO_SERVER,
-    SERVER_DEV, SERVER_V4, SERVER_V6,
+    status_program_ids, Lab, Netns, Udp, UdpResult, CLIENT_DEV, ROUTER_TO_CLIENT,
+    ROUTER_TO_SERVER, SERVER_DEV, SERVER_V4, SERVER_V6,
 };
 use std::{path::Path, thread, time::Duration};
 
@@ -342,55 +342,173 @@ fn raising_a_drained_class_above_its_load_stops_the_drops_at_once() {
     );
 }
 
-/// Issue 11, item 2: a tun device carries bare IP packets (no Ethernet header). UDP at
-/// about 10 Mbit/s sent out of it through a 1 Mbit/s class is policed: the class admits its
-/// burst plus the rate, and drops the rest. Before, the parser read an "ethertype" out of
-/// the IPv4 source address, and the traffic passed unclassified.
-#[test]
-fn udp_out_of_a_tun_device_is_policed() {
-    use std::time::Instant;
-    let lab = Lab::new().unwrap();
-    let router = lab.router.clone();
+/// A tun device of the router's, `tun0`: 198.18.9.1/24 and fd00:9::1/64 (no DAD).
+fn tun_device(router: &Netns) {
     for args in [
         &["tuntap", "add", "dev", "tun0", "mode", "tun"][..],
         &["link", "set", "tun0", "up"],
         &["addr", "add", "198.18.9.1/24", "dev", "tun0"],
+        &["-6", "addr", "add", "fd00:9::1/64", "dev", "tun0", "nodad"],
     ] {
         router.run("ip", args).unwrap();
     }
-    router.attach("tun0", &[]).unwrap();
-    router
-        .class_add("tunudp", "tun0", &["--rate", "1mbit", "--proto", "udp"])
-        .unwrap();
-    // 1000-byte datagrams every 0.8 ms for 2 s, from the router itself out of tun0 (no
-    // reader holds the tun open, so its packets go no further than the hook).
-    let (sent, seconds) = shaper::netns::in_namespace(&Some(router.name.clone()), || {
-        let socket = std::net::UdpSocket::bind("198.18.9.1:0")?;
-        let start = Instant::now();
-        let mut sent = 0u64;
-        while start.elapsed() < Duration::from_secs(2) && sent < 10_000 {
-            socket.send_to(&[0u8; 1000], "198.18.9.2:9")?;
-            sent += 1;
-            thread::sleep(Duration::from_micros(800));
-        }
-        Ok((sent, start.elapsed().as_secs_f64()))
-    })
-    .unwrap();
-    let row = router.stats_row("tunudp").unwrap();
+}
+
+/// 1000-byte UDP payloads every 0.8 ms for 2 s (about 10 Mbit/s), sent by `send`; how
+/// many, and over how long (s).
+fn send_for_two_seconds(mut send: impl FnMut() -> std::io::Result<()>) -> (u64, f64) {
+    use std::time::Instant;
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while start.elapsed() < Duration::from_secs(2) && sent < 10_000 {
+        send().unwrap();
+        sent += 1;
+        thread::sleep(Duration::from_micros(800));
+    }
+    (sent, start.elapsed().as_secs_f64())
+}
+
+/// Class `name` (1 Mbit/s) policed what it was sent: it admits its burst plus the rate
+/// (charged at L3: no link-layer header on a tun, `packet` bytes a datagram), drops the
+/// rest.
+fn assert_policed_at_l3(router: &Netns, name: &str, sent: u64, seconds: f64, packet: f64) {
+    let row = router.stats_row(name).unwrap();
     let (passed, dropped) = (
         counter(&row, "passed_bytes") as f64,
         counter(&row, "dropped_packets"),
     );
     let burst = counter(&row, "burst_bytes") as f64;
-    // Charged at L3 (no link-layer header on a tun): 1028 bytes per datagram.
     let allowed = burst + 1e6 / 8.0 * seconds;
     println!(
-        "tun0: {sent} datagrams in {seconds:.2} s, class passed {passed} bytes (burst + rate = \
-         {allowed:.0}), dropped {dropped}"
+        "{name}: {sent} datagrams in {seconds:.2} s, class passed {passed} bytes (burst + rate \
+         = {allowed:.0}), dropped {dropped}"
     );
-    assert!(dropped > sent / 2, "the class did not police: {row}");
-    assert!(passed <= allowed + 1028.0, "passed {passed} > {allowed}");
-    assert!(passed >= 0.9 * allowed, "passed {passed} of {allowed}");
+    assert!(dropped > sent / 2, "{name} did not police: {row}");
+    assert!(passed <= allowed + packet, "{name}: passed {passed} > {allowed}");
+    assert!(passed >= 0.9 * allowed, "{name}: passed {passed} of {allowed}");
+}
+
+/// One UDP class of 1 Mbit/s per family on `tun0`'s `direction`, told apart by port.
+fn tun_classes(router: &Netns, direction: &str) {
+    for (name, port) in [("v4", "9"), ("v6", "10")] {
+        router
+            .class_add(
+                &format!("{direction}-{name}"),
+                "tun0",
+                &[
+                    "--direction", direction, "--rate", "1mbit", "--proto", "udp", "--dport", port,
+                ],
+            )
+            .unwrap();
+    }
+}
+
+/// Issue 11, item 2: a tun device carries bare IP packets (no Ethernet header). UDP at
+/// about 10 Mbit/s sent out of it through a 1 Mbit/s class is policed, over IPv4 and IPv6:
+/// the class admits its burst plus the rate, and drops the rest. Before, the parser read
+/// an "ethertype" out of the IPv4 source address, and the traffic passed unclassified.
+#[test]
+fn udp_out_of_a_tun_device_is_policed() {
+    let lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    tun_device(&router);
+    router.attach("tun0", &[]).unwrap();
+    tun_classes(&router, "egress");
+    // From the router itself out of tun0 (no reader holds the tun open, so its packets go
+    // no further than the hook).
+    for (family, local, peer, packet) in [
+        ("v4", "198.18.9.1:0", "198.18.9.2:9", 1028.0),
+        ("v6", "[fd00:9::1]:0", "[fd00:9::2]:10", 1048.0),
+    ] {
+        let (sent, seconds) = shaper::netns::in_namespace(&Some(router.name.clone()), || {
+            let socket = std::net::UdpSocket::bind(local)?;
+            Ok(send_for_two_seconds(|| socket.send_to(&[0u8; 1000], peer).map(|_| ())))
+        })
+        .unwrap();
+        assert_policed_at_l3(&router, &format!("egress-{family}"), sent, seconds, packet);
+    }
+}
+
+/// The IP packet of a UDP datagram of `payload` bytes to port `dport` (IPv4 with its header
+/// checksum, or IPv6), as a tun's reader writes it.
+fn udp_packet(ipv6: bool, dport: u16, payload: usize) -> Vec<u8> {
+    let mut udp = vec![0u8; 8 + payload];
+    udp[..2].copy_from_slice(&40000u16.to_be_bytes());
+    udp[2..4].copy_from_slice(&dport.to_be_bytes());
+    udp[4..6].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+    let mut header = if ipv6 {
+        let mut header = vec![0u8; 40];
+        header[0] = 0x60;
+        header[4..6].copy_from_slice(&(udp.len() as u16).to_be_bytes());
+        header[6] = 17;
+        header[7] = 64;
+        header[8..24].copy_from_slice(&"fd00:9::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        header[24..40].copy_from_slice(&"fd00:9::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        header
+    } else {
+        let mut header = vec![0u8; 20];
+        header[0] = 0x45;
+        header[2..4].copy_from_slice(&((20 + udp.len()) as u16).to_be_bytes());
+        header[8] = 64;
+        header[9] = 17;
+        header[12..16].copy_from_slice(&[198, 18, 9, 2]);
+        header[16..20].copy_from_slice(&[198, 18, 9, 1]);
+        let sum: u32 = header
+            .chunks(2)
+            .map(|word| u32::from(u16::from_be_bytes([word[0], word[1]])))
+            .sum();
+        let folded = (sum & 0xffff) + (sum >> 16);
+        let checksum = !((folded & 0xffff) + (folded >> 16)) as u16;
+        header[10..12].copy_from_slice(&checksum.to_be_bytes());
+        header
+    };
+    header.extend_from_slice(&udp);
+    header
+}
+
+/// Opens `tun0` of the calling thread's namespace as its reader (IFF_TUN, no packet
+/// information): what is written to it arrives on tun0's ingress.
+fn open_tun() -> std::io::Result<std::fs::File> {
+    use nix::libc;
+    use std::os::fd::AsRawFd as _;
+    const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    // struct ifreq: the name (16 bytes), then the flags (a short) in the union.
+    let mut request = [0u8; 40];
+    request[..4].copy_from_slice(b"tun0");
+    let flags = (libc::IFF_TUN | libc::IFF_NO_PI) as i16;
+    request[16..18].copy_from_slice(&flags.to_ne_bytes());
+    // SAFETY: TUNSETIFF reads and writes a struct ifreq, which `request` is big enough for.
+    if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, request.as_mut_ptr()) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+/// A tun's ingress: what its reader (a VPN daemon, a VM's userspace network) writes in.
+/// UDP at about 10 Mbit/s written into tun0 through a 1 Mbit/s class on its ingress is
+/// policed, over IPv4 and IPv6, charged at L3.
+#[test]
+fn udp_into_a_tun_device_is_policed_on_its_ingress() {
+    use std::io::Write as _;
+    let lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    tun_device(&router);
+    router.attach("tun0", &["--direction", "ingress"]).unwrap();
+    tun_classes(&router, "ingress");
+    for (family, ipv6, dport, packet) in [("v4", false, 9, 1028.0), ("v6", true, 10, 1048.0)] {
+        let datagram = udp_packet(ipv6, dport, 1000);
+        assert_eq!(datagram.len() as f64, packet);
+        let (sent, seconds) = shaper::netns::in_namespace(&Some(router.name.clone()), || {
+            let mut tun = open_tun()?;
+            Ok(send_for_two_seconds(|| tun.write_all(&datagram)))
+        })
+        .unwrap();
+        assert_policed_at_l3(&router, &format!("ingress-{family}"), sent, seconds, packet);
+    }
 }
 
 #[test]

@@ -5,7 +5,10 @@
 use anyhow::{ensure, Context as _, Result};
 use aya::maps::{Array, Map, MapData};
 use shaper_common::{map_names, LAYOUT_VERSION};
-use shaper_tests::{assert_within, counter, stderr, Lab, Netns, Udp, ROUTER_TO_SERVER};
+use shaper_tests::{
+    assert_within, counter, stderr, Lab, Netns, Udp, CLIENT_DEV, ROUTER_TO_CLIENT,
+    ROUTER_TO_SERVER,
+};
 use std::{path::PathBuf, time::Duration};
 
 /// The router's egress attachment's pin directory.
@@ -236,4 +239,67 @@ fn upgrade_swaps_the_tcx_program_under_load_without_a_gap() -> Result<()> {
 #[test]
 fn upgrade_swaps_the_clsact_program_under_load_without_a_gap() -> Result<()> {
     upgrade_under_load("clsact")
+}
+
+/// The program ids of every attachment `shaper status --json` shows in `ns`, by
+/// (interface, direction).
+fn program_ids(ns: &Netns) -> Result<Vec<(String, String, u64)>> {
+    let rows = ns.shaper_json(&["status", "--json"])?;
+    let mut ids: Vec<(String, String, u64)> = rows
+        .as_array()
+        .context("status is a list")?
+        .iter()
+        .map(|row| {
+            (
+                row["dev"].as_str().unwrap_or_default().to_string(),
+                row["direction"].as_str().unwrap_or_default().to_string(),
+                row["program_id"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    ids.sort();
+    Ok(ids)
+}
+
+/// `upgrade --all` (with `--netns`: that namespace's attachments only) swaps the program
+/// of every attachment there, both directions, keeps their classes and counters, and
+/// leaves another namespace's attachment alone.
+#[test]
+fn upgrade_all_swaps_every_attachment_of_the_namespace() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let router = lab.router.clone();
+    router.attach(ROUTER_TO_SERVER, &[])?;
+    router.class_add("udp", ROUTER_TO_SERVER, &["--rate", "5mbit", "--proto", "udp"])?;
+    router.attach(ROUTER_TO_CLIENT, &["--direction", "ingress"])?;
+    router.class_add(
+        "in",
+        ROUTER_TO_CLIENT,
+        &["--direction", "ingress", "--rate", "50mbit", "--proto", "udp"],
+    )?;
+    lab.client.attach(CLIENT_DEV, &[])?;
+    let client_before = program_ids(&lab.client)?;
+    lab.udp(&Udp::at("10M", 2))?;
+    let counters_before = counted(&router)?;
+    let before = program_ids(&router)?;
+    let upgraded = router.shaper(&["upgrade", "--all", "--reload"])?;
+    println!("{}", upgraded.trim());
+    let after = program_ids(&router)?;
+    println!("router before {before:?}, after {after:?}");
+    ensure!(after.len() == 2, "{after:?}");
+    for ((dev, direction, old), (_, _, new)) in before.iter().zip(&after) {
+        ensure!(old != new, "{dev} {direction}: program {old} not swapped");
+        ensure!(upgraded.contains(dev.as_str()), "{dev} not in the output: {upgraded}");
+    }
+    ensure!(
+        program_ids(&lab.client)? == client_before,
+        "the client namespace's attachment changed"
+    );
+    let run = lab.udp(&Udp::at("10M", 3))?;
+    assert_within("after upgrade --all", run.l2_bps_between(1.0, 3.0), 5e6, 0.03);
+    let (passed, dropped) = counted(&router)?;
+    ensure!(
+        passed > counters_before.0 && dropped > counters_before.1,
+        "the counters did not carry on: {counters_before:?} -> ({passed}, {dropped})"
+    );
+    Ok(())
 }
