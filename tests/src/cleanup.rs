@@ -3,10 +3,10 @@
 //! crashed earlier runs left behind (`sweep_stale`, run by [`crate::Lab::new`]).
 
 use crate::{
-    cni::{CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES},
+    cni::{CNI_CLAIM_PREFIX, CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES},
     process::{output_bounded, shaper_bin, COMMAND_LIMIT},
     redis::REDIS_TLS_PREFIX,
-    topology::{NAME_PREFIX, PIN_ROOT, ROUTER_TO_SERVER},
+    topology::{NAME_PREFIX, PIN_ROOT},
 };
 use std::{
     path::Path,
@@ -141,20 +141,12 @@ fn interface_exists_anywhere(dev: &str) -> bool {
     })
 }
 
-/// A host-side interface name a crashed CNI test or bench run could have left pins for
-/// under `host/`: the bridge plugin's `veth` + 8 hex digits (the test), the lab's `r1`
-/// (the bench runs shaper-cni on it).
-fn test_made_host_dev(dev: &str) -> bool {
-    let random_veth = dev
-        .strip_prefix("veth")
-        .is_some_and(|hex| hex.len() == 8 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
-    random_veth || dev == ROUTER_TO_SERVER
-}
-
 /// Removes what lab runs whose process is gone left behind: their namespaces (with the
 /// processes still inside and shaper's pins), pins of their namespaces that are already
-/// gone, their CNI records and IPAM directories, and host pins of the interfaces those
-/// CNI runs attached to, once no namespace has such an interface any more.
+/// gone, their CNI records, claims and IPAM directories, and host pins of the interfaces
+/// those CNI runs recorded or claimed, once no namespace has such an interface any more.
+/// Everything is found by a name carrying a dead run's pid, never by the shape of a name
+/// (a production bridge plugin names its veths as the tests' do).
 pub(crate) fn sweep_stale() {
     // Namespaces of dead runs.
     for name in namespaces() {
@@ -187,19 +179,25 @@ pub(crate) fn sweep_stale() {
             let _ = std::fs::remove_file(&path);
         }
     }
-    // host-local's leases, and TLS Redis servers' keys, of dead test runs.
-    for dir in names_in(std::env::temp_dir()) {
-        if pid_after_prefix(&dir, &[CNI_IPAM_PREFIX, REDIS_TLS_PREFIX])
+    // host-local's leases and TLS Redis servers' keys of dead test runs; their claims of
+    // host-side interfaces are candidates below.
+    for name in names_in(std::env::temp_dir()) {
+        let path = std::env::temp_dir().join(&name);
+        if pid_after_prefix(&name, &[CNI_CLAIM_PREFIX]).is_some_and(|pid| !process_alive(pid)) {
+            if let Ok(dev) = std::fs::read_to_string(&path) {
+                host_devs.push(dev.trim().to_string());
+            }
+            let _ = std::fs::remove_file(&path);
+        } else if pid_after_prefix(&name, &[CNI_IPAM_PREFIX, REDIS_TLS_PREFIX])
             .is_some_and(|pid| !process_alive(pid))
         {
-            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(dir));
+            let _ = std::fs::remove_dir_all(&path);
         }
     }
-    // Host pins of test-made interfaces that no longer exist anywhere.
+    // Host pins of those interfaces, once they no longer exist anywhere.
     let host_pins = Path::new(PIN_ROOT).join("host");
-    for dev in names_in(&host_pins) {
-        let candidate = test_made_host_dev(&dev) || host_devs.contains(&dev);
-        if candidate && !dev.is_empty() && !interface_exists_anywhere(&dev) {
+    for dev in host_devs {
+        if !dev.is_empty() && !dev.contains('/') && !interface_exists_anywhere(&dev) {
             let _ = std::fs::remove_dir_all(host_pins.join(&dev));
         }
     }
@@ -255,10 +253,12 @@ mod tests {
             pid_after_prefix("shaper-redis-tls-9-0", &[REDIS_TLS_PREFIX]),
             Some(9)
         );
-        assert!(test_made_host_dev("veth0a1b2c3d"));
-        assert!(test_made_host_dev("r1"));
-        assert!(!test_made_host_dev("veth0a1b2c3")); // Docker's 7 hex digits
-        assert!(!test_made_host_dev("eth0"));
+        assert_eq!(
+            pid_after_prefix("shaper-cni-claim-9-3", &[CNI_CLAIM_PREFIX]),
+            Some(9)
+        );
+        // A bridge plugin's veth carries no run's token: never a candidate by its name.
+        assert_eq!(pid_after_prefix("veth0a1b2c3d", &[CNI_CLAIM_PREFIX]), None);
         assert_eq!(
             cni_record_path("shaper-test-5", "eth1"),
             Path::new("/run/shaper/cni/shaper-test-5-eth1")

@@ -113,6 +113,26 @@ impl Netns {
         Ok(rows[0].clone())
     }
 
+    /// Waits (at most `within`) until class `name` has counted a packet: the traffic a test
+    /// started flows through it. What a test times an action from, instead of a sleep
+    /// that guesses when the traffic began.
+    pub fn wait_for_class_traffic(&self, name: &str, within: std::time::Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let row = self.stats_row(name)?;
+            if counter(&row, "passed_packets") + counter(&row, "dropped_packets") > 0 {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "class {name} in {} saw no traffic within {within:?}",
+                    self.name
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// The `stats --json` row of class `name` (its settings and counters).
     pub fn stats_row(&self, name: &str) -> Result<Value> {
         self.stats()?

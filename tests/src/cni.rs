@@ -6,9 +6,11 @@ use crate::{
     process::{output_bounded, shaper_bin, COMMAND_LIMIT},
     topology::PIN_ROOT,
 };
+use anyhow::{Context as _, Result};
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 /// Where shaper-cni records the host interface of each container (shaper-cli/src/cni.rs).
@@ -25,26 +27,64 @@ pub fn cni_record_path(container_id: &str, ifname: &str) -> PathBuf {
     Path::new(CNI_RECORD_DIR).join(format!("{}-{}", safe(container_id), safe(ifname)))
 }
 
+/// Claims of host-side interfaces by test runs: `<temp>/{CNI_CLAIM_PREFIX}<pid>-<n>`
+/// holding the interface's name, written before a plugin may attach to it.
+pub const CNI_CLAIM_PREFIX: &str = "shaper-cni-claim-";
+
 /// What CNI plugins run by a test may leave behind when it fails half-way, removed on
 /// drop (also while panicking): shaper's attachment on the host-side interface and its
 /// pins (under `host/`, as the plugin runs with only the host's network namespace),
-/// shaper-cni's record, host-local's leases. Harmless when everything was deleted.
+/// shaper-cni's record, host-local's leases. Harmless when everything was deleted. The
+/// host-side interface is claimed ([`CniLeftovers::claim_host_dev`]) in a file named with
+/// this run's pid, so that the sweep of a killed run finds its pins by that token alone
+/// (a bridge plugin names its veths the same way in production).
 pub struct CniLeftovers {
     /// The namespace playing the host (the plugins ran under `nsenter --net` into it);
     /// None for the host's own.
-    pub host_netns: Option<String>,
+    host_netns: Option<String>,
     /// CNI_CONTAINERID and CNI_IFNAME of the plugin runs.
-    pub container_id: String,
-    pub ifname: String,
-    /// The host-side interface, once known.
-    pub host_dev: Option<String>,
+    container_id: String,
+    ifname: String,
+    /// The host-side interface, once known, and its claim file.
+    host_dev: Option<(String, PathBuf)>,
     /// host-local's data directory, if IPAM was used.
-    pub ipam_dir: Option<PathBuf>,
+    ipam_dir: Option<PathBuf>,
+}
+
+impl CniLeftovers {
+    pub fn new(
+        host_netns: Option<String>,
+        container_id: &str,
+        ifname: &str,
+        ipam_dir: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            host_netns,
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+            host_dev: None,
+            ipam_dir,
+        }
+    }
+
+    /// Names the host-side interface the plugins attach to, and claims it for this run
+    /// (before anything attaches to it).
+    pub fn claim_host_dev(&mut self, dev: &str) -> Result<()> {
+        static CLAIMS: AtomicU32 = AtomicU32::new(0);
+        let claim = std::env::temp_dir().join(format!(
+            "{CNI_CLAIM_PREFIX}{}-{}",
+            std::process::id(),
+            CLAIMS.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&claim, dev).with_context(|| format!("cannot write {}", claim.display()))?;
+        self.host_dev = Some((dev.into(), claim));
+        Ok(())
+    }
 }
 
 impl Drop for CniLeftovers {
     fn drop(&mut self) {
-        if let Some(dev) = &self.host_dev {
+        if let Some((dev, claim)) = &self.host_dev {
             let pins = Path::new(PIN_ROOT).join("host").join(dev);
             if pins.exists() {
                 // Detach first, so the hook goes even where the interface stays.
@@ -61,6 +101,7 @@ impl Drop for CniLeftovers {
                 let _ = output_bounded(detach.args(["detach", dev]), COMMAND_LIMIT);
                 let _ = std::fs::remove_dir_all(&pins);
             }
+            let _ = std::fs::remove_file(claim);
         }
         let _ = std::fs::remove_file(cni_record_path(&self.container_id, &self.ifname));
         if let Some(dir) = &self.ipam_dir {
@@ -75,8 +116,8 @@ mod tests {
     use crate::Lab;
 
     /// What a CNI run that failed half-way leaves (shaper attached to the host-side
-    /// interface with its pins under `host/`, the record, the IPAM directory) goes with
-    /// the guard.
+    /// interface with its pins under `host/`, the record, the IPAM directory, the claim)
+    /// goes with the guard.
     #[test]
     fn cni_leftovers_go_with_the_guard() {
         let lab = Lab::new().unwrap();
@@ -118,14 +159,18 @@ mod tests {
             std::env::temp_dir().join(format!("shaper-test-unit-ipam-{}", std::process::id()));
         std::fs::create_dir_all(ipam_dir.join("net")).unwrap();
 
-        drop(CniLeftovers {
-            host_netns: Some(lab.router.name.clone()),
-            container_id,
-            ifname: "unit0".into(),
-            host_dev: Some(dev.clone()),
-            ipam_dir: Some(ipam_dir.clone()),
-        });
+        let mut leftovers = CniLeftovers::new(
+            Some(lab.router.name.clone()),
+            &container_id,
+            "unit0",
+            Some(ipam_dir.clone()),
+        );
+        leftovers.claim_host_dev(&dev).unwrap();
+        let claim = leftovers.host_dev.as_ref().unwrap().1.clone();
+        assert_eq!(std::fs::read_to_string(&claim).unwrap(), dev);
+        drop(leftovers);
         assert!(!pins.exists() && !record.exists() && !ipam_dir.exists());
+        assert!(!claim.exists(), "the claim goes with the guard");
         if !record_dir_existed {
             let _ = std::fs::remove_dir(CNI_RECORD_DIR);
             let _ = std::fs::remove_dir("/run/shaper");

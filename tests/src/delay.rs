@@ -199,9 +199,8 @@ impl DelayLine {
     /// (both up, offloads off) and waits until it forwards.
     pub(crate) fn start(ns: &Netns, to_server: Duration, to_router: Duration) -> Result<Self> {
         let milliseconds = |delay: Duration| format!("{}", delay.as_secs_f64() * 1e3);
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
-            .arg(delay_line_bin())
+        let mut child = ns
+            .command(&delay_line_bin().to_string_lossy())
             .args(["--a", DELAY_TO_ROUTER, "--b", DELAY_TO_SERVER])
             .args(["--delay-ab-ms", &milliseconds(to_server)])
             .args(["--delay-ba-ms", &milliseconds(to_router)])

@@ -15,7 +15,9 @@
 
 use crate::{
     cleanup::{remove_namespace, sweep_stale},
-    process::{output_bounded, shaper_bin, wait_bounded, wait_listening, Transport},
+    process::{
+        dies_with_parent, output_bounded, shaper_bin, wait_bounded, wait_listening, Transport,
+    },
     redis::{free_port, RedisServer},
     topology::{new_lab_id, Netns},
 };
@@ -303,13 +305,7 @@ impl GlobalLab {
         let mut command = Command::new(shaper_bin());
         // The daemons run outside the lab's namespaces: they die with this test process
         // even when it is killed before its drops run.
-        unsafe {
-            use std::os::unix::process::CommandExt as _;
-            command.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)
-            });
-        }
+        dies_with_parent(&mut command);
         let child = command
             .args(["daemon", "-f"])
             .arg(&file)

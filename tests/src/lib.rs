@@ -55,8 +55,8 @@ pub use latency::{
     PROBE_LIMIT,
 };
 pub use process::{
-    delay_line_bin, output_bounded, shaper_bin, wait_bounded, wait_with_output_bounded,
-    BoundedCommand, COMMAND_LIMIT,
+    delay_line_bin, dies_with_parent, output_bounded, shaper_bin, wait_bounded, wait_listening,
+    wait_with_output_bounded, BoundedCommand, Transport, COMMAND_LIMIT,
 };
 pub use redis::RedisServer;
 pub use state_lock::{StateLockHolder, STATE_LOCK_FILE};

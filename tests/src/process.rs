@@ -195,7 +195,7 @@ pub fn wait_with_output_bounded(mut child: Child, limit: Duration) -> Result<Out
 
 /// `command.output()` bounded by `limit` (stdin empty, stdout and stderr captured).
 pub fn output_bounded(command: &mut Command, limit: Duration) -> Result<Output> {
-    let child = command
+    let child = dies_with_parent(command)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -240,6 +240,27 @@ impl BoundedCommand for Command {
             );
         }
         Ok(output)
+    }
+}
+
+/// Makes `command`'s child die (SIGKILL) when the thread that spawns it ends, so that a
+/// test process killed outright leaves no server, daemon or probe running behind it
+/// (PR_SET_PDEATHSIG, kept across `exec`, so through `ip netns exec` too; a child whose
+/// parent is already gone exits at once). Spawn from the thread that owns the child for
+/// its whole life: a thread that ends takes its children with it.
+pub fn dies_with_parent(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    let parent = std::process::id();
+    // SAFETY: prctl and getppid are async-signal-safe; nothing else runs in the child.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            if nix::unistd::getppid().as_raw() as u32 != parent {
+                nix::libc::_exit(1);
+            }
+            Ok(())
+        })
     }
 }
 

@@ -1,10 +1,11 @@
 //! A real redis-server for global classes: on a loopback port picked here, no persistence,
-//! stopped on drop (also when a test panics). `restart_empty` is the "Redis restarted and
+//! stopped on drop (also when a test panics) and killed with the test process (also when
+//! that is killed outright). `restart_empty` is the "Redis restarted and
 //! lost everything" case, with its ACL users made a moment later. With TLS
 //! ([`RedisServer::start_tls`]) it also listens for `rediss://` on a second loopback port,
 //! with a certificate from a private CA made here.
 
-use crate::process::{output_bounded, run_checked, wait_bounded};
+use crate::process::{dies_with_parent, output_bounded, run_checked, wait_bounded};
 use anyhow::{bail, Context as _, Result};
 use std::{
     os::unix::fs::DirBuilderExt as _,
@@ -228,18 +229,19 @@ impl RedisServer {
                 .args(["--tls-auth-clients", "no"])
                 .args(["--logfile", &file("redis.log")]);
         }
-        let child = command
+        // Killed with the test process, even by SIGKILL: no server outlives its run.
+        let child = dies_with_parent(&mut command)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .context("cannot start redis-server (Debian package redis-server; `cargo xtask setup` installs it)")?;
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if self
-                .cli(&["PING"])
-                .is_ok_and(|reply| reply.trim() == "PONG")
-            {
+            // Ready once this very server answers on the port (a restart reuses the port:
+            // another process that took it meanwhile must not pass for it).
+            if self.server_pid().is_ok_and(|answered| answered == pid) {
                 return Ok(());
             }
             if let Some(status) = self
@@ -305,6 +307,15 @@ impl RedisServer {
             bail!("redis-cli {args:?} failed");
         }
         Ok(String::from_utf8_lossy(&output.stdout).to_string())
+    }
+
+    /// The pid of the server answering on the port (`INFO server`).
+    fn server_pid(&self) -> Result<u32> {
+        let info = self.cli(&["INFO", "server"])?;
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix("process_id:"))
+            .and_then(|pid| pid.parse().ok())
+            .context("INFO server without process_id")
     }
 
     /// Calls of `command` since the server started (`INFO commandstats`).

@@ -1,6 +1,6 @@
 //! Holding shaper's state lock from outside, as another program would.
 
-use crate::process::wait_bounded;
+use crate::process::{dies_with_parent, wait_bounded};
 use anyhow::Result;
 use std::{
     process::{Child, Command, Stdio},
@@ -18,7 +18,7 @@ impl StateLockHolder {
     /// Takes the lock (shaper must have run once, so that its directory exists).
     pub fn take() -> Result<Self> {
         let holder = Self(
-            Command::new("flock")
+            dies_with_parent(&mut Command::new("flock"))
                 .args(["--no-fork", STATE_LOCK_FILE, "sleep", "30"])
                 .stdin(Stdio::null())
                 .spawn()?,

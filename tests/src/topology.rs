@@ -15,7 +15,7 @@
 use crate::{
     cleanup::{remove_namespace, sweep_stale},
     delay::{DelayLine, DELAY_TO_ROUTER, DELAY_TO_SERVER},
-    process::{delay_line_bin, run_checked, shaper_bin},
+    process::{delay_line_bin, dies_with_parent, run_checked, shaper_bin},
 };
 use anyhow::{Context as _, Result};
 use std::{
@@ -61,10 +61,11 @@ pub struct Netns {
 }
 
 impl Netns {
-    /// A command run inside the namespace.
+    /// A command run inside the namespace, dying with the thread that spawns it
+    /// ([`dies_with_parent`]).
     pub fn command(&self, program: &str) -> Command {
         let mut command = Command::new("ip");
-        command.args(["netns", "exec", &self.name, program]);
+        dies_with_parent(&mut command).args(["netns", "exec", &self.name, program]);
         command
     }
 

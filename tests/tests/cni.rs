@@ -150,13 +150,12 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
     // Whatever a failed run leaves (shaper on the host veth, its pins and record,
     // host-local's leases) goes with this guard, before the lab.
     let ipam_dir = std::env::temp_dir().join(format!("{CNI_IPAM_PREFIX}{}", std::process::id()));
-    let mut leftovers = CniLeftovers {
-        host_netns: Some(host.name.clone()),
-        container_id: container_id(),
-        ifname: "eth1".into(),
-        host_dev: None,
-        ipam_dir: Some(ipam_dir.clone()),
-    };
+    let mut leftovers = CniLeftovers::new(
+        Some(host.name.clone()),
+        &container_id(),
+        "eth1",
+        Some(ipam_dir.clone()),
+    );
     let bridge = Path::new(CNI_DIR).join("bridge");
     let shaper_cni = shaper_bin().with_file_name("shaper-cni");
     let bridge_conf = bridge_config(&ipam_dir);
@@ -181,7 +180,7 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
         "bridge ADD",
     )?;
     let (address, host_dev) = wiring(&result)?;
-    leftovers.host_dev = Some(host_dev.clone());
+    leftovers.claim_host_dev(&host_dev)?;
 
     // shaper-cni: ADD passes prevResult through, CHECK agrees, traffic is limited.
     let config = limits_config("shaper-cni", &result);
@@ -339,39 +338,65 @@ fn shaper_cni_shapes_marks_and_deletes_after_the_container_is_gone() -> Result<(
     let mut lab = Lab::new()?;
     let (host, container) = (lab.router.clone(), lab.server.clone());
     let ipam_dir = std::env::temp_dir().join(format!("{CNI_IPAM_PREFIX}{}", std::process::id()));
-    let mut leftovers = CniLeftovers {
-        host_netns: Some(host.name.clone()),
-        container_id: container_id(),
-        ifname: "eth1".into(),
-        host_dev: None,
-        ipam_dir: Some(ipam_dir.clone()),
-    };
+    let mut leftovers = CniLeftovers::new(
+        Some(host.name.clone()),
+        &container_id(),
+        "eth1",
+        Some(ipam_dir.clone()),
+    );
     let bridge = Path::new(CNI_DIR).join("bridge");
     let shaper_cni = shaper_bin().with_file_name("shaper-cni");
     let result = checked(
-        plugin(&bridge, &host, &container, "eth1", "ADD", &bridge_config(&ipam_dir)),
+        plugin(
+            &bridge,
+            &host,
+            &container,
+            "eth1",
+            "ADD",
+            &bridge_config(&ipam_dir),
+        ),
         "bridge ADD",
     )?;
     let (address, host_dev) = wiring(&result)?;
-    leftovers.host_dev = Some(host_dev.clone());
+    leftovers.claim_host_dev(&host_dev)?;
     let record = shaper_tests::cni_record_path(&container_id(), "eth1");
     let pins = PathBuf::from(format!("/sys/fs/bpf/shaper/host/{host_dev}"));
 
     // Shape.
     let shape = limits_config_acting(&result, "shape");
-    checked(plugin(&shaper_cni, &host, &container, "eth1", "ADD", &shape), "ADD shape")?;
-    checked(plugin(&shaper_cni, &host, &container, "eth1", "CHECK", &shape), "CHECK shape")?;
+    checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "ADD", &shape),
+        "ADD shape",
+    )?;
+    checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "CHECK", &shape),
+        "CHECK shape",
+    )?;
     let root = root_qdisc(&host, &host_dev)?;
-    assert!(root.contains("htb 5348:"), "no shaper HTB on {host_dev}: {root}");
+    assert!(
+        root.contains("htb 5348:"),
+        "no shaper HTB on {host_dev}: {root}"
+    );
     let shaped = measure_into(&mut lab, &address)?;
-    assert_within("shaper-cni ingressAction shape", shaped, INGRESS_BPS as f64, 0.03);
-    checked(plugin(&shaper_cni, &host, &container, "eth1", "DEL", &shape), "DEL shape")?;
+    assert_within(
+        "shaper-cni ingressAction shape",
+        shaped,
+        INGRESS_BPS as f64,
+        0.03,
+    );
+    checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "DEL", &shape),
+        "DEL shape",
+    )?;
     let root = root_qdisc(&host, &host_dev)?;
     assert!(!root.contains("htb"), "DEL left shaper's HTB: {root}");
 
     // ECN.
     let ecn = limits_config_acting(&result, "ecn");
-    checked(plugin(&shaper_cni, &host, &container, "eth1", "ADD", &ecn), "ADD ecn")?;
+    checked(
+        plugin(&shaper_cni, &host, &container, "eth1", "ADD", &ecn),
+        "ADD ecn",
+    )?;
     let mut capture = Capture::start(&container, "eth1", "udp")?;
     let marked = lab
         .udp_between(
@@ -390,7 +415,12 @@ fn shaper_cni_shapes_marks_and_deletes_after_the_container_is_gone() -> Result<(
         shaped / 1e6,
         marked / 1e6
     );
-    assert_within("shaper-cni ingressAction ecn", marked, INGRESS_BPS as f64, 0.03);
+    assert_within(
+        "shaper-cni ingressAction ecn",
+        marked,
+        INGRESS_BPS as f64,
+        0.03,
+    );
     assert!(ce > 100, "only {ce} CE packets reached the container");
 
     // The container's namespace goes first; DEL then finds the host veth by its record.

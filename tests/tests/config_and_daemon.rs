@@ -5,9 +5,9 @@
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use shaper_tests::{
-    assert_within, counter, man_page_names, shaper, shaper_bin, stderr, stdout, wait_bounded,
-    wait_with_output_bounded, BoundedCommand, Lab, Netns, StateLockHolder, Udp, COMMANDS,
-    COMMAND_LIMIT,
+    assert_within, counter, dies_with_parent, man_page_names, shaper, shaper_bin, stderr, stdout,
+    wait_bounded, wait_with_output_bounded, BoundedCommand, Lab, Netns, StateLockHolder, Udp,
+    COMMANDS, COMMAND_LIMIT,
 };
 use std::{
     io::{Read as _, Write as _},
@@ -313,7 +313,7 @@ struct Daemon {
 impl Daemon {
     fn start(router: &Netns, file: &ConfigFile, extra: &[&str]) -> Result<Self> {
         let log = file.0.with_extension(format!("log{}", extra.len()));
-        let child = Command::new("nsenter")
+        let child = dies_with_parent(&mut Command::new("nsenter"))
             .arg(format!("--net=/run/netns/{}", router.name))
             .arg(shaper_bin())
             .args(["daemon", "-f", file.path(), "--interval", "200ms"])
@@ -504,6 +504,8 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
                 ..Udp::default()
             })
         });
+        // `change_at` after the first datagram met the class.
+        router.wait_for_class_traffic("bulk", Duration::from_secs(10))?;
         thread::sleep(Duration::from_secs_f64(change_at));
         let before = router.stats_row("bulk")?;
         file.write(&daemon_config(&router, "30mbit"));
@@ -694,6 +696,8 @@ fn stats_watch_reports_current_rates() -> Result<()> {
                 ..Udp::default()
             })
         });
+        // Into the run: 1.5 s after its first datagram met the class.
+        router.wait_for_class_traffic("bulk", Duration::from_secs(10))?;
         thread::sleep(Duration::from_millis(1500));
         let output = shaper(&[
             "--netns",

@@ -192,14 +192,23 @@ fn a_child_alone_borrows_the_parents_rate_and_busy_children_share_it() {
     assert_within("B against htb's B", rate_b, htb_b, 0.05);
 }
 
-/// Delivered L2 rate at the server over `from`..`to` seconds of a run that sends with
-/// `start` (the first second's burst left out).
-fn delivered_during(server: &Netns, from: Duration, to: Duration) -> f64 {
-    thread::sleep(from);
+/// Delivered L2 rate at the server over `seconds`, from `skip` after its first bytes
+/// arrived (the first second's burst left out).
+fn delivered_during(server: &Netns, skip: Duration, seconds: Duration) -> f64 {
+    let started = server.link_stat(SERVER_DEV, "rx_bytes").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.link_stat(SERVER_DEV, "rx_bytes").unwrap() == started {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no traffic reached the server"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    thread::sleep(skip);
     let before = server.link_stat(SERVER_DEV, "rx_bytes").unwrap();
-    thread::sleep(to - from);
+    thread::sleep(seconds);
     let after = server.link_stat(SERVER_DEV, "rx_bytes").unwrap();
-    (after - before) as f64 * 8.0 / (to - from).as_secs_f64()
+    (after - before) as f64 * 8.0 / seconds.as_secs_f64()
 }
 
 fn churn_through(router: &Netns, lab: &Lab, with_parent: bool) -> f64 {
@@ -222,11 +231,7 @@ fn churn_through(router: &Netns, lab: &Lab, with_parent: bool) -> f64 {
         Duration::from_secs(6),
         1400,
     );
-    let delivered = delivered_during(
-        &lab.server,
-        Duration::from_millis(1500),
-        Duration::from_millis(5500),
-    );
+    let delivered = delivered_during(&lab.server, Duration::from_secs(1), Duration::from_secs(4));
     let sent = sender.join().expect("the churning sender").unwrap();
     assert!(sent > 20_000, "only {sent} datagrams sent");
     delivered

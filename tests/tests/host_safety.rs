@@ -1,18 +1,20 @@
 //! Safety of the host (issue 11, items 6-10): the state lock is root-only and waits a
 //! bounded time, interface names never become paths outside the pin root, the pin root
-//! must be root's, a root qdisc the user made is never replaced, and a program unhooked
-//! behind shaper's back is shown stale and repaired.
+//! must be root's (checked in a private bpffs: the host's pin root is never handed to
+//! another user, issue 34), a root qdisc the user made is never replaced, and a program
+//! unhooked behind shaper's back is shown stale and repaired. Every wait is bounded.
 
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use serde_json::Value;
 use shaper_tests::{
-    assert_within, counter, shaper, stderr, Lab, Netns, StateLockHolder, ROUTER_TO_SERVER,
+    assert_within, counter, dies_with_parent, process::lines_of, shaper, shaper_bin, stderr,
+    wait_bounded, BoundedCommand, Lab, Netns, StateLockHolder, ROUTER_TO_SERVER,
     STATE_LOCK_FILE as LOCK_FILE,
 };
 use std::{
     os::unix::fs::{MetadataExt, PermissionsExt},
-    path::Path,
-    process::{Command, Stdio},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -61,9 +63,8 @@ fn the_state_lock_is_root_only_waits_a_bounded_time_and_names_its_holder() -> Re
     let nobody = Command::new("setpriv")
         .args(["--reuid", "nobody", "--regid", "nogroup", "--clear-groups"])
         .args(["flock", "--nonblock", LOCK_FILE, "true"])
-        .stderr(Stdio::null())
-        .status()?;
-    ensure!(!nobody.success(), "nobody could take {LOCK_FILE}");
+        .output_within_limit()?;
+    ensure!(!nobody.status.success(), "nobody could take {LOCK_FILE}");
 
     // Root's own long-running holder: a write waits --wait seconds, then one line.
     let holder = StateLockHolder::take()?;
@@ -153,23 +154,74 @@ fn interface_names_never_become_paths_outside_the_pin_root() -> Result<()> {
     Ok(())
 }
 
-/// Gives the pin root back to root (mode 0700) even when the test fails.
-struct PinRootOwner;
+/// A private mount namespace with a bpffs of its own on /sys/fs/bpf, held by a process
+/// that dies with this one: shaper run inside it (`nsenter --mount`) pins there, so a test
+/// can hand its pin root to another user without ever touching the host's. Its pins, and
+/// the programs they hold, go with it.
+struct PrivateBpffs {
+    holder: Child,
+}
 
-impl Drop for PinRootOwner {
-    fn drop(&mut self) {
-        let _ = Command::new("chown").args(["0:0", PIN_ROOT]).status();
-        let _ = std::fs::set_permissions(PIN_ROOT, std::fs::Permissions::from_mode(0o700));
+impl PrivateBpffs {
+    /// Made after the lab: it sees the lab's namespaces as they were then.
+    fn new() -> Result<Self> {
+        let mut holder = dies_with_parent(&mut Command::new("unshare"))
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg("mount -t bpf bpf /sys/fs/bpf && echo ready && exec sleep 600")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let lines = lines_of(holder.stdout.take().context("no stdout")?);
+        let sandbox = Self { holder };
+        match lines.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) if line == "ready" => Ok(sandbox),
+            other => bail!("the private bpffs did not come up: {other:?}"),
+        }
+    }
+
+    /// `shaper ARGS` inside the private mount namespace.
+    fn shaper(&self, args: &[&str]) -> Result<std::process::Output> {
+        Command::new("nsenter")
+            .arg(format!("--mount=/proc/{}/ns/mnt", self.holder.id()))
+            .arg(shaper_bin())
+            .args(args)
+            .output_within_limit()
+    }
+
+    /// Where `path` of the private mount namespace is, seen from here.
+    fn path(&self, path: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root{path}", self.holder.id()))
     }
 }
 
+impl Drop for PrivateBpffs {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = wait_bounded(&mut self.holder, Duration::from_secs(5));
+    }
+}
+
+/// The pin root must be root's and private: someone else's is refused (a user could
+/// otherwise plant pins), a loose mode of root's own is tightened. Run in a private bpffs,
+/// so the host's pin root never changes hands, even when the test is killed half-way.
 #[test]
 fn the_pin_root_must_be_roots_and_private() -> Result<()> {
     let lab = Lab::new()?;
-    lab.router.attach(ROUTER_TO_SERVER, &[])?;
-    let root = std::fs::metadata(PIN_ROOT)?;
+    let sandbox = PrivateBpffs::new()?;
+    let router = lab.router.name.as_str();
+    let in_sandbox = |args: &[&str]| -> Result<std::process::Output> {
+        sandbox.shaper(&[&["--netns", router][..], args].concat())
+    };
+    let attached = in_sandbox(&["attach", ROUTER_TO_SERVER])?;
+    ensure!(attached.status.success(), "{}", stderr(&attached));
+    let pin_root = sandbox.path(PIN_ROOT);
+    ensure!(
+        !Path::new(PIN_ROOT).join(format!("netns-{router}")).exists(),
+        "the attachment pinned in the host's bpffs"
+    );
+    let root = std::fs::metadata(&pin_root)?;
     println!(
-        "{PIN_ROOT}: uid {} mode {:o}",
+        "private {PIN_ROOT}: uid {} mode {:o}",
         root.uid(),
         root.mode() & 0o7777
     );
@@ -177,15 +229,23 @@ fn the_pin_root_must_be_roots_and_private() -> Result<()> {
         root.uid() == 0 && root.mode() & 0o077 == 0,
         "pin root is not private"
     );
+    let add_x = || {
+        in_sandbox(&[
+            "--wait",
+            "10",
+            "class",
+            "add",
+            "x",
+            "--dev",
+            ROUTER_TO_SERVER,
+            "--rate",
+            "1mbit",
+        ])
+    };
 
-    // Someone else's pin root is refused: a user could otherwise plant pins.
-    let _restore = PinRootOwner;
-    ensure!(Command::new("chown")
-        .args(["65534", PIN_ROOT])
-        .status()?
-        .success());
-    // With the default wait (10 s); nobody holds the lock here.
-    let output = add_x_waiting(&lab.router, "10");
+    // Someone else's pin root is refused.
+    std::os::unix::fs::chown(&pin_root, Some(65534), None)?;
+    let output = add_x()?;
     let message = stderr(&output);
     println!(
         "foreign pin root: exit {:?}: {}",
@@ -193,16 +253,13 @@ fn the_pin_root_must_be_roots_and_private() -> Result<()> {
         message.trim()
     );
     ensure!(output.status.code() == Some(1) && message.contains("owned by uid 65534"));
-    ensure!(Command::new("chown")
-        .args(["0", PIN_ROOT])
-        .status()?
-        .success());
+    std::os::unix::fs::chown(&pin_root, Some(0), None)?;
 
     // A loose mode of our own is tightened.
-    std::fs::set_permissions(PIN_ROOT, std::fs::Permissions::from_mode(0o777))?;
-    lab.router
-        .class_add("x", ROUTER_TO_SERVER, &["--rate", "1mbit"])?;
-    let mode = std::fs::metadata(PIN_ROOT)?.mode() & 0o7777;
+    std::fs::set_permissions(&pin_root, std::fs::Permissions::from_mode(0o777))?;
+    let output = add_x()?;
+    ensure!(output.status.success(), "{}", stderr(&output));
+    let mode = std::fs::metadata(&pin_root)?.mode() & 0o7777;
     ensure!(mode == 0o700, "pin root left at mode {mode:o}");
     Ok(())
 }
@@ -324,16 +381,16 @@ fn an_attachment_in_a_deleted_namespace_is_stale_not_an_error() -> Result<()> {
     let lab = Lab::new()?;
     // Named like the lab's namespaces, so a crashed run's leftovers are swept too.
     let ns = format!("{}-gone", lab.router.name);
-    let run = |args: &[&str]| Command::new("ip").args(args).status();
-    ensure!(run(&["netns", "add", &ns])?.success());
+    let run = |args: &[&str]| Command::new("ip").args(args).succeed_within_limit();
+    run(&["netns", "add", &ns])?;
     let cleanup = scopeguard(&ns);
-    ensure!(
-        run(&["-n", &ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1"])?.success()
-    );
+    run(&[
+        "-n", &ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1",
+    ])?;
     let attach = shaper(&["--netns", &ns, "attach", "v0"]);
     ensure!(attach.status.success(), "{}", stderr(&attach));
     lab.router.attach(ROUTER_TO_SERVER, &[])?;
-    ensure!(run(&["netns", "del", &ns])?.success());
+    run(&["netns", "del", &ns])?;
 
     // The machine-wide status still works and shows the orphan, with what to do.
     let status = shaper(&["status", "--json"]);
@@ -369,8 +426,7 @@ impl Drop for NamespaceGuard {
     fn drop(&mut self) {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
+            .output_within_limit();
         let _ = std::fs::remove_dir_all(Path::new(PIN_ROOT).join(format!("netns-{}", self.0)));
     }
 }

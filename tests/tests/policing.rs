@@ -7,8 +7,8 @@
 
 use shaper_tests::{
     assert_goodput_fraction, assert_programs_unloaded, assert_within, counter, loaded_program_ids,
-    status_program_ids, Lab, Netns, Udp, UdpResult, CLIENT_DEV, ROUTER_TO_CLIENT,
-    ROUTER_TO_SERVER, SERVER_DEV, SERVER_V4, SERVER_V6,
+    status_program_ids, Lab, Netns, Udp, UdpResult, CLIENT_DEV, ROUTER_TO_CLIENT, ROUTER_TO_SERVER,
+    SERVER_DEV, SERVER_V4, SERVER_V6,
 };
 use std::{path::Path, thread, time::Duration};
 
@@ -227,7 +227,11 @@ fn class_change_takes_effect_during_a_run() {
     let changer = thread::spawn({
         let router = router.clone();
         move || {
-            thread::sleep(Duration::from_millis(3500));
+            // Three seconds after the run's first datagram met the class.
+            router
+                .wait_for_class_traffic("changing", Duration::from_secs(10))
+                .unwrap();
+            thread::sleep(Duration::from_secs(3));
             router
                 .shaper(&[
                     "class",
@@ -248,7 +252,7 @@ fn class_change_takes_effect_during_a_run() {
         })
         .unwrap();
     changer.join().unwrap();
-    // The change lands about 3.4 s into the run: seconds 2-3 are before it, 5-7 after.
+    // The change lands about 3 s into the run: seconds 1-3 are before it, 4-7 after.
     assert_within(
         "before the change (1-3 s)",
         result.l2_bps_between(1.0, 3.0),
@@ -293,8 +297,13 @@ fn raising_a_drained_class_above_its_load_stops_the_drops_at_once() {
     let dropped = || attachment.class_stats(id).unwrap().dropped_packets;
     let (samples, changed) = thread::scope(|scope| {
         let traffic = scope.spawn(|| lab.udp(&Udp::at("150M", 4)));
-        // The burst (3.125 MB) drains in 0.5 s at 50 Mbit/s over the rate.
-        thread::sleep(Duration::from_millis(2000));
+        // The burst (3.125 MB) drains in 0.5 s at 50 Mbit/s over the rate: the class
+        // drops from then on (bounded wait).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dropped() == 0 {
+            assert!(Instant::now() < deadline, "the class never dropped");
+            thread::sleep(Duration::from_millis(10));
+        }
         let start = Instant::now();
         let mut samples = Vec::new();
         let mut changed = None;
@@ -384,8 +393,14 @@ fn assert_policed_at_l3(router: &Netns, name: &str, sent: u64, seconds: f64, pac
          = {allowed:.0}), dropped {dropped}"
     );
     assert!(dropped > sent / 2, "{name} did not police: {row}");
-    assert!(passed <= allowed + packet, "{name}: passed {passed} > {allowed}");
-    assert!(passed >= 0.9 * allowed, "{name}: passed {passed} of {allowed}");
+    assert!(
+        passed <= allowed + packet,
+        "{name}: passed {passed} > {allowed}"
+    );
+    assert!(
+        passed >= 0.9 * allowed,
+        "{name}: passed {passed} of {allowed}"
+    );
 }
 
 /// One UDP class of 1 Mbit/s per family on `tun0`'s `direction`, told apart by port.
@@ -396,7 +411,14 @@ fn tun_classes(router: &Netns, direction: &str) {
                 &format!("{direction}-{name}"),
                 "tun0",
                 &[
-                    "--direction", direction, "--rate", "1mbit", "--proto", "udp", "--dport", port,
+                    "--direction",
+                    direction,
+                    "--rate",
+                    "1mbit",
+                    "--proto",
+                    "udp",
+                    "--dport",
+                    port,
                 ],
             )
             .unwrap();
@@ -422,7 +444,9 @@ fn udp_out_of_a_tun_device_is_policed() {
     ] {
         let (sent, seconds) = shaper::netns::in_namespace(&Some(router.name.clone()), || {
             let socket = std::net::UdpSocket::bind(local)?;
-            Ok(send_for_two_seconds(|| socket.send_to(&[0u8; 1000], peer).map(|_| ())))
+            Ok(send_for_two_seconds(|| {
+                socket.send_to(&[0u8; 1000], peer).map(|_| ())
+            }))
         })
         .unwrap();
         assert_policed_at_l3(&router, &format!("egress-{family}"), sent, seconds, packet);
@@ -443,7 +467,8 @@ fn udp_packet(ipv6: bool, dport: u16, payload: usize) -> Vec<u8> {
         header[6] = 17;
         header[7] = 64;
         header[8..24].copy_from_slice(&"fd00:9::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
-        header[24..40].copy_from_slice(&"fd00:9::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        header[24..40]
+            .copy_from_slice(&"fd00:9::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
         header
     } else {
         let mut header = vec![0u8; 20];

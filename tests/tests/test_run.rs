@@ -1311,7 +1311,7 @@ fn two_cpus_charging_one_bucket_never_over_admit() {
     );
     let frame = ipv4(V4::default(), udp(9200, 958)); // 1000 bytes on the wire
     let dir = harness.attachment.dir().to_path_buf();
-    let barrier = std::sync::Barrier::new(2);
+    let ready = std::sync::atomic::AtomicUsize::new(0);
     let monotonic = || {
         let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
         t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
@@ -1320,13 +1320,13 @@ fn two_cpus_charging_one_bucket_never_over_admit() {
     let runs: Vec<(u64, u64, u64)> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..2)
             .map(|cpu| {
-                let (frame, dir, barrier) = (&frame, &dir, &barrier);
+                let (frame, dir, ready) = (&frame, &dir, &ready);
                 scope.spawn(move || {
                     run_on_cpu(cpu);
                     // Each thread has its own program instance over the same pinned maps.
                     let mut ebpf = state::load_object(dir, 1024).unwrap();
                     let program = state::load_program(&mut ebpf, program_names::SHAPER).unwrap();
-                    barrier.wait();
+                    meet(ready, 2, std::time::Duration::from_secs(30));
                     let before = monotonic();
                     let result = program
                         .test_run(TestRunOptions {
@@ -1386,6 +1386,23 @@ fn two_cpus_charging_one_bucket_never_over_admit() {
         "under-admitted: {} of {allowed:.0}",
         stats.passed_bytes
     );
+}
+
+/// Waits until `parties` threads (this one included) have called `meet` on `ready`, for
+/// at most `within`: a bounded barrier (a thread that panicked before it never arrives,
+/// and the others fail instead of waiting for ever).
+fn meet(ready: &std::sync::atomic::AtomicUsize, parties: usize, within: std::time::Duration) {
+    use std::sync::atomic::Ordering;
+    ready.fetch_add(1, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + within;
+    while ready.load(Ordering::SeqCst) < parties {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {parties} threads got ready within {within:?}",
+            ready.load(Ordering::SeqCst)
+        );
+        std::thread::yield_now();
+    }
 }
 
 /// The shape path as the host model sees it: the class's virtual queue (GCRA word),

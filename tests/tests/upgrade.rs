@@ -6,8 +6,7 @@ use anyhow::{ensure, Context as _, Result};
 use aya::maps::{Array, Map, MapData};
 use shaper_common::{map_names, LAYOUT_VERSION};
 use shaper_tests::{
-    assert_within, counter, stderr, Lab, Netns, Udp, CLIENT_DEV, ROUTER_TO_CLIENT,
-    ROUTER_TO_SERVER,
+    assert_within, counter, stderr, Lab, Netns, Udp, CLIENT_DEV, ROUTER_TO_CLIENT, ROUTER_TO_SERVER,
 };
 use std::{path::PathBuf, time::Duration};
 
@@ -151,7 +150,9 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
                 ..Udp::at("10M", 6)
             })
         });
-        std::thread::sleep(Duration::from_millis(2500));
+        // Two seconds after the first datagram met the class: mid-run.
+        router.wait_for_class_traffic("udp", Duration::from_secs(10))?;
+        std::thread::sleep(Duration::from_secs(2));
         let before = counted(&router)?;
         // Layout 0 pins: no LAYOUT stamp, and no KEY_STATS (layout 3), SHARES (layout 4)
         // or VERDICT_CACHE (layout 5), which the upgrade creates.
@@ -269,12 +270,23 @@ fn upgrade_all_swaps_every_attachment_of_the_namespace() -> Result<()> {
     let mut lab = Lab::new()?;
     let router = lab.router.clone();
     router.attach(ROUTER_TO_SERVER, &[])?;
-    router.class_add("udp", ROUTER_TO_SERVER, &["--rate", "5mbit", "--proto", "udp"])?;
+    router.class_add(
+        "udp",
+        ROUTER_TO_SERVER,
+        &["--rate", "5mbit", "--proto", "udp"],
+    )?;
     router.attach(ROUTER_TO_CLIENT, &["--direction", "ingress"])?;
     router.class_add(
         "in",
         ROUTER_TO_CLIENT,
-        &["--direction", "ingress", "--rate", "50mbit", "--proto", "udp"],
+        &[
+            "--direction",
+            "ingress",
+            "--rate",
+            "50mbit",
+            "--proto",
+            "udp",
+        ],
     )?;
     lab.client.attach(CLIENT_DEV, &[])?;
     let client_before = program_ids(&lab.client)?;
@@ -288,14 +300,22 @@ fn upgrade_all_swaps_every_attachment_of_the_namespace() -> Result<()> {
     ensure!(after.len() == 2, "{after:?}");
     for ((dev, direction, old), (_, _, new)) in before.iter().zip(&after) {
         ensure!(old != new, "{dev} {direction}: program {old} not swapped");
-        ensure!(upgraded.contains(dev.as_str()), "{dev} not in the output: {upgraded}");
+        ensure!(
+            upgraded.contains(dev.as_str()),
+            "{dev} not in the output: {upgraded}"
+        );
     }
     ensure!(
         program_ids(&lab.client)? == client_before,
         "the client namespace's attachment changed"
     );
     let run = lab.udp(&Udp::at("10M", 3))?;
-    assert_within("after upgrade --all", run.l2_bps_between(1.0, 3.0), 5e6, 0.03);
+    assert_within(
+        "after upgrade --all",
+        run.l2_bps_between(1.0, 3.0),
+        5e6,
+        0.03,
+    );
     let (passed, dropped) = counted(&router)?;
     ensure!(
         passed > counters_before.0 && dropped > counters_before.1,

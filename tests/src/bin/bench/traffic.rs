@@ -199,14 +199,18 @@ fn cni_container_id() -> String {
 
 /// For a CNI peer, the guard that removes what its plugin may leave when a run fails
 /// half-way (shaper-cni's pins and record); None for the other peers.
-fn cni_leftovers(lab: &Lab, peer: Peer) -> Option<CniLeftovers> {
-    matches!(peer, Peer::CniBandwidth | Peer::ShaperCni).then(|| CniLeftovers {
-        host_netns: Some(lab.router.name.clone()),
-        container_id: cni_container_id(),
-        ifname: SERVER_DEV.into(),
-        host_dev: Some(DEV.into()),
-        ipam_dir: None,
-    })
+fn cni_leftovers(lab: &Lab, peer: Peer) -> Result<Option<CniLeftovers>> {
+    if !matches!(peer, Peer::CniBandwidth | Peer::ShaperCni) {
+        return Ok(None);
+    }
+    let mut leftovers = CniLeftovers::new(
+        Some(lab.router.name.clone()),
+        &cni_container_id(),
+        SERVER_DEV,
+        None,
+    );
+    leftovers.claim_host_dev(DEV)?;
+    Ok(Some(leftovers))
 }
 
 /// Runs a CNI plugin as a container runtime would: the router is the host, the server
@@ -1207,7 +1211,7 @@ pub fn accuracy(lab: &mut Lab, effort: &TrafficEffort, plots: &mut Plots) -> Res
             String::new()
         };
         for peer in UDP_PEERS {
-            let _leftovers = cni_leftovers(lab, peer);
+            let _leftovers = cni_leftovers(lab, peer)?;
             install(lab, peer, rate_bps)?;
             let result = lab.udp(&Udp {
                 rate: offered,
@@ -1234,7 +1238,7 @@ pub fn accuracy(lab: &mut Lab, effort: &TrafficEffort, plots: &mut Plots) -> Res
         let rate_bps = mbit * 1_000_000;
         for &peer in &effort.tcp_peers {
             // Dropped after `remove`, or on an early return: a CNI run leaves nothing.
-            let _leftovers = cni_leftovers(lab, peer);
+            let _leftovers = cni_leftovers(lab, peer)?;
             install(lab, peer, rate_bps)?;
             let result = lab.tcp_series(effort.tcp_seconds, "cubic", 0.1);
             remove(lab, peer, rate_bps)?;
