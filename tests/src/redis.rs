@@ -309,6 +309,11 @@ impl RedisServer {
         Ok(String::from_utf8_lossy(&output.stdout).to_string())
     }
 
+    /// The server's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The pid of the server answering on the port (`INFO server`).
     fn server_pid(&self) -> Result<u32> {
         let info = self.cli(&["INFO", "server"])?;

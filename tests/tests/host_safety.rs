@@ -430,3 +430,142 @@ impl Drop for NamespaceGuard {
         let _ = std::fs::remove_dir_all(Path::new(PIN_ROOT).join(format!("netns-{}", self.0)));
     }
 }
+
+/// Set in the child that [`a_run_killed_outright_leaves_the_host_as_it_was`] kills.
+const VICTIM: &str = "SHAPER_TEST_KILLED_CHILD";
+
+/// What a test run killed with SIGKILL leaves (its drops never run): nothing but what
+/// the next run's sweep removes. The test runs itself again as a child that builds a lab
+/// with a delay line, attaches shaper in the host's bpffs and in a private one whose pin
+/// root it hands to another user, and starts a redis-server, saying when each stage is
+/// done; it is killed after each stage in turn. Then: the host's pin root is still root's
+/// and 0700, no process is left in the child's namespaces, its redis-server is gone, and
+/// the next lab's sweep removes its namespaces and pins.
+#[test]
+fn a_run_killed_outright_leaves_the_host_as_it_was() -> Result<()> {
+    if std::env::var_os(VICTIM).is_some() {
+        return be_killed();
+    }
+    for stage in ["pin root handed over", "redis-server up"] {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "--exact",
+                "a_run_killed_outright_leaves_the_host_as_it_was",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(VICTIM, "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let lines = lines_of(child.stdout.take().context("no stdout")?);
+        let mut redis = None;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let line = lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .with_context(|| format!("the child never reached {stage:?}"))?;
+            // libtest prints the test's name in front of its first line.
+            let Some(said) = line.find("victim: ").map(|at| &line[at..]) else {
+                continue;
+            };
+            if let Some(pid) = said.strip_prefix("victim: redis-server ") {
+                redis = Some(pid.trim().to_string());
+            }
+            if said == format!("victim: {stage}") {
+                break;
+            }
+        }
+        let victim = child.id();
+        child.kill()?;
+        wait_bounded(&mut child, Duration::from_secs(5))?;
+        println!("killed the child {victim} once {stage}");
+
+        let root = std::fs::metadata(PIN_ROOT)?;
+        ensure!(
+            root.uid() == 0 && root.mode() & 0o7777 == 0o700,
+            "after the kill the host's pin root is uid {} mode {:o}",
+            root.uid(),
+            root.mode() & 0o7777
+        );
+        // Its namespaces' processes (the delay line, iperf3 servers) die with it.
+        let prefix = format!("shp{victim}x");
+        let namespaces = || -> Result<Vec<String>> {
+            let listed = Command::new("ip")
+                .args(["netns", "list"])
+                .succeed_within_limit()?;
+            Ok(String::from_utf8_lossy(&listed.stdout)
+                .lines()
+                .filter_map(|line| line.split_whitespace().next())
+                .filter(|name| name.starts_with(&prefix))
+                .map(str::to_string)
+                .collect())
+        };
+        let theirs = namespaces()?;
+        ensure!(!theirs.is_empty(), "the child made no lab");
+        let gone_by = Instant::now() + Duration::from_secs(3);
+        loop {
+            let mut left = Vec::new();
+            for ns in &theirs {
+                let pids = Command::new("ip")
+                    .args(["netns", "pids", ns])
+                    .succeed_within_limit()?;
+                left.extend(
+                    String::from_utf8_lossy(&pids.stdout)
+                        .split_whitespace()
+                        .map(str::to_string),
+                );
+            }
+            if let Some(pid) = &redis {
+                if Path::new("/proc").join(pid).exists() {
+                    left.push(format!("redis-server {pid}"));
+                }
+            }
+            if left.is_empty() {
+                break;
+            }
+            ensure!(
+                Instant::now() < gone_by,
+                "still running after the kill: {left:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The next lab sweeps what the dead run left: its namespaces and their pins.
+        drop(Lab::new()?);
+        ensure!(
+            namespaces()?.is_empty(),
+            "the sweep left {:?}",
+            namespaces()?
+        );
+        // (The pin root itself goes when its last attachment does.)
+        ensure!(
+            !std::fs::read_dir(PIN_ROOT)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|entry| entry.file_name().to_string_lossy().contains(&prefix)),
+            "the sweep left pins of {prefix}*"
+        );
+    }
+    Ok(())
+}
+
+/// The child: stages of a run, each said on stdout when done, then a wait to be killed.
+fn be_killed() -> Result<()> {
+    let lab = Lab::with_delay(Duration::from_millis(1))?;
+    lab.router.attach(ROUTER_TO_SERVER, &[])?;
+    let sandbox = PrivateBpffs::new()?;
+    let attached = sandbox.shaper(&["--netns", &lab.router.name, "attach", "r0"])?;
+    ensure!(attached.status.success(), "{}", stderr(&attached));
+    std::os::unix::fs::chown(sandbox.path(PIN_ROOT), Some(65534), None)?;
+    println!("victim: pin root handed over");
+    let redis = shaper_tests::RedisServer::start()?;
+    println!(
+        "victim: redis-server {}",
+        redis.pid().context("redis runs")?
+    );
+    println!("victim: redis-server up");
+    std::thread::sleep(Duration::from_secs(60));
+    bail!("the child was not killed within 60 s")
+}

@@ -1,7 +1,9 @@
-//! `cargo xtask setup | demo | test | bench | man | dist`: everything that orchestrates.
+//! `cargo xtask setup | demo | test | bench | mutants | man | dist`: everything that
+//! orchestrates.
 
 mod demo;
 mod dist;
+mod mutants;
 mod setup;
 
 use anyhow::{bail, Context as _, Result};
@@ -37,6 +39,13 @@ enum Task {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Mutation testing of shaper-common's arithmetic with cargo-mutants (hours; not in
+    /// CI): prints and writes target/mutants/summary.md, fails below 90 % caught.
+    Mutants {
+        /// Mutants built and tested at once.
+        #[arg(long, default_value_t = 2)]
+        jobs: u32,
+    },
     /// Write man pages for every shaper command into target/man (from the clap
     /// definitions; `man -l target/man/shaper.8`).
     Man,
@@ -71,6 +80,10 @@ fn run(task: Task) -> Result<()> {
             require_root("bench")?;
             setup::setup()?;
             bench(quick, json)
+        }
+        Task::Mutants { jobs } => {
+            setup::setup()?;
+            mutants::run(jobs)
         }
         Task::Man => {
             setup::setup()?;

@@ -220,27 +220,39 @@ fn bpf_linker() -> Result<()> {
 
 /// cargo-deb, at the version `cargo xtask dist` was written against.
 fn cargo_deb() -> Result<()> {
+    cargo_tool("cargo-deb", "deb", CARGO_DEB_VERSION)
+}
+
+/// The cargo-mutants release `cargo xtask mutants` runs (installed by that task only: it
+/// takes minutes to build and nothing else needs it).
+pub const CARGO_MUTANTS_VERSION: &str = "27.1.0";
+
+pub fn cargo_mutants() -> Result<()> {
+    cargo_tool("cargo-mutants", "mutants", CARGO_MUTANTS_VERSION)
+}
+
+/// Installs `crate_name` at `version` from crates.io (`cargo install --locked`) unless
+/// `cargo SUBCOMMAND --version` already reports that version.
+fn cargo_tool(crate_name: &str, subcommand: &str, version: &str) -> Result<()> {
     let present = Command::new("cargo")
-        .args(["deb", "--version"])
+        .args([subcommand, "--version"])
         .stderr(Stdio::null())
         .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(CARGO_DEB_VERSION));
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(version));
     if present {
-        step(&format!("cargo-deb {CARGO_DEB_VERSION}: present"));
+        step(&format!("{crate_name} {version}: present"));
         return Ok(());
     }
-    step(&format!(
-        "building cargo-deb {CARGO_DEB_VERSION} (a few minutes)"
-    ));
+    step(&format!("building {crate_name} {version} (a few minutes)"));
     run(Command::new("cargo").args([
         "install",
-        "cargo-deb",
+        crate_name,
         "--version",
-        CARGO_DEB_VERSION,
+        version,
         "--locked",
         "--force",
     ]))
-    .context("building cargo-deb failed")
+    .with_context(|| format!("building {crate_name} failed"))
 }
 
 fn debian_packages() -> Result<()> {
