@@ -25,7 +25,7 @@ use std::{
 };
 
 const CASES: u32 = 120;
-/// Overrides [`CASES`]: `cargo xtask mutants` runs 20, since each case is thousands of
+/// Overrides [`CASES`]: `cargo xtask mutants` runs 40, since each case is thousands of
 /// thread hand-offs (a minute on two cores for 120) and it runs the tests once per mutant.
 const CASES_VARIABLE: &str = "SHAPER_RACE_CASES";
 

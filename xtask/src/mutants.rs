@@ -22,7 +22,7 @@ const FILES: &[&str] = &[
 /// The share of viable mutants the tests must catch.
 const TARGET: f64 = 0.90;
 /// Cases of the meter race test per mutant (the suite's 120 take a minute on two cores).
-const RACE_CASES: &str = "20";
+const RACE_CASES: &str = "40";
 
 pub fn run(jobs: u32) -> Result<()> {
     setup::cargo_mutants()?;
