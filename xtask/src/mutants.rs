@@ -114,6 +114,7 @@ pub fn run(jobs: u32) -> Result<()> {
 }
 
 fn run_pass(pass: &Pass, jobs: u32, out: &Path) -> Result<Outcomes> {
+    std::fs::create_dir_all(out)?;
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     command
         .args(["mutants", "--package", "shaper-common", "--no-shuffle"])
