@@ -540,8 +540,9 @@ pub struct LoadedRun {
 
 /// Probes per second beside the bulk traffic.
 pub const PROBE_HZ: f64 = 20.0;
-/// The queue probe's irtt server port in the server namespace.
-const QUEUE_PROBE_PORT: u16 = 5250;
+/// The queue probe's irtt server port in the server namespace (irtt's own; iperf3's
+/// ports count up from 5202).
+const QUEUE_PROBE_PORT: u16 = 2112;
 
 /// Runs `tcp` from the client to the server while a [`PROBE_HZ`] ping from the client to
 /// the server runs beside it, and, with `queue_probe` (the shape class's rate, bit/s), a

@@ -552,7 +552,7 @@ impl Direction {
                 }
             }
             let (mono, real) = (now_ns(), clock_ns(ClockId::CLOCK_REALTIME) as i64);
-            for i in 0..received as usize {
+            for (i, &slot) in indices.iter().enumerate().take(received as usize) {
                 let length = batch.headers[i].msg_len as usize;
                 c.received.fetch_add(1, Ordering::Relaxed);
                 c.received_bytes.fetch_add(length as u64, Ordering::Relaxed);
@@ -575,9 +575,9 @@ impl Direction {
                 // Frames are received into the slots in order; an oversize one leaves a
                 // hole, so each kept frame moves into the next free slot.
                 let index = ring.index(ring.len);
-                if index != indices[i] {
+                if index != slot {
                     ring.slots
-                        .copy_within(indices[i] * SLOT..indices[i] * SLOT + length, index * SLOT);
+                        .copy_within(slot * SLOT..slot * SLOT + length, index * SLOT);
                 }
                 ring.lengths[index] = length;
                 ring.due[index] = arrived + self.delay_ns;

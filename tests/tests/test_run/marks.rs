@@ -188,8 +188,7 @@ fn meter_actions(extra: &[&str], yellow: Outcome, red: Outcome) -> [u32; 3] {
     let mut harness = Harness::new(&[&class]);
     let id = harness.class_id("meter");
     let peak = extra
-        .iter()
-        .any(|option| *option == "--peak-rate")
+        .contains(&"--peak-rate")
         .then(|| ByteCost::new(16_000_000, 12_000));
     let mut trtcm = peak
         .as_ref()
