@@ -3,7 +3,10 @@
 //! crashed earlier runs left behind (`sweep_stale`, run by [`crate::Lab::new`]).
 
 use crate::{
-    cni::{CNI_CLAIM_PREFIX, CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES},
+    cni::{
+        CNI_CLAIM_DIR, CNI_CLAIM_PREFIX, CNI_IPAM_PREFIX, CNI_RECORD_DIR,
+        CNI_TEST_CONTAINER_PREFIXES,
+    },
     process::{output_bounded, shaper_bin, COMMAND_LIMIT},
     redis::REDIS_TLS_PREFIX,
     topology::{NAME_PREFIX, PIN_ROOT},
@@ -166,39 +169,35 @@ pub(crate) fn sweep_stale() {
             remove_namespace_pins(name);
         }
     }
-    // CNI records of dead runs; the interfaces they name are candidates below.
-    let mut host_devs: Vec<String> = Vec::new();
-    for record in names_in(CNI_RECORD_DIR) {
-        if pid_after_prefix(&record, &CNI_TEST_CONTAINER_PREFIXES)
-            .is_some_and(|pid| !process_alive(pid))
-        {
-            let path = Path::new(CNI_RECORD_DIR).join(&record);
-            if let Ok(dev) = std::fs::read_to_string(&path) {
-                host_devs.push(dev.trim().to_string());
+    // Host-side interfaces dead runs attached to, by their CNI records and their claims
+    // (both in root's own /run/shaper): their `host/<dev>` pins go once the interface
+    // exists nowhere; a record or claim stays until then (its pins are still there).
+    let evidence = [
+        (CNI_RECORD_DIR, &CNI_TEST_CONTAINER_PREFIXES[..]),
+        (CNI_CLAIM_DIR, &[CNI_CLAIM_PREFIX][..]),
+    ];
+    for (dir, prefixes) in evidence {
+        for name in names_in(dir) {
+            if !pid_after_prefix(&name, prefixes).is_some_and(|pid| !process_alive(pid)) {
+                continue;
             }
-            let _ = std::fs::remove_file(&path);
+            let path = Path::new(dir).join(&name);
+            let dev = std::fs::read_to_string(&path).unwrap_or_default();
+            let dev = dev.trim();
+            if dev.is_empty() || dev.contains('/') || dev.starts_with('.') {
+                let _ = std::fs::remove_file(&path);
+            } else if !interface_exists_anywhere(dev) {
+                let _ = std::fs::remove_dir_all(Path::new(PIN_ROOT).join("host").join(dev));
+                let _ = std::fs::remove_file(&path);
+            }
         }
     }
-    // host-local's leases and TLS Redis servers' keys of dead test runs; their claims of
-    // host-side interfaces are candidates below.
+    // host-local's leases and TLS Redis servers' keys of dead test runs.
     for name in names_in(std::env::temp_dir()) {
-        let path = std::env::temp_dir().join(&name);
-        if pid_after_prefix(&name, &[CNI_CLAIM_PREFIX]).is_some_and(|pid| !process_alive(pid)) {
-            if let Ok(dev) = std::fs::read_to_string(&path) {
-                host_devs.push(dev.trim().to_string());
-            }
-            let _ = std::fs::remove_file(&path);
-        } else if pid_after_prefix(&name, &[CNI_IPAM_PREFIX, REDIS_TLS_PREFIX])
+        if pid_after_prefix(&name, &[CNI_IPAM_PREFIX, REDIS_TLS_PREFIX])
             .is_some_and(|pid| !process_alive(pid))
         {
-            let _ = std::fs::remove_dir_all(&path);
-        }
-    }
-    // Host pins of those interfaces, once they no longer exist anywhere.
-    let host_pins = Path::new(PIN_ROOT).join("host");
-    for dev in host_devs {
-        if !dev.is_empty() && !dev.contains('/') && !interface_exists_anywhere(&dev) {
-            let _ = std::fs::remove_dir_all(host_pins.join(&dev));
+            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(name));
         }
     }
 }
@@ -253,10 +252,7 @@ mod tests {
             pid_after_prefix("shaper-redis-tls-9-0", &[REDIS_TLS_PREFIX]),
             Some(9)
         );
-        assert_eq!(
-            pid_after_prefix("shaper-cni-claim-9-3", &[CNI_CLAIM_PREFIX]),
-            Some(9)
-        );
+        assert_eq!(pid_after_prefix("claim-9-3", &[CNI_CLAIM_PREFIX]), Some(9));
         // A bridge plugin's veth carries no run's token: never a candidate by its name.
         assert_eq!(pid_after_prefix("veth0a1b2c3d", &[CNI_CLAIM_PREFIX]), None);
         assert_eq!(

@@ -8,6 +8,7 @@ use crate::{
 };
 use anyhow::{Context as _, Result};
 use std::{
+    os::unix::fs::DirBuilderExt as _,
     path::{Path, PathBuf},
     process::Command,
     sync::atomic::{AtomicU32, Ordering},
@@ -27,9 +28,11 @@ pub fn cni_record_path(container_id: &str, ifname: &str) -> PathBuf {
     Path::new(CNI_RECORD_DIR).join(format!("{}-{}", safe(container_id), safe(ifname)))
 }
 
-/// Claims of host-side interfaces by test runs: `<temp>/{CNI_CLAIM_PREFIX}<pid>-<n>`
-/// holding the interface's name, written before a plugin may attach to it.
-pub const CNI_CLAIM_PREFIX: &str = "shaper-cni-claim-";
+/// Where test runs claim host-side interfaces: `{CNI_CLAIM_DIR}/{CNI_CLAIM_PREFIX}<pid>-<n>`
+/// holding the interface's name, written before shaper-cni may attach to it. Root's own
+/// (0700, beside shaper-cni's records): the sweep removes pins by what it reads there.
+pub const CNI_CLAIM_DIR: &str = "/run/shaper/test-claims";
+pub const CNI_CLAIM_PREFIX: &str = "claim-";
 
 /// What CNI plugins run by a test may leave behind when it fails half-way, removed on
 /// drop (also while panicking): shaper's attachment on the host-side interface and its
@@ -67,11 +70,16 @@ impl CniLeftovers {
         }
     }
 
-    /// Names the host-side interface the plugins attach to, and claims it for this run
-    /// (before anything attaches to it).
+    /// Names the host-side interface shaper-cni attaches to, and claims it for this run
+    /// (before shaper-cni attaches to it).
     pub fn claim_host_dev(&mut self, dev: &str) -> Result<()> {
         static CLAIMS: AtomicU32 = AtomicU32::new(0);
-        let claim = std::env::temp_dir().join(format!(
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(CNI_CLAIM_DIR)
+            .with_context(|| format!("cannot create {CNI_CLAIM_DIR}"))?;
+        let claim = Path::new(CNI_CLAIM_DIR).join(format!(
             "{CNI_CLAIM_PREFIX}{}-{}",
             std::process::id(),
             CLAIMS.fetch_add(1, Ordering::Relaxed)

@@ -184,43 +184,43 @@ fn unix_now() -> f64 {
 }
 
 /// A probe that is no sparse flow: irtt sends isochronous UDP packets from a client to an
-/// irtt server, at [`QUEUE_PROBE_SHARE`] of a shape class's rate, 1.5 times the rate below
-/// which a flow counts as sparse (1/16 of the class's rate), so its packets wait in the
-/// class's bulk queue with the bulk flows' and read the delay CoDel lets that queue keep.
-/// The server listens on the lab's server address only, on a port the caller picks; both
-/// are killed on drop.
+/// irtt server at a rate the caller sets above a shape class's sparse threshold, so its
+/// packets wait in the class's bulk queue with the bulk flows' and read the delay CoDel
+/// lets that queue keep. Its added RTT is over its own idle RTT, measured the same way
+/// (irtt's user-space stamps) for a second before the load. The server listens on the
+/// lab's server address only, on a port the caller picks; both are killed on drop.
 pub struct QueueProbe {
     server: Option<Child>,
     client: Option<Child>,
     started_unix_s: f64,
+    /// The median RTT (ms) of the probe on the idle path.
+    pub idle_rtt_ms: f64,
     /// The probe's own payload rate (bit/s): part of what the class delivers.
     pub payload_bps: f64,
 }
 
-/// The queue probe's rate as a share of the class rate: 1.5 × 1/16.
-pub const QUEUE_PROBE_SHARE: f64 = 1.5 / 16.0;
 /// The queue probe's packet length (irtt's UDP payload, bytes).
 const QUEUE_PROBE_LENGTH: u32 = 1000;
+/// How long the idle RTT is measured.
+const QUEUE_PROBE_IDLE: Duration = Duration::from_secs(1);
 
 impl QueueProbe {
-    /// Probes the bulk queue of a shape class at `class_bps` from `client` to `server`'s
-    /// `address` on `port`, for `duration`.
+    /// Probes from `client` to `server`'s `address` on `port` at `payload_bps`, for
+    /// `duration` (after a second on the idle path).
     pub fn start(
         client: &Netns,
         server: &Netns,
         address: &str,
         port: u16,
-        class_bps: f64,
+        payload_bps: f64,
         duration: Duration,
     ) -> Result<Self> {
-        let payload_bps = class_bps * QUEUE_PROBE_SHARE;
         let interval_us = (f64::from(QUEUE_PROBE_LENGTH) * 8.0 / payload_bps * 1e6).round();
         let bind = format!("{address}:{port}");
         // No minimum interval, no length limit; the test's duration bounds each run.
         let server_child = server
             .command("irtt")
             .args(["server", "-b", &bind, "-i", "0", "-l", "0"])
-            .args(["-d", &format!("{}s", duration.as_secs() + 30)])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -229,26 +229,33 @@ impl QueueProbe {
         let mut probe = Self {
             server: Some(server_child),
             client: None,
-            started_unix_s: unix_now(),
+            started_unix_s: 0.0,
+            idle_rtt_ms: 0.0,
             payload_bps: f64::from(QUEUE_PROBE_LENGTH) * 8.0 / (interval_us / 1e6),
         };
         let server_child = probe.server.as_mut().expect("just started");
         wait_listening(server, server_child, Transport::Udp, port)?;
+        let client_run = |run: Duration| {
+            client
+                .command("irtt")
+                .args(["client", "-Q", "-o", "-"])
+                .args(["-i", &format!("{interval_us}us")])
+                .args(["-l", &QUEUE_PROBE_LENGTH.to_string()])
+                .args(["-d", &format!("{}ms", run.as_millis())])
+                .arg("--wait=1s")
+                .arg(&bind)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("cannot start the irtt client")
+        };
+        let idle_start = unix_now();
+        let idle = irtt_samples(client_run(QUEUE_PROBE_IDLE)?, idle_start)?;
+        let rtts: Vec<f64> = idle.samples.iter().map(|(_, rtt)| *rtt).collect();
+        probe.idle_rtt_ms = percentile(&rtts, 50.0).context("no irtt reply on the idle path")?;
         probe.started_unix_s = unix_now();
-        let client_child = client
-            .command("irtt")
-            .args(["client", "-Q", "-o", "-"])
-            .args(["-i", &format!("{interval_us}us")])
-            .args(["-l", &QUEUE_PROBE_LENGTH.to_string()])
-            .args(["-d", &format!("{}ms", duration.as_millis())])
-            .arg("--wait=1s")
-            .arg(&bind)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("cannot start the irtt client")?;
-        probe.client = Some(client_child);
+        probe.client = Some(client_run(duration)?);
         Ok(probe)
     }
 
@@ -256,17 +263,22 @@ impl QueueProbe {
     /// saw: each answered packet's RTT by its reply time, the lost ones by send time.
     pub fn finish(mut self) -> Result<ProbeSamples> {
         let client = self.client.take().context("the queue probe was stopped")?;
-        let output = wait_with_output_bounded(client, Duration::from_secs(120))?;
-        ensure!(
-            output.status.success(),
-            "irtt client failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-        let json: serde_json::Value =
-            serde_json::from_slice(&output.stdout).context("irtt's JSON output does not parse")?;
-        ProbeSamples::from_irtt(self.started_unix_s, &json)
+        irtt_samples(client, self.started_unix_s)
     }
+}
+
+/// The samples of an irtt client run started at `started_unix_s`, once it ends.
+fn irtt_samples(client: Child, started_unix_s: f64) -> Result<ProbeSamples> {
+    let output = wait_with_output_bounded(client, Duration::from_secs(120))?;
+    ensure!(
+        output.status.success(),
+        "irtt client failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("irtt's JSON output does not parse")?;
+    ProbeSamples::from_irtt(started_unix_s, &json)
 }
 
 impl Drop for QueueProbe {
@@ -484,6 +496,33 @@ mod tests {
     }
 
     #[test]
+    fn irtt_round_trips_become_samples_and_losses() {
+        let trip = |seq: u64, lost: &str, send_ms: u64, rtt_ms: u64| {
+            serde_json::json!({
+                "seqno": seq,
+                "lost": lost,
+                "timestamps": {"client": {
+                    "send": {"wall": (100_000 + send_ms) * 1_000_000},
+                    "receive": {"wall": (100_000 + send_ms + rtt_ms) * 1_000_000},
+                }},
+                "delay": {"rtt": rtt_ms * 1_000_000},
+            })
+        };
+        let json = serde_json::json!({"round_trips": [
+            trip(0, "false", 0, 12),
+            trip(1, "true", 4, 0),
+            trip(2, "true_down", 8, 0),
+            trip(3, "false", 12, 7),
+        ]});
+        let probe = ProbeSamples::from_irtt(100.0, &json).unwrap();
+        assert_eq!(probe.samples, [(100.012, 12.0), (100.019, 7.0)]);
+        assert_eq!(probe.lost, [100.004, 100.008]);
+        let added = probe.added_rtt(Duration::ZERO, 5.0).unwrap();
+        assert_eq!((added.samples, added.lost, added.p99_ms), (2, 2, 7.0));
+        assert!(ProbeSamples::from_irtt(100.0, &serde_json::json!({})).is_err());
+    }
+
+    #[test]
     fn samples_count_lost_probes_and_skip_the_warm_up() {
         // 10 Hz from t = 100 s: probe n sent at 100 + (n − 1)/10, answered 20 ms later,
         // but 1 (lost at the start), 5 and 6 (lost) and 11 (in flight at the end).
@@ -545,7 +584,7 @@ pub const PROBE_HZ: f64 = 20.0;
 const QUEUE_PROBE_PORT: u16 = 2112;
 
 /// Runs `tcp` from the client to the server while a [`PROBE_HZ`] ping from the client to
-/// the server runs beside it, and, with `queue_probe` (the shape class's rate, bit/s), a
+/// the server runs beside it, and, with `queue_probe` (its payload rate, bit/s), a
 /// [`QueueProbe`] too; figures over the seconds from `steady_from` on. Through a delay
 /// line, only a run in which it kept time counts ([`crate::Lab::through_delay_line`]).
 pub fn tcp_under_probe(
@@ -558,18 +597,19 @@ pub fn tcp_under_probe(
         let idle = idle_rtt_ms(&lab.client, crate::topology::SERVER_V4)?;
         let probe = LatencyProbe::start(&lab.client, crate::topology::SERVER_V4, PROBE_HZ)?;
         let queue_probe = queue_probe
-            .map(|class_bps| {
+            .map(|payload_bps| {
                 QueueProbe::start(
                     &lab.client,
                     &lab.server,
                     crate::topology::SERVER_V4,
                     QUEUE_PROBE_PORT,
-                    class_bps,
+                    payload_bps,
                     Duration::from_secs(u64::from(tcp.seconds) + 2),
                 )
             })
             .transpose()?;
         let queue_probe_bps = queue_probe.as_ref().map_or(0.0, |q| q.payload_bps);
+        let queue_idle_ms = queue_probe.as_ref().map_or(0.0, |q| q.idle_rtt_ms);
         let run = lab.tcp_run(tcp);
         let samples = probe.finish()?;
         let queue_samples = queue_probe.map(QueueProbe::finish).transpose()?;
@@ -584,7 +624,7 @@ pub fn tcp_under_probe(
             steady_goodput_bps,
             added: samples.added_rtt(steady_from, idle)?,
             queue: queue_samples
-                .map(|q| q.added_rtt(steady_from, idle))
+                .map(|q| q.added_rtt(steady_from, queue_idle_ms))
                 .transpose()?,
             queue_probe_bps,
             sender_rtt_ms: run.steady_rtt_ms_from(from),

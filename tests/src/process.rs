@@ -209,7 +209,8 @@ pub(crate) fn run_checked(command: &mut Command) -> Result<Output> {
     let output = output_bounded(command, COMMAND_LIMIT)?;
     if !output.status.success() {
         bail!(
-            "{command:?} failed: {}",
+            "{command:?} failed ({}): {}",
+            output.status,
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
@@ -231,15 +232,7 @@ impl BoundedCommand for Command {
     }
 
     fn succeed_within_limit(&mut self) -> Result<Output> {
-        let output = output_bounded(self, COMMAND_LIMIT)?;
-        if !output.status.success() {
-            bail!(
-                "{self:?} exited with {}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(output)
+        run_checked(self)
     }
 }
 

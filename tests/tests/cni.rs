@@ -7,7 +7,7 @@
 use anyhow::{bail, ensure, Context as _, Result};
 use serde_json::{json, Value};
 use shaper_tests::{
-    assert_programs_unloaded, assert_within, shaper_bin, status_program_ids,
+    assert_programs_unloaded, assert_within, dies_with_parent, shaper_bin, status_program_ids,
     wait_with_output_bounded, BoundedCommand, Capture, CniLeftovers, Lab, Netns, Udp,
     CNI_IPAM_PREFIX, COMMAND_LIMIT,
 };
@@ -32,7 +32,7 @@ fn plugin(
     command: &str,
     config: &Value,
 ) -> Result<(bool, Value)> {
-    let mut child = Command::new("nsenter")
+    let mut child = dies_with_parent(&mut Command::new("nsenter"))
         .arg(format!("--net=/run/netns/{}", host.name))
         .arg(binary)
         .env("CNI_COMMAND", command)
@@ -410,8 +410,9 @@ fn shaper_cni_shapes_marks_and_deletes_after_the_container_is_gone() -> Result<(
         )?
         .total_l2_bps();
     let ce = capture.count("udp and ip[1] & 3 = 3")?;
+    let reached = capture.count("udp")?;
     println!(
-        "shaper-cni: shape {:.3} Mbit/s; ecn {:.3} Mbit/s with {ce} CE packets",
+        "shaper-cni: shape {:.3} Mbit/s; ecn {:.3} Mbit/s, {ce} of {reached} packets CE",
         shaped / 1e6,
         marked / 1e6
     );
@@ -421,7 +422,12 @@ fn shaper_cni_shapes_marks_and_deletes_after_the_container_is_gone() -> Result<(
         INGRESS_BPS as f64,
         0.03,
     );
-    assert!(ce > 100, "only {ce} CE packets reached the container");
+    // At 5× the rate the bucket is drained after its burst's first half (some 50 packets):
+    // nearly everything that passes is marked.
+    assert!(
+        ce as f64 >= 0.9 * reached as f64,
+        "{ce} of the {reached} packets that reached the container were CE"
+    );
 
     // The container's namespace goes first; DEL then finds the host veth by its record.
     ensure!(record.exists(), "ADD keeps a record");

@@ -179,7 +179,7 @@ fn apply_is_idempotent_minimal_and_round_trips_through_export() -> Result<()> {
 
     // export | apply -f - is a no-op.
     let exported = export(&spaces);
-    let mut child = Command::new(shaper_bin())
+    let mut child = dies_with_parent(&mut Command::new(shaper_bin()))
         .args(["apply", "-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

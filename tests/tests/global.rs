@@ -301,8 +301,9 @@ fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()
         mbit(during(1)),
         mbit(open_offered)
     );
+    // Within 15 %: a 500 ms window of the 300 kbit/s floor holds 15 datagrams.
     assert!(
-        (0.5 * floor..=2.0 * floor).contains(&during(2)),
+        (0.85 * floor..=1.15 * floor).contains(&during(2)),
         "closed: {} Mbit/s, not its floor {}",
         mbit(during(2)),
         mbit(floor)

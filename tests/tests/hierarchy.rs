@@ -258,7 +258,8 @@ fn a_parent_holds_a_sender_that_changes_its_source_port_on_every_datagram() {
 /// holds their sum. The burst is set small: with the default (128 KiB at 4 Mbit/s) a flow
 /// the parent held back in the first second keeps its burst unspent and may spend it in
 /// the measured window, 0.2 of its 4 Mbit/s over 5 s, as a token bucket should. 16 KiB
-/// adds at most 0.03 Mbit/s. Two runs, so that each limit is the one that binds in one:
+/// adds at most 0.03 Mbit/s (each flow is held within 1.5 % of its rate). Two runs, so that
+/// each limit is the one that binds in one:
 /// two flows at 6 Mbit/s (12 offered, 8 allowed by their buckets, under the parent's 10:
 /// without per-flow buckets each would get 5), then four (16 allowed by their buckets,
 /// 10 by the parent).
@@ -293,7 +294,7 @@ fn per_flow_buckets_under_a_parent_hold_each_flow_and_the_sum() {
                 rate / 1e6
             );
             assert!(
-                *rate <= 4e6 * 1.03,
+                *rate <= 4e6 * 1.015,
                 "{streams} flows: flow {index} got {:.3} Mbit/s, above its 4",
                 rate / 1e6
             );

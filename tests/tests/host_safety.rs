@@ -159,7 +159,7 @@ fn interface_names_never_become_paths_outside_the_pin_root() -> Result<()> {
 /// can hand its pin root to another user without ever touching the host's. Its pins, and
 /// the programs they hold, go with it.
 struct PrivateBpffs {
-    holder: Child,
+    holder: KilledOnDrop,
 }
 
 impl PrivateBpffs {
@@ -172,7 +172,9 @@ impl PrivateBpffs {
             .stdout(Stdio::piped())
             .spawn()?;
         let lines = lines_of(holder.stdout.take().context("no stdout")?);
-        let sandbox = Self { holder };
+        let sandbox = Self {
+            holder: KilledOnDrop(holder),
+        };
         match lines.recv_timeout(Duration::from_secs(10)) {
             Ok(line) if line == "ready" => Ok(sandbox),
             other => bail!("the private bpffs did not come up: {other:?}"),
@@ -182,7 +184,7 @@ impl PrivateBpffs {
     /// `shaper ARGS` inside the private mount namespace.
     fn shaper(&self, args: &[&str]) -> Result<std::process::Output> {
         Command::new("nsenter")
-            .arg(format!("--mount=/proc/{}/ns/mnt", self.holder.id()))
+            .arg(format!("--mount=/proc/{}/ns/mnt", self.holder.0.id()))
             .arg(shaper_bin())
             .args(args)
             .output_within_limit()
@@ -190,14 +192,7 @@ impl PrivateBpffs {
 
     /// Where `path` of the private mount namespace is, seen from here.
     fn path(&self, path: &str) -> PathBuf {
-        PathBuf::from(format!("/proc/{}/root{path}", self.holder.id()))
-    }
-}
-
-impl Drop for PrivateBpffs {
-    fn drop(&mut self) {
-        let _ = self.holder.kill();
-        let _ = wait_bounded(&mut self.holder, Duration::from_secs(5));
+        PathBuf::from(format!("/proc/{}/root{path}", self.holder.0.id()))
     }
 }
 
@@ -447,19 +442,22 @@ fn a_run_killed_outright_leaves_the_host_as_it_was() -> Result<()> {
         return be_killed();
     }
     for stage in ["pin root handed over", "redis-server up"] {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args([
-                "--exact",
-                "a_run_killed_outright_leaves_the_host_as_it_was",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(VICTIM, "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let lines = lines_of(child.stdout.take().context("no stdout")?);
+        // Dies with this test too, and is killed on any early return (the guard).
+        let mut child = KilledOnDrop(
+            dies_with_parent(&mut Command::new(std::env::current_exe()?))
+                .args([
+                    "--exact",
+                    "a_run_killed_outright_leaves_the_host_as_it_was",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(VICTIM, "1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
+        let lines = lines_of(child.0.stdout.take().context("no stdout")?);
         let mut redis = None;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -477,9 +475,9 @@ fn a_run_killed_outright_leaves_the_host_as_it_was() -> Result<()> {
                 break;
             }
         }
-        let victim = child.id();
-        child.kill()?;
-        wait_bounded(&mut child, Duration::from_secs(5))?;
+        let victim = child.0.id();
+        child.0.kill()?;
+        wait_bounded(&mut child.0, Duration::from_secs(5))?;
         println!("killed the child {victim} once {stage}");
 
         let root = std::fs::metadata(PIN_ROOT)?;
@@ -549,6 +547,16 @@ fn a_run_killed_outright_leaves_the_host_as_it_was() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A child killed (and reaped, bounded) when dropped.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = wait_bounded(&mut self.0, Duration::from_secs(5));
+    }
 }
 
 /// The child: stages of a run, each said on stdout when done, then a wait to be killed.

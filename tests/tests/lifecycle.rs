@@ -3,8 +3,8 @@
 //! mounted when missing, and detach cleans up after a namespace that was deleted.
 
 use shaper_tests::{
-    shaper_bin, wait_bounded, BoundedCommand, Lab, Netns, COMMAND_LIMIT, ROUTER_TO_CLIENT,
-    ROUTER_TO_SERVER,
+    dies_with_parent, shaper_bin, wait_bounded, BoundedCommand, Lab, Netns, COMMAND_LIMIT,
+    ROUTER_TO_CLIENT, ROUTER_TO_SERVER,
 };
 use std::process::Command;
 
@@ -12,7 +12,7 @@ use std::process::Command;
 /// to be run alongside others.
 fn add_class_command(router: &str, i: u32) -> Command {
     let mut command = Command::new(shaper_bin());
-    command.args([
+    dies_with_parent(&mut command).args([
         "--netns",
         router,
         "class",

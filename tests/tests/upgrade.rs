@@ -294,6 +294,12 @@ fn upgrade_all_swaps_every_attachment_of_the_namespace() -> Result<()> {
     let counters_before = counted(&router)?;
     let before = program_ids(&router)?;
     let upgraded = router.shaper(&["upgrade", "--all", "--reload"])?;
+    // No traffic since: the counters are exactly as they were.
+    ensure!(
+        counted(&router)? == counters_before,
+        "the upgrade changed the counters: {counters_before:?} -> {:?}",
+        counted(&router)?
+    );
     println!("{}", upgraded.trim());
     let after = program_ids(&router)?;
     println!("router before {before:?}, after {after:?}");

@@ -45,6 +45,9 @@ enum Task {
         /// Mutants built and tested at once.
         #[arg(long, default_value_t = 2)]
         jobs: u32,
+        /// Run only this pass (arithmetic or meter); the others' last outcomes count.
+        #[arg(long)]
+        only: Option<String>,
     },
     /// Write man pages for every shaper command into target/man (from the clap
     /// definitions; `man -l target/man/shaper.8`).
@@ -81,9 +84,9 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             bench(quick, json)
         }
-        Task::Mutants { jobs } => {
+        Task::Mutants { jobs, only } => {
             setup::setup()?;
-            mutants::run(jobs)
+            mutants::run(jobs, only.as_deref())
         }
         Task::Man => {
             setup::setup()?;

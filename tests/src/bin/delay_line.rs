@@ -40,7 +40,9 @@ use nix::{
     time::{clock_gettime, ClockId},
 };
 use serde_json::{json, Value};
+use shaper_tests::delay::binned_percentile;
 use std::{
+    collections::BTreeMap,
     io, mem,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
     process::ExitCode,
@@ -253,7 +255,8 @@ impl PacketSocket {
 }
 
 /// Counts of a delay (ns) in bins: 10 µs wide below 2 ms, 1 ms wide up to 100 ms, then one
-/// bin for the rest; percentiles are read as a bin's upper edge (never optimistic).
+/// bin for the rest, whose edge reads 200 ms; percentiles are read as a bin's upper edge
+/// (never below the truth, but for the last bin's).
 struct Histogram {
     bins: Vec<AtomicU64>,
 }
@@ -282,12 +285,14 @@ impl Histogram {
         }
     }
 
-    /// The upper edge of a bin (ns); the last bin's is unbounded, read as 100 ms.
+    /// The upper edge of a bin (ns); the last bin's is unbounded, read as 200 ms.
     fn upper_edge(bin: usize) -> u64 {
         if bin < FINE_BINS {
             (bin as u64 + 1) * FINE_BIN_NS
+        } else if bin < BINS - 1 {
+            FINE_UP_TO_NS + (bin - FINE_BINS + 1) as u64 * COARSE_BIN_NS
         } else {
-            (FINE_UP_TO_NS + (bin - FINE_BINS + 1) as u64 * COARSE_BIN_NS).min(COARSE_UP_TO_NS)
+            2 * COARSE_UP_TO_NS
         }
     }
 
@@ -308,24 +313,12 @@ impl Histogram {
 
     /// The `p`-th percentile (0 < p ≤ 100) in µs, by nearest rank; 0 with no sample.
     fn percentile_us(&self, p: f64) -> f64 {
-        let counts: Vec<u64> = self
-            .bins
-            .iter()
-            .map(|bin| bin.load(Ordering::Relaxed))
+        let bins: BTreeMap<u64, u64> = self
+            .nonzero_bins()
+            .into_iter()
+            .map(|[edge, count]| (edge, count))
             .collect();
-        let total: u64 = counts.iter().sum();
-        if total == 0 {
-            return 0.0;
-        }
-        let rank = ((p / 100.0 * total as f64).ceil() as u64).clamp(1, total);
-        let mut seen = 0;
-        for (bin, count) in counts.iter().enumerate() {
-            seen += count;
-            if seen >= rank {
-                return Self::upper_edge(bin) as f64 / 1e3;
-            }
-        }
-        COARSE_UP_TO_NS as f64 / 1e3
+        binned_percentile(&bins, p)
     }
 }
 
@@ -348,10 +341,6 @@ struct Counters {
     error_sum_ns: AtomicU64,
     late_max_ns: AtomicU64,
     early_max_ns: AtomicU64,
-    /// Frames that left more than 1 ms / 5 ms after their due time (a thread held off
-    /// its CPU: how often the lab itself adds jitter).
-    late_over_1ms: AtomicU64,
-    late_over_5ms: AtomicU64,
 }
 
 /// The frames of one direction waiting for their due time, oldest first, in slots
@@ -557,12 +546,16 @@ impl Direction {
                 c.received.fetch_add(1, Ordering::Relaxed);
                 c.received_bytes.fetch_add(length as u64, Ordering::Relaxed);
                 // The stamp's age by the real-time clock, carried over to the monotonic one.
-                let age = batch.stamp(i).map_or(0, |at| real - at);
-                let arrived = if (0..STAMP_MAX_AGE_NS).contains(&age) {
-                    self.receive_lag.add(age as u64);
-                    mono - age as u64
-                } else {
-                    mono
+                let age = batch
+                    .stamp(i)
+                    .map(|at| real - at)
+                    .filter(|age| (0..STAMP_MAX_AGE_NS).contains(age));
+                let arrived = match age {
+                    Some(age) => {
+                        self.receive_lag.add(age as u64);
+                        mono - age as u64
+                    }
+                    None => mono,
                 };
                 if length > SLOT {
                     c.oversize_drops.fetch_add(1, Ordering::Relaxed);
@@ -645,10 +638,6 @@ impl Direction {
                 let late = sent_at.saturating_sub(due);
                 self.lateness.add(late);
                 c.late_max_ns.fetch_max(late, Ordering::Relaxed);
-                c.late_over_1ms
-                    .fetch_add(u64::from(late > 1_000_000), Ordering::Relaxed);
-                c.late_over_5ms
-                    .fetch_add(u64::from(late > 5_000_000), Ordering::Relaxed);
                 c.early_max_ns
                     .fetch_max(due.saturating_sub(sent_at), Ordering::Relaxed);
             }
@@ -691,8 +680,6 @@ impl Direction {
             "late_p999_us": self.lateness.percentile_us(99.9),
             "late_max_us": get(&c.late_max_ns) as f64 / 1e3,
             "early_max_us": get(&c.early_max_ns) as f64 / 1e3,
-            "late_over_1ms": get(&c.late_over_1ms),
-            "late_over_5ms": get(&c.late_over_5ms),
             "receive_lag_p99_us": self.receive_lag.percentile_us(99.0),
             "realtime": self.realtime.load(Ordering::Relaxed),
         })
@@ -839,9 +826,14 @@ mod tests {
         assert_eq!(histogram.percentile_us(98.0), 10.0);
         assert_eq!(histogram.percentile_us(99.0), 1510.0);
         assert_eq!(histogram.percentile_us(100.0), 31_000.0);
-        // Past the last bound: read as 100 ms, never less.
+        // Past the last bound: read as 200 ms, apart from the last bounded bin's 100 ms.
+        histogram.add(99_500_000);
         histogram.add(5_000_000_000);
-        assert_eq!(histogram.percentile_us(100.0), 100_000.0);
+        assert_eq!(histogram.percentile_us(100.0), 200_000.0);
+        assert_eq!(
+            histogram.nonzero_bins().last_chunk::<2>(),
+            Some(&[[100_000, 1], [200_000, 1]])
+        );
         assert_eq!(Histogram::bin_of(1_999_999), FINE_BINS - 1);
         assert_eq!(Histogram::upper_edge(FINE_BINS), 3_000_000);
     }
