@@ -304,6 +304,94 @@ pub fn advance(tat: u64, now_ns: u64, bytes: u64, cost: &ByteCost) -> (u64, u64,
 mod tests {
     use super::*;
 
+    /// Rates from the slowest the arithmetic supports to the fastest it is specified for.
+    const RATES: [u64; 6] = [
+        8,
+        1_000,
+        12_345_678,
+        100_000_000,
+        1_000_000_000,
+        400_000_000_000,
+    ];
+
+    /// The exact ticks `bytes` are worth at `rate`, rounded down (u128 reference).
+    fn exact_ticks(bytes: u64, rate: u64) -> u128 {
+        bytes as u128 * 8 * TICKS_PER_SEC / rate as u128
+    }
+
+    #[test]
+    fn a_charge_above_the_largest_is_the_largest() {
+        for rate in RATES {
+            let cost = ByteCost::new(rate, 1 << 20);
+            assert_eq!(
+                cost.ticks_for(MAX_CHARGE_BYTES + 1),
+                cost.ticks_for(MAX_CHARGE_BYTES)
+            );
+            assert_eq!(cost.ticks_for(u64::MAX), cost.ticks_for(MAX_CHARGE_BYTES));
+            assert!(cost.ticks_for(MAX_CHARGE_BYTES) > cost.ticks_for(MAX_CHARGE_BYTES - 10));
+        }
+    }
+
+    #[test]
+    fn tokens_in_ticks_are_the_exact_worth_rounded_down() {
+        for rate in RATES {
+            let cost = ByteCost::new(rate, 1 << 20);
+            // (No whole tick a byte at 400 Gbit/s: nothing to saturate.)
+            let room = (1u64 << 63)
+                .checked_div(cost.ticks_per_byte)
+                .unwrap_or(u64::MAX);
+            for bytes in [1u64, 1500, 1 << 20, 123_456_789, 1 << 30, 1 << 39] {
+                let exact = exact_ticks(bytes, rate);
+                let got = cost.ticks_in(bytes) as u128;
+                if bytes > room {
+                    assert_eq!(got, 1 << 63, "{bytes} B at {rate} bit/s saturates");
+                    continue;
+                }
+                // The stored cost is the exact one rounded up by under 2^-24 tick a byte,
+                // and ticks_in takes that excess (and one tick more) off again.
+                let slack = (bytes >> FRAC_BITS) as u128 + 2;
+                assert!(
+                    got <= exact && got + slack >= exact,
+                    "{bytes} B at {rate} bit/s: {got} ticks, exactly {exact}"
+                );
+            }
+            // Token counts above 2^39 bytes count as 2^39.
+            assert_eq!(
+                cost.ticks_in(1 << 40),
+                cost.ticks_in(1 << 39),
+                "{rate} bit/s"
+            );
+        }
+        // The slowest rate: the worth saturates one byte past what 2^63 ticks hold.
+        let slowest = ByteCost::new(MIN_RATE_BITS_PER_SEC, 1 << 20);
+        let room = (1u64 << 63) / slowest.ticks_per_byte;
+        assert!(slowest.ticks_in(room) < 1 << 63);
+        assert_eq!(slowest.ticks_in(room + 1), 1 << 63);
+    }
+
+    #[test]
+    fn bytes_in_ticks_are_the_exact_count_rounded_down() {
+        for rate in RATES {
+            let cost = ByteCost::new(rate, 1 << 20);
+            for ticks in [1u64, 1 << 20, 123_456_789_012, 1 << 50] {
+                let exact = (ticks as u128 * rate as u128 / (8 * TICKS_PER_SEC)) as u64;
+                let got = cost.bytes_in(ticks);
+                // Rounded down, by a divisor rounded up by under 2^-14 of itself.
+                assert!(
+                    got <= exact && got + 1 + (exact >> 14) >= exact,
+                    "{ticks} ticks at {rate} bit/s: {got} bytes, exactly {exact}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_chunk_of_exactly_one_frame_is_a_chunk() {
+        // 1 ms at 12.112 Mbit/s is 1514 bytes: one full-size frame.
+        assert_eq!(credit_chunk(12_112_000, 1 << 20, 1), MIN_CREDIT_CHUNK);
+        assert_eq!(credit_chunk(12_111_999, 1 << 20, 1), 0);
+    }
+
     #[test]
     fn credit_covers_or_takes_a_chunk_or_what_is_missing() {
         assert_eq!(

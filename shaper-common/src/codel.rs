@@ -513,6 +513,72 @@ mod tests {
         assert_eq!(&every_other(true)[..5], &[100, 200, 300, 400, 471]);
     }
 
+    /// A state entering the dropping state at `now`, its last episode having left
+    /// `count` signals and its last drop due `ago_ns` before now.
+    fn entering(config: &CodelConfig, now: u64, count: u64, ago_ns: u64) -> Control {
+        let control = Control {
+            drop_next: coarse(now).wrapping_sub(coarse(ago_ns)),
+            count,
+            lastcount: 1,
+            dropping: false,
+        };
+        let judgement = judge(control.pack(), now - 1, 20 * MS, now, config, || false);
+        assert!(judgement.congested, "the entry drops");
+        Control::unpack(judgement.control.expect("the state changed"))
+    }
+
+    #[test]
+    fn a_re_entry_counts_as_recent_below_sixteen_intervals_exactly() {
+        let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+        let now = 100_000 * MS;
+        // Five intervals after the last drop: recent, the count resumes at count - lastcount.
+        assert_eq!(entering(&config, now, 4, 500 * MS).count, 3);
+        // Twenty intervals after: a fresh start at 1.
+        assert_eq!(entering(&config, now, 4, 2000 * MS).count, 1);
+        // Exactly sixteen (in the control word's units): no longer recent.
+        assert_eq!(entering(&config, now, 4, 1600 * MS).count, 1);
+        assert_eq!(entering(&config, now, 4, 1599 * MS).count, 3);
+    }
+
+    #[test]
+    fn a_sojourn_of_exactly_the_target_is_above_it() {
+        let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+        let below = judge(0, 0, 5 * MS - 1, 1_000 * MS, &config, || false);
+        assert_eq!(below.first_above, None);
+        let at = judge(0, 0, 5 * MS, 1_000 * MS, &config, || false);
+        assert_eq!(
+            at.first_above,
+            Some(1_100 * MS),
+            "RFC 8289: below means less than"
+        );
+    }
+
+    #[test]
+    fn the_count_saturates_at_its_largest_value() {
+        let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+        let now = 100_000 * MS;
+        let control = Control {
+            drop_next: coarse(now),
+            count: COUNT_MAX,
+            lastcount: 1,
+            dropping: true,
+        };
+        let judgement = judge(control.pack(), now - 1, 20 * MS, now, &config, || false);
+        assert!(judgement.congested);
+        let after = Control::unpack(judgement.control.expect("a drop moves the state"));
+        assert_eq!(after.count, COUNT_MAX, "the count does not wrap");
+        assert!(after.dropping);
+    }
+
+    #[test]
+    fn ecn_is_switched_alone() {
+        let config = CodelConfig::new(5 * MS, 100 * MS, 10_000_000);
+        assert_eq!(config.ecn, 1);
+        let off = config.with_ecn(false);
+        assert_eq!(off, CodelConfig { ecn: 0, ..config });
+        assert_eq!(off.with_ecn(true), config);
+    }
+
     #[test]
     fn re_entering_soon_resumes_near_the_last_drop_rate() {
         let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);

@@ -299,3 +299,27 @@ impl TreeModel {
         Outcome::Lent { level }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_lies_between_the_parents_rate_and_a_1024th_of_it() {
+        // A fast parent: shares go no lower than 1/1024 of its rate.
+        let parent = ByteCost::new(1_000_000_000, 1 << 20);
+        let fastest = fixed(&parent);
+        assert_eq!(
+            fair_share(0, &parent),
+            fastest,
+            "never learned: the parent's rate"
+        );
+        assert_eq!(fair_share(fastest * 3, &parent), fastest * 3);
+        assert_eq!(fair_share(u64::MAX, &parent), fastest << SHARE_FLOOR_SHIFT);
+        // A parent slower than 1024 times the lowest rate: the floor is the lowest rate.
+        let slow = ByteCost::new(1_000, 1 << 20);
+        assert!(fixed(&slow) > MIN_RATE_FIXED >> SHARE_FLOOR_SHIFT);
+        assert_eq!(fair_share(u64::MAX, &slow), MIN_RATE_FIXED);
+        assert_eq!(fair_share(0, &slow), fixed(&slow));
+    }
+}
