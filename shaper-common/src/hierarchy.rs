@@ -316,7 +316,12 @@ mod tests {
         );
         assert_eq!(fair_share(fastest * 3, &parent), fastest * 3);
         assert_eq!(fair_share(u64::MAX, &parent), fastest << SHARE_FLOOR_SHIFT);
-        // A parent slower than 1024 times the lowest rate: the floor is the lowest rate.
+        // A parent slower than 1024 times the lowest rate: the floor is the lowest rate,
+        // whose cost is what the bucket arithmetic makes of it.
+        assert_eq!(
+            MIN_RATE_FIXED,
+            fixed(&ByteCost::new(MIN_RATE_BITS_PER_SEC, 1 << 20))
+        );
         let slow = ByteCost::new(1_000, 1 << 20);
         assert!(fixed(&slow) > MIN_RATE_FIXED >> SHARE_FLOOR_SHIFT);
         assert_eq!(fair_share(u64::MAX, &slow), MIN_RATE_FIXED);
