@@ -48,6 +48,9 @@ enum Task {
         /// Run only this pass (arithmetic or meter); the others' last outcomes count.
         #[arg(long)]
         only: Option<String>,
+        /// Judge again only the mutants the last full run of a pass missed.
+        #[arg(long)]
+        retest: bool,
     },
     /// Write man pages for every shaper command into target/man (from the clap
     /// definitions; `man -l target/man/shaper.8`).
@@ -84,9 +87,9 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             bench(quick, json)
         }
-        Task::Mutants { jobs, only } => {
+        Task::Mutants { jobs, only, retest } => {
             setup::setup()?;
-            mutants::run(jobs, only.as_deref())
+            mutants::run(jobs, only.as_deref(), retest)
         }
         Task::Man => {
             setup::setup()?;

@@ -63,8 +63,10 @@ struct Outcomes {
 }
 
 /// Runs every pass (or only the one named `only`), then judges the outcomes of all passes
-/// (a pass not run now is read from its last run).
-pub fn run(jobs: u32, only: Option<&str>) -> Result<()> {
+/// (a pass not run now is read from its last run). With `retest`, a pass runs only the
+/// mutants its last full run missed (after tests were added to kill them), and its
+/// outcome is the full run's with those mutants judged again.
+pub fn run(jobs: u32, only: Option<&str>, retest: bool) -> Result<()> {
     setup::cargo_mutants()?;
     let out = workspace_root().join("target/mutants");
     if let Some(name) = only {
@@ -76,11 +78,32 @@ pub fn run(jobs: u32, only: Option<&str>) -> Result<()> {
     let mut all = Outcomes::default();
     for pass in PASSES {
         let dir = out.join(pass.name);
+        let retested = dir.join("retest");
         if only.is_none_or(|name| name == pass.name) {
-            run_pass(pass, jobs, &dir)?;
+            if retest {
+                let missed = read_outcomes(&dir)
+                    .with_context(|| format!("pass {} has no full run to retest", pass.name))?
+                    .survivors;
+                if missed.is_empty() {
+                    let _ = std::fs::remove_dir_all(&retested);
+                } else {
+                    run_pass(pass, jobs, &retested, &missed)?;
+                }
+            } else {
+                // A full run supersedes an earlier retest.
+                let _ = std::fs::remove_dir_all(&retested);
+                run_pass(pass, jobs, &dir, &[])?;
+            }
         }
-        let found = read_outcomes(&dir)
+        let mut found = read_outcomes(&dir)
             .with_context(|| format!("pass {} has no outcomes: run it", pass.name))?;
+        if let Ok(again) = read_outcomes(&retested) {
+            // The survivors judged again: caught now, or still survivors.
+            found.caught += again.caught;
+            found.timeout += again.timeout;
+            found.missed = again.missed;
+            found.survivors = again.survivors;
+        }
         all.total += found.total;
         all.caught += found.caught;
         all.missed += found.missed;
@@ -126,7 +149,9 @@ pub fn run(jobs: u32, only: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-fn run_pass(pass: &Pass, jobs: u32, out: &Path) -> Result<()> {
+/// One cargo-mutants run of `pass` into `out`; of the mutants named in `only` alone when
+/// it names any (a survivor's line from missed.txt: `FILE:LINE:COLUMN: replace …`).
+fn run_pass(pass: &Pass, jobs: u32, out: &Path, only: &[String]) -> Result<()> {
     std::fs::create_dir_all(out)?;
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     command
@@ -145,6 +170,11 @@ fn run_pass(pass: &Pass, jobs: u32, out: &Path) -> Result<()> {
     }
     for target in pass.targets {
         command.arg(format!("--cargo-test-arg={target}"));
+    }
+    for mutant in only {
+        // cargo-mutants' names drop the package's directory.
+        let name = mutant.strip_prefix("shaper-common/").unwrap_or(mutant);
+        command.arg(format!("--re=^{}$", regex_syntax::escape(name)));
     }
     println!("[xtask] {command:?}");
     // cargo-mutants exits 2 when a mutant survives and 3 when one times out: the outcomes
