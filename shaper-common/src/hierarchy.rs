@@ -327,4 +327,44 @@ mod tests {
         assert_eq!(fair_share(u64::MAX, &slow), MIN_RATE_FIXED);
         assert_eq!(fair_share(0, &slow), fixed(&slow));
     }
+
+    #[test]
+    fn a_fair_word_runs_at_its_share_with_room_for_the_packet() {
+        let parent = ByteCost::new(80_000_000, 1 << 20);
+        let share = fixed(&parent) * 8; // an eighth of the parent's rate
+        let cost = fair_cost(share, 1500);
+        assert_eq!(
+            (cost.ticks_per_byte, cost.ticks_per_byte_frac),
+            (share >> FRAC_BITS, share & ((1 << FRAC_BITS) - 1))
+        );
+        assert_eq!(cost.tolerance_ticks, ticks(FAIR_TOLERANCE_NS));
+        // A packet worth more than 20 ms at a tiny share: the tolerance is that packet.
+        let tiny = fair_share(u64::MAX, &parent);
+        let gso = fair_cost(tiny, 64 * 1024);
+        assert_eq!(gso.tolerance_ticks, gso.ticks_for(64 * 1024));
+        assert!(gso.tolerance_ticks > ticks(FAIR_TOLERANCE_NS));
+    }
+
+    #[test]
+    fn a_share_steps_by_a_32nd_of_itself() {
+        let parent = ByteCost::new(80_000_000, 1 << 20);
+        let share = fixed(&parent) * 64;
+        assert_eq!(share_up(share, &parent), share - share / 32);
+        assert_eq!(share_down(share, &parent), share + share / 32 + 1);
+        // Clamped at both ends.
+        assert_eq!(share_up(fixed(&parent), &parent), fixed(&parent));
+        let floor = fair_share(u64::MAX, &parent);
+        assert_eq!(share_down(floor, &parent), floor);
+    }
+
+    #[test]
+    fn room_is_less_than_half_the_burst_owed() {
+        let cost = ByteCost::new(8_000_000, 100_000);
+        let now = 1_000_000_000u64;
+        let half = cost.tolerance_ticks / 2;
+        assert!(has_room(0, now, &cost), "a word in the past");
+        assert!(has_room(ticks(now) + half - 1, now, &cost));
+        assert!(!has_room(ticks(now) + half, now, &cost));
+        assert!(!has_room(ticks(now) + cost.tolerance_ticks, now, &cost));
+    }
 }
