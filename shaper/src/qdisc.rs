@@ -41,14 +41,27 @@ fn tc(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).to_string())
 }
 
+/// The filters in the clsact hook of `dev` (`direction`: egress or ingress), as `tc -j`
+/// lists them. A listing that cannot be read (tc failing, or printing anything but a JSON
+/// list of filters) is an error: a hook that cannot be read is never taken for an empty one.
+fn clsact_filters(dev: &str, direction: &str) -> Result<Vec<Value>> {
+    let text = tc(&["-j", "filter", "show", "dev", dev, direction])?;
+    let unreadable = |why: &str| {
+        runtime(format!(
+            "cannot read the clsact hook of {dev} {direction}: tc -j printed {why}"
+        ))
+    };
+    match serde_json::from_str::<Value>(text.trim()) {
+        Ok(Value::Array(filters)) if filters.iter().all(Value::is_object) => Ok(filters),
+        Ok(_) => Err(unreadable("something other than a list of filters")),
+        Err(error) => Err(unreadable(&format!("no JSON ({error})"))),
+    }
+}
+
 /// Ids of the BPF programs in the clsact hook of `dev` (`direction`: egress or ingress).
 pub(crate) fn clsact_program_ids(dev: &str, direction: &str) -> Result<Vec<u32>> {
-    let text = tc(&["-j", "filter", "show", "dev", dev, direction])?;
-    let json: Value = serde_json::from_str(text.trim()).unwrap_or(Value::Null);
-    Ok(json
-        .as_array()
-        .into_iter()
-        .flatten()
+    Ok(clsact_filters(dev, direction)?
+        .iter()
         .filter_map(|filter| filter["options"]["prog"]["id"].as_u64())
         .map(|id| id as u32)
         .collect())
@@ -57,11 +70,8 @@ pub(crate) fn clsact_program_ids(dev: &str, direction: &str) -> Result<Vec<u32>>
 /// (priority, handle) of the clsact filter on `dev` (`direction`) that runs program
 /// `program_id`, for replacing its program in place.
 pub(crate) fn clsact_filter_of(dev: &str, direction: &str, program_id: u32) -> Result<(u16, u32)> {
-    let text = tc(&["-j", "filter", "show", "dev", dev, direction])?;
-    let json: Value = serde_json::from_str(text.trim()).unwrap_or(Value::Null);
-    json.as_array()
-        .into_iter()
-        .flatten()
+    clsact_filters(dev, direction)?
+        .iter()
         .filter(|filter| filter["options"]["prog"]["id"].as_u64() == Some(program_id.into()))
         .find_map(|filter| {
             let priority = u16::try_from(filter["pref"].as_u64()?).ok()?;

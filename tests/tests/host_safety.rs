@@ -577,3 +577,115 @@ fn be_killed() -> Result<()> {
     std::thread::sleep(Duration::from_secs(60));
     bail!("the child was not killed within 60 s")
 }
+
+/// The filters in `dev`'s clsact egress hook of `ns`, by program id (real tc, no shim).
+fn clsact_egress_programs(ns: &Netns, dev: &str) -> Result<Vec<u64>> {
+    let out = ns.run("tc", &["-j", "filter", "show", "dev", dev, "egress"])?;
+    let filters: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(filters
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|filter| filter["options"]["prog"]["id"].as_u64())
+        .collect())
+}
+
+/// Issue 35: a clsact hook that cannot be read (tc failing, or printing garbage: a PATH
+/// shim stands in for a broken iproute2) is an error in `attach` and in `apply` (the
+/// daemon's check), never "unhooked": before, each such check hooked the program again
+/// beside itself (three filters of one program after two re-runs, every packet charged
+/// three times: 47 kbit/s through a 10 Mbit/s class), and the re-hook forgot that shaper
+/// had made the clsact qdisc. Then a real re-hook (shaper's filter deleted behind its
+/// back) puts back exactly one filter, the class holds its rate, and detach removes the
+/// qdisc shaper made.
+#[test]
+fn an_unreadable_clsact_hook_is_an_error_and_the_program_is_hooked_once() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let dev = ROUTER_TO_SERVER;
+    let router = lab.router.clone();
+    router.attach(dev, &["--attach-mode", "clsact"])?;
+    router.class_add("udp", dev, &["--rate", "10mbit", "--proto", "udp"])?;
+    let program = router.status_row()?["program_id"]
+        .as_u64()
+        .context("a program id")?;
+    ensure!(clsact_egress_programs(&router, dev)? == [program]);
+
+    let shims = std::env::temp_dir().join(format!("shaper-tc-shim-{}", std::process::id()));
+    let _remove = RemoveOnDrop(shims.clone());
+    let file = shims.join("apply.toml");
+    std::fs::create_dir_all(&shims)?;
+    std::fs::write(&file, router.shaper(&["export"])?)?;
+    for (name, script) in [
+        ("failing", "#!/bin/sh\necho 'tc: broken' >&2\nexit 1\n"),
+        ("garbage", "#!/bin/sh\necho 'not json at all'\n"),
+        ("not-a-list", "#!/bin/sh\necho '{\"filters\": 3}'\n"),
+    ] {
+        let dir = shims.join(name);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("tc"), script)?;
+        std::fs::set_permissions(dir.join("tc"), std::fs::Permissions::from_mode(0o755))?;
+        let path = format!(
+            "{}:{}",
+            dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        for args in [
+            vec!["--netns", router.name.as_str(), "attach", dev],
+            vec!["apply", "-f", file.to_str().context("a path")?],
+        ] {
+            let output = Command::new(shaper_bin())
+                .args(&args)
+                .env("PATH", &path)
+                .output_within_limit()?;
+            let message = stderr(&output);
+            println!(
+                "tc {name}: shaper {}: exit {:?}: {}",
+                args.join(" "),
+                output.status.code(),
+                message.trim()
+            );
+            ensure!(
+                !output.status.success() && message.trim().lines().count() == 1,
+                "{name}: {args:?} did not fail with one line: {message}"
+            );
+            ensure!(message.contains("cannot read the clsact hook") || message.contains("tc"));
+            ensure!(
+                clsact_egress_programs(&router, dev)? == [program],
+                "{name}: {args:?} left the hook with {:?}",
+                clsact_egress_programs(&router, dev)?
+            );
+        }
+    }
+
+    // A real re-hook: shaper's filter deleted behind its back, the qdisc left.
+    router.run("tc", &["filter", "del", "dev", dev, "egress"])?;
+    ensure!(clsact_egress_programs(&router, dev)?.is_empty());
+    ensure!(router.status_row()?["problem"] == "program unhooked");
+    let out = router.attach(dev, &[])?;
+    ensure!(out.contains("re-attached"), "{out}");
+    ensure!(clsact_egress_programs(&router, dev)? == [program]);
+    let run = lab.udp(&shaper_tests::Udp::default())?;
+    assert_within(
+        "UDP 100M through a 10mbit class after the re-hook",
+        run.total_l2_bps(),
+        10e6,
+        0.03,
+    );
+    router.shaper(&["detach", dev])?;
+    let qdiscs = router.run("tc", &["qdisc", "show", "dev", dev])?;
+    let qdiscs = String::from_utf8_lossy(&qdiscs.stdout);
+    ensure!(
+        !qdiscs.contains("clsact"),
+        "detach left the clsact qdisc shaper made: {qdiscs}"
+    );
+    Ok(())
+}
+
+/// Removes a directory tree when dropped (also when the test fails).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

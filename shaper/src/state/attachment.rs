@@ -368,7 +368,7 @@ impl Attachment {
         let problem = match crate::netns::ifindex(dev).ok() {
             None => Some("interface gone"),
             Some(index) if index != globals.ifindex => Some("interface re-created"),
-            Some(_) if !self.hooked(mode, program_id) => Some("program unhooked"),
+            Some(_) if !self.hooked(mode, program_id)? => Some("program unhooked"),
             Some(_) => None,
         };
         Ok(AttachmentStatus {
@@ -394,16 +394,25 @@ impl Attachment {
 
     /// Whether the pinned program is really in the interface's hook: a TCX link can be
     /// detached and a clsact qdisc deleted (`tc qdisc del dev X clsact`) behind our back.
-    fn hooked(&self, mode: AttachMode, program_id: u32) -> bool {
+    /// A hook that cannot be read is an error, never "unhooked": re-hooking on a failed
+    /// read would put the program in twice.
+    fn hooked(&self, mode: AttachMode, program_id: u32) -> Result<bool> {
         let (dev, direction) = (&self.location.dev, self.location.direction);
-        match mode {
+        Ok(match mode {
             AttachMode::Tcx => SchedClassifier::query_tcx(dev, direction.tc())
-                .map(|(_, programs)| programs.iter().any(|p| p.id() == program_id))
-                .unwrap_or(false),
-            AttachMode::Clsact => crate::qdisc::clsact_program_ids(dev, direction.name())
-                .map(|ids| ids.contains(&program_id))
-                .unwrap_or(false),
-        }
+                .map_err(|e| {
+                    runtime(format!(
+                        "cannot read the TCX hook of {dev} {}: {e}",
+                        direction.name()
+                    ))
+                })?
+                .1
+                .iter()
+                .any(|p| p.id() == program_id),
+            AttachMode::Clsact => {
+                crate::qdisc::clsact_program_ids(dev, direction.name())?.contains(&program_id)
+            }
+        })
     }
 
     /// Capacity of the per-key bucket table, fixed at attach time.

@@ -232,13 +232,19 @@ pub fn reattach(location: &Location) -> Result<AttachMode> {
     }
     let mut program = SchedClassifier::from_pin(dir.join(PROG_PIN))
         .map_err(|e| runtime(format!("cannot open the pinned program: {e}")))?;
-    // The old link (if any) points at a vanished interface: drop it first.
+    // The old link (if any) points at a vanished interface: drop it first. In clsact
+    // mode, shaper's own filters still in the hook go first too (by the program's name,
+    // over netlink): the program is hooked once, never beside an older copy of itself.
     let _ = fs::remove_file(dir.join(LINK_PIN));
+    if mode == AttachMode::Clsact {
+        detach_clsact_filter(&location.dev, location.direction, false);
+    }
     let mut created = None;
     let (mode, created_clsact) =
         attach_program(&mut program, location, Some(mode), &dir, &mut created)?;
     globals.ifindex = crate::netns::ifindex(&location.dev)?;
-    globals.created_clsact = u32::from(created_clsact);
+    // A clsact qdisc shaper made and still finds there stays shaper's to remove.
+    globals.created_clsact = u32::from(globals.created_clsact != 0 || created_clsact);
     attachment.set_globals(globals)?;
     Ok(mode)
 }
