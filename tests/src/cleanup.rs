@@ -178,7 +178,7 @@ pub(crate) fn sweep_stale() {
     ];
     for (dir, prefixes) in evidence {
         for name in names_in(dir) {
-            if !pid_after_prefix(&name, prefixes).is_some_and(|pid| !process_alive(pid)) {
+            if pid_after_prefix(&name, prefixes).is_none_or(process_alive) {
                 continue;
             }
             let path = Path::new(dir).join(&name);
