@@ -294,6 +294,24 @@ mod tests {
     //! tokens are counted in ticks (bytes × ticks per byte).
     use super::{rfc::*, *};
 
+    /// RFC 2698: a packet that takes a bucket's last token (Tp(t) - B = 0) is not red,
+    /// nor yellow by C: "< 0" is the test.
+    #[test]
+    fn a_packet_of_exactly_the_tokens_left_conforms() {
+        // 1 µs a byte: 1500 bytes' cost is exactly the 1500-byte burst's tolerance.
+        let committed = ByteCost::new(8_000_000, 1500);
+        assert_eq!(committed.ticks_for(1500), committed.tolerance_ticks);
+        let peak = ByteCost::new(8_000_000, 1500);
+        let now = 1_000_000_000;
+        assert_eq!(trtcm(0, 0, now, 1500, &peak, &committed).0, Colour::Green);
+        // One byte more than either holds: red by P.
+        assert_eq!(trtcm(0, 0, now, 1501, &peak, &committed).0, Colour::Red);
+        // P has room, C exactly: green; C one byte short: yellow.
+        let roomy = ByteCost::new(16_000_000, 3000);
+        assert_eq!(trtcm(0, 0, now, 1500, &roomy, &committed).0, Colour::Green);
+        assert_eq!(trtcm(0, 0, now, 1501, &roomy, &committed).0, Colour::Yellow);
+    }
+
     const NS: u64 = 1;
 
     /// A tiny deterministic generator (no dependency for a test's dice).
