@@ -310,6 +310,41 @@ mod tests {
         let roomy = ByteCost::new(16_000_000, 3000);
         assert_eq!(trtcm(0, 0, now, 1500, &roomy, &committed).0, Colour::Green);
         assert_eq!(trtcm(0, 0, now, 1501, &roomy, &committed).0, Colour::Yellow);
+        // The RFCs' own models say the same at the same edges.
+        let cost = |bytes| committed.ticks_for(bytes);
+        assert_eq!(
+            RfcTrTcm::full(&peak, &committed, now).packet(now, cost(1500), cost(1500)),
+            Colour::Green
+        );
+        assert_eq!(
+            RfcTrTcm::full(&roomy, &committed, now).packet(now, roomy.ticks_for(1500), cost(1501)),
+            Colour::Yellow
+        );
+        assert_eq!(
+            RfcTrTcm::full(&peak, &committed, now).packet(now, cost(1501), cost(1501)),
+            Colour::Red
+        );
+        assert_eq!(
+            RfcTrTcm::full(&roomy, &committed, now).packet(now, roomy.ticks_for(1500), cost(1500)),
+            Colour::Green
+        );
+    }
+
+    /// srTCM's E holds EBS: the total's tolerance less C's.
+    #[test]
+    fn an_srtcm_starts_with_c_and_e_full() {
+        let committed = ByteCost::new(8_000_000, 1500);
+        let total = ByteCost::new(8_000_000, 1500 + 4500);
+        let rfc = RfcSrTcm::full(&committed, &total, 7);
+        assert_eq!(
+            (rfc.tc, rfc.cbs),
+            (committed.ticks_for(1500), committed.ticks_for(1500))
+        );
+        assert_eq!(
+            (rfc.te, rfc.ebs),
+            (committed.ticks_for(4500), committed.ticks_for(4500))
+        );
+        assert_eq!(rfc.last, 7);
     }
 
     const NS: u64 = 1;
