@@ -12,7 +12,7 @@ use crate::{
     process::{delay_line_bin, lines_of, output_bounded, wait_bounded},
     topology::Netns,
 };
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use serde_json::Value;
 use std::{
     collections::BTreeMap,
@@ -334,14 +334,111 @@ impl DelayLine {
 }
 
 /// Runs through a lab's delay line in which it kept time, at most this many tries.
-pub const DELAY_LINE_TRIES: u32 = 3;
+pub const DELAY_LINE_TRIES: u32 = 4;
+/// Before a run is made again: the hypervisor's share of the CPUs (steal) below which a
+/// second counts as quiet, how many quiet seconds in a row, and how long to wait for them.
+const QUIET_STEAL_SHARE: f64 = 0.01;
+const QUIET_SECONDS: u32 = 3;
+const QUIET_WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// The machine's CPU time so far, from the `cpu` line of /proc/stat (USER_HZ ticks, all
+/// CPUs): all of it, and steal, the time the hypervisor ran something else on this VM's
+/// CPUs, when nothing in the VM runs and no delay line keeps time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTime {
+    pub total: u64,
+    pub steal: u64,
+}
+
+impl CpuTime {
+    pub fn now() -> Result<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").context("cannot read /proc/stat")?)
+    }
+
+    pub fn parse(stat: &str) -> Result<Self> {
+        let line = stat
+            .lines()
+            .find(|line| line.starts_with("cpu "))
+            .context("/proc/stat has no cpu line")?;
+        let ticks = line
+            .split_whitespace()
+            .skip(1)
+            .map(str::parse)
+            .collect::<Result<Vec<u64>, _>>()
+            .with_context(|| format!("/proc/stat's {line:?}"))?;
+        // user nice system idle iowait irq softirq steal (guest time is inside user).
+        ensure!(ticks.len() >= 8, "/proc/stat's {line:?} has no steal");
+        Ok(Self {
+            total: ticks[..8].iter().sum(),
+            steal: ticks[7],
+        })
+    }
+
+    /// The share of CPU time stolen since `earlier` (0 when no time passed).
+    pub fn steal_share_since(&self, earlier: &CpuTime) -> f64 {
+        let total = self.total.saturating_sub(earlier.total);
+        if total == 0 {
+            return 0.0;
+        }
+        self.steal.saturating_sub(earlier.steal) as f64 / total as f64
+    }
+}
+
+/// Waits, at most [`QUIET_WAIT_LIMIT`], until the hypervisor has left this machine's CPUs
+/// alone for [`QUIET_SECONDS`] seconds in a row; how long it waited.
+fn wait_for_a_quiet_host() -> Result<Duration> {
+    let started = Instant::now();
+    let mut quiet = 0;
+    let mut last = CpuTime::now()?;
+    while quiet < QUIET_SECONDS && started.elapsed() < QUIET_WAIT_LIMIT {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = CpuTime::now()?;
+        quiet = if now.steal_share_since(&last) < QUIET_STEAL_SHARE {
+            quiet + 1
+        } else {
+            0
+        };
+        last = now;
+    }
+    Ok(started.elapsed())
+}
+
+/// Every run through a delay line failed to keep time: what each run saw.
+#[derive(Debug, Clone)]
+pub struct DelayLineLate {
+    /// Per run: the delay line's timekeeping, and the share of CPU time stolen meanwhile.
+    pub runs: Vec<(Timekeeping, f64)>,
+}
+
+impl fmt::Display for DelayLineLate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the delay line did not keep time in {} runs (the machine is too busy for a \
+             delayed path): {}",
+            self.runs.len(),
+            self.runs
+                .iter()
+                .map(|(timekeeping, steal)| format!(
+                    "{timekeeping}, {:.1} % of CPU time stolen",
+                    steal * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        )
+    }
+}
+
+impl std::error::Error for DelayLineLate {}
 
 impl crate::Lab {
     /// Runs `run` and checks that the delay line kept time meanwhile (p99 lateness within
-    /// [`LATENESS_P99_LIMIT_US`], printed). A run in which it did not measured a path
-    /// with more delay than the lab's, so it does not count: it is made again, at most
-    /// [`DELAY_LINE_TRIES`] times in all, and then the lab is the error. Errors of `run`
-    /// itself are returned at once. A lab without a delay line runs `run` once.
+    /// [`LATENESS_P99_LIMIT_US`], printed with the CPU time the hypervisor stole). A run
+    /// in which it did not measured a path with more delay than the lab's, so it does not
+    /// count: after waiting for a quiet host it is made again, at most
+    /// [`DELAY_LINE_TRIES`] times in all, and then the error is a [`DelayLineLate`].
+    /// Errors of `run` itself are returned at once. A lab without a delay line runs `run`
+    /// once.
     pub fn through_delay_line<T>(
         &mut self,
         mut run: impl FnMut(&mut Self) -> Result<T>,
@@ -349,12 +446,16 @@ impl crate::Lab {
         if self.delay_line().is_none() {
             return run(self);
         }
-        let mut late = Vec::new();
+        let mut late = DelayLineLate { runs: Vec::new() };
         for _ in 0..DELAY_LINE_TRIES {
-            let before = self.delay_line_reading()?;
+            let (before, cpu_before) = (self.delay_line_reading()?, CpuTime::now()?);
             let result = run(self)?;
             let timekeeping = self.delay_line_reading()?.since(&before);
-            println!("{timekeeping}");
+            let steal = CpuTime::now()?.steal_share_since(&cpu_before);
+            println!(
+                "{timekeeping}; {:.1} % of CPU time stolen by the hypervisor",
+                steal * 100.0
+            );
             if timekeeping.kept_time() {
                 return Ok(result);
             }
@@ -363,16 +464,17 @@ impl crate::Lab {
                  µs, and no frame lost): the run does not count",
                 timekeeping.p99_us()
             );
-            late.push(timekeeping);
+            late.runs.push((timekeeping, steal));
+            if late.runs.len() < DELAY_LINE_TRIES as usize {
+                let waited = wait_for_a_quiet_host()?;
+                println!(
+                    "waited {:.0} s for {QUIET_SECONDS} quiet seconds (steal below {:.0} %)",
+                    waited.as_secs_f64(),
+                    QUIET_STEAL_SHARE * 100.0
+                );
+            }
         }
-        bail!(
-            "the delay line did not keep time in {DELAY_LINE_TRIES} runs (the machine is too \
-             busy for a delayed path): {}",
-            late.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(" | ")
-        )
+        Err(late.into())
     }
 
     fn delay_line_reading(&mut self) -> Result<LatenessReading> {
@@ -490,5 +592,22 @@ mod tests {
                 .since(&before)
                 .realtime
         );
+    }
+
+    #[test]
+    fn steal_is_the_eighth_figure_of_proc_stat() {
+        let before = CpuTime::parse("cpu  100 0 50 800 10 0 20 20 0 0\ncpu0 1 2 3").unwrap();
+        assert_eq!(
+            before,
+            CpuTime {
+                total: 1000,
+                steal: 20
+            }
+        );
+        let after = CpuTime::parse("cpu  150 0 60 1500 10 0 30 120 5 0\n").unwrap();
+        assert_eq!(after.steal_share_since(&before), 100.0 / 870.0);
+        assert_eq!(after.steal_share_since(&after), 0.0);
+        assert!(CpuTime::parse("cpu  1 2 3\n").is_err());
+        assert!(CpuTime::parse("intr 5\n").is_err());
     }
 }

@@ -45,8 +45,8 @@ pub use cni::{
     cni_record_path, CniLeftovers, CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES,
 };
 pub use delay::{
-    describe_counters, DelayLine, LatenessReading, Timekeeping, DELAY_LINE_TRIES, DELAY_TO_ROUTER,
-    DELAY_TO_SERVER, LATENESS_P99_LIMIT_US,
+    describe_counters, CpuTime, DelayLine, DelayLineLate, LatenessReading, Timekeeping,
+    DELAY_LINE_TRIES, DELAY_TO_ROUTER, DELAY_TO_SERVER, LATENESS_P99_LIMIT_US,
 };
 pub use global::{median, GlobalClass, GlobalLab};
 pub use iperf::{parse_iperf_rate, IPERF_GRACE};

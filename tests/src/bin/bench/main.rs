@@ -1931,6 +1931,21 @@ mod tests {
         let mut report = sane.clone();
         report["latency"][3]["added_p99_ms"] = json!(f64::NAN);
         rejected(&report, &expected, "added_p99_ms is null");
+        // A row whose delay line did not keep time: printed in a quick run, missing in a
+        // full one.
+        let mut report = sane.clone();
+        report["latency"][1] = json!({
+            "setup": expected.latency[1],
+            "void": "the delay line did not keep time in 4 runs",
+        });
+        report["quick"] = json!(true);
+        check_targets(&report, &expected).unwrap();
+        report["quick"] = json!(false);
+        rejected(
+            &report,
+            &expected,
+            "latency tbf, 20 Mbit/s, 40 ms RTT, 1 cubic: not measured, the delay line",
+        );
     }
 
     #[test]
