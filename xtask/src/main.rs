@@ -1,10 +1,11 @@
-//! `cargo xtask setup | demo | test | bench | mutants | man | dist`: everything that
+//! `cargo xtask setup | demo | test | bench | vm-test | mutants | man | dist`: everything that
 //! orchestrates.
 
 mod demo;
 mod dist;
 mod mutants;
 mod setup;
+mod vm;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
@@ -52,6 +53,14 @@ enum Task {
         #[arg(long)]
         retest: bool,
     },
+    /// The lab tests that matter most for a kernel, inside Debian 12's own kernels (6.1
+    /// and 6.12 from the Debian registry) under qemu: KVM when it boots, TCG otherwise.
+    VmTest {
+        /// A kernel: 6.1, 6.12, or the path of a linux-image .deb (repeatable; default
+        /// both).
+        #[arg(long)]
+        kernel: Vec<String>,
+    },
     /// Write man pages for every shaper command into target/man (from the clap
     /// definitions; `man -l target/man/shaper.8`).
     Man,
@@ -90,6 +99,11 @@ fn run(task: Task) -> Result<()> {
         Task::Mutants { jobs, only, retest } => {
             setup::setup()?;
             mutants::run(jobs, only.as_deref(), retest)
+        }
+        Task::VmTest { kernel } => {
+            require_root("vm-test")?;
+            setup::setup()?;
+            vm::vm_test(&kernel)
         }
         Task::Man => {
             setup::setup()?;

@@ -98,9 +98,21 @@ pub fn run(jobs: u32, only: Option<&str>, retest: bool) -> Result<()> {
         let mut found = read_outcomes(&dir)
             .with_context(|| format!("pass {} has no outcomes: run it", pass.name))?;
         if let Ok(again) = read_outcomes(&retested) {
+            // A retest stopped halfway has judged only some survivors: its counts are not
+            // an outcome.
+            let judged = again.caught + again.missed + again.timeout + again.unviable;
+            if judged != found.missed {
+                bail!(
+                    "the retest of pass {} judged {judged} of its {} survivors (interrupted?): \
+                     run `cargo xtask mutants --retest` again",
+                    pass.name,
+                    found.missed
+                );
+            }
             // The survivors judged again: caught now, or still survivors.
             found.caught += again.caught;
             found.timeout += again.timeout;
+            found.unviable += again.unviable;
             found.missed = again.missed;
             found.survivors = again.survivors;
         }

@@ -41,6 +41,12 @@ const PACKAGES: &[(&str, &str)] = &[
     ("lintian", "lintian"),
     ("man-db", "man"),
     ("systemd", "systemd-analyze"),
+    // `cargo xtask vm-test`: Debian's kernels booted under qemu from an initramfs made of
+    // busybox, the host's tools and the kernel's modules (depmod/modprobe order them).
+    ("qemu-system-x86", "qemu-system-x86_64"),
+    ("busybox-static", "busybox"),
+    ("kmod", "/usr/sbin/depmod"),
+    ("cpio", "cpio"),
     // The font the bench's plots are labelled with.
     (
         "fonts-dejavu-core",
@@ -74,7 +80,7 @@ fn run(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn has_command(name: &str) -> bool {
+pub(crate) fn has_command(name: &str) -> bool {
     if name.starts_with('/') {
         return Path::new(name).exists();
     }

@@ -1,0 +1,926 @@
+//! `cargo xtask vm-test [--kernel 6.1|6.12|PATH]...`: the lab tests that matter most for a
+//! kernel (every program variant loaded by its verifier, both attach modes, policing,
+//! marks, a meter, shape, a hierarchy, upgrade, the CNI plugin) run inside Debian 12's own
+//! kernels under qemu, as aya's integration tests do.
+//!
+//! Each kernel package comes from the Debian registry (`apt-get download`, cached under
+//! target/vm). The guest boots from an initramfs made here: busybox for its init, the
+//! host's own tools (ip, tc, iperf3, ...) with the libraries `ldd` names, the kernel's
+//! modules the lab needs (decompressed, loaded in `modprobe --show-depends` order), shaper
+//! and the test binaries, stripped. The init runs the kernel's test plan and prints
+//! markers on the serial console; the host reads them, with a bound on the whole boot.
+
+use crate::workspace_root;
+use anyhow::{bail, ensure, Context as _, Result};
+use serde_json::Value;
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{BufRead as _, BufReader},
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+/// The kernels `vm-test` runs with no `--kernel`: Debian 11's (older than shaper's
+/// floor, which it must refuse), Debian 12's LTS kernel and the one from its security suite
+/// (the first with TCX); cloud flavour (virtio, small).
+pub const DEFAULT_KERNELS: [&str; 3] = ["5.10", "6.1", "6.12"];
+
+/// shaper's floor (docs/KERNELS.md): older kernels only check the refusal.
+const FLOOR: (u32, u32) = (5, 18);
+/// TCX arrived in 6.6.
+const TCX: (u32, u32) = (6, 6);
+
+/// A kernel package of the Debian registry for a short version: the name's fixed start,
+/// the part that varies by release (digits), its fixed end, and the Debian suite.
+fn kernel_source(short: &str) -> Option<(&'static str, &'static str, &'static str)> {
+    match short {
+        "5.10" => Some(("linux-image-5.10.0-", "-cloud-amd64", "bullseye")),
+        "6.1" => Some(("linux-image-6.1.0-", "-cloud-amd64", "bookworm")),
+        "6.12" => Some(("linux-image-6.12.", "+deb12-cloud-amd64", "bookworm")),
+        _ => None,
+    }
+}
+
+/// Modules the lab and its peers need (those built in are skipped).
+const MODULES: &[&str] = &[
+    "veth",
+    "tun",
+    "bridge",
+    "ifb",
+    "sch_ingress",
+    "cls_bpf",
+    "act_mirred",
+    "sch_htb",
+    "sch_tbf",
+    "sch_fq",
+    "sch_fq_codel",
+    "sch_cake",
+    "sch_netem",
+    "nf_tables",
+    "nft_chain_nat",
+    "nft_ct",
+];
+
+/// Host commands copied into the guest with their libraries (what the lab runs).
+const GUEST_COMMANDS: &[&str] = &[
+    "ip", "tc", "ss", "iperf3", "irtt", "ping", "ethtool", "nsenter", "unshare", "setpriv",
+    "flock", "sysctl", "nft", "tcpdump",
+];
+
+/// The reference CNI plugins the CNI test runs beside shaper-cni.
+const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// Which kernels a group of guest tests needs.
+#[derive(Clone, Copy, PartialEq)]
+enum Needs {
+    /// Any kernel shaper runs on (the floor and later).
+    Any,
+    /// TCX (6.6 and later): the tests that force `--attach-mode tcx`.
+    Tcx,
+    /// A kernel below the floor: the refusal (an ignored test, run only there).
+    BelowFloor,
+}
+
+/// The guest's test plan: a test binary (the `tests/tests/*.rs` file) and the tests of it
+/// to run (all when empty).
+const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
+    // Every BPF_PROG_TEST_RUN check: the clocked and uncached variants loaded by this
+    // kernel's verifier, against the host model.
+    ("test_run", &[], Needs::Any),
+    (
+        "policing",
+        &[
+            "udp_is_policed_to_10mbit_in_clsact_mode",
+            "detach_restores_unshaped_traffic_clsact",
+            "per_flow_buckets_give_each_flow_the_rate",
+            "udp_out_of_a_tun_device_is_policed",
+            "udp_into_a_tun_device_is_policed_on_its_ingress",
+        ],
+        Needs::Any,
+    ),
+    (
+        "policing",
+        &[
+            "udp_ipv4_is_policed_to_10mbit_on_the_router",
+            "udp_ipv6_is_policed_to_10mbit_on_the_router",
+            "detach_restores_unshaped_traffic_tcx",
+        ],
+        Needs::Tcx,
+    ),
+    (
+        "actions",
+        &[
+            "dscp_remarks_over_rate_packets_ipv4_and_ipv6",
+            "ecn_marks_capable_packets_and_drops_the_rest",
+            "shape_through_htb_keeps_tcp_and_udp_at_the_rate",
+        ],
+        Needs::Any,
+    ),
+    (
+        "meters",
+        &["trtcm_colours_match_the_offered_load"],
+        Needs::Any,
+    ),
+    (
+        "hierarchy",
+        &["a_child_alone_borrows_the_parents_rate_and_busy_children_share_it"],
+        Needs::Any,
+    ),
+    (
+        "upgrade",
+        &["upgrade_swaps_the_clsact_program_under_load_without_a_gap"],
+        Needs::Any,
+    ),
+    (
+        "upgrade",
+        &["upgrade_swaps_the_tcx_program_under_load_without_a_gap"],
+        Needs::Tcx,
+    ),
+    (
+        "cni",
+        &["shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin"],
+        Needs::Any,
+    ),
+    (
+        "latency",
+        &["shape_at_10mbit_keeps_a_cubic_flows_queue_and_neighbours_short"],
+        Needs::Any,
+    ),
+    (
+        "bad_inputs",
+        &["a_kernel_older_than_the_floor_is_refused_in_one_line"],
+        Needs::BelowFloor,
+    ),
+];
+
+/// How long one kernel's boot and test plan may take before the guest is killed.
+const GUEST_LIMIT: Duration = Duration::from_secs(15 * 60);
+/// How long a boot with KVM may take to reach the init before KVM is taken for broken.
+const KVM_PROBE_LIMIT: Duration = Duration::from_secs(30);
+/// Serial-console markers the guest's init prints.
+const READY: &str = "SHAPER-VM-READY";
+const TEST_DONE: &str = "SHAPER-VM-TEST";
+const EXIT: &str = "SHAPER-VM-EXIT";
+
+/// A kernel unpacked from its package: its release (`uname -r`), image and module tree.
+struct Kernel {
+    label: String,
+    release: String,
+    image: PathBuf,
+    /// The unpacked package: lib/modules/RELEASE under it.
+    root: PathBuf,
+}
+
+/// A kernel release's major and minor numbers ("6.12.118+deb12-cloud-amd64": (6, 12)).
+fn version_of(release: &str) -> (u32, u32) {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
+}
+
+/// What one kernel's guest did.
+struct GuestOutcome {
+    kernel: String,
+    accel: &'static str,
+    seconds: f64,
+    /// Per test group: its binary, and whether it passed.
+    groups: Vec<(String, bool)>,
+    exit: Option<i32>,
+}
+
+pub fn vm_test(kernels: &[String]) -> Result<()> {
+    let needed = [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("busybox", "busybox-static"),
+        ("modprobe", "kmod"),
+        ("depmod", "kmod"),
+        ("cpio", "cpio"),
+        ("dpkg-deb", "dpkg"),
+        ("apt-get", "apt"),
+        ("strip", "binutils"),
+    ];
+    for (command, package) in needed {
+        ensure!(
+            crate::setup::has_command(command),
+            "vm-test needs {command} (Debian package {package}; `cargo xtask setup` installs it)"
+        );
+    }
+    let kernels: Vec<String> = if kernels.is_empty() {
+        DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect()
+    } else {
+        kernels.to_vec()
+    };
+    let binaries = guest_binaries()?;
+    let mut accel = None;
+    let mut outcomes = Vec::new();
+    for spec in &kernels {
+        let kernel = fetch_kernel(spec)?;
+        let image = initramfs(&kernel, &binaries)?;
+        let accel = match accel {
+            Some(accel) => accel,
+            None => {
+                let chosen = choose_accel(&kernel, &image)?;
+                accel = Some(chosen);
+                chosen
+            }
+        };
+        outcomes.push(boot(&kernel, &image, accel)?);
+    }
+    println!("== vm-test");
+    let mut failed = Vec::new();
+    for outcome in &outcomes {
+        for (group, passed) in &outcome.groups {
+            println!(
+                "{:>6} {:4} {:12} {}",
+                outcome.kernel,
+                outcome.accel,
+                group,
+                if *passed { "passed" } else { "FAILED" }
+            );
+            if !passed {
+                failed.push(format!("{} on {}", group, outcome.kernel));
+            }
+        }
+        println!(
+            "{:>6} {:4} guest exit {:?} after {:.0} s",
+            outcome.kernel, outcome.accel, outcome.exit, outcome.seconds
+        );
+        let planned = plan(&outcome.kernel).len();
+        if outcome.exit != Some(0) || outcome.groups.len() != planned {
+            failed.push(format!(
+                "the guest of {} ran {} of {planned} test groups and exited {:?}",
+                outcome.kernel,
+                outcome.groups.len(),
+                outcome.exit
+            ));
+        }
+    }
+    if !failed.is_empty() {
+        bail!("vm-test failed: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// A test group of the guest: a test binary, the tests of it to run (all when empty),
+/// and whether they are ignored ones (run with `--ignored`).
+struct Group {
+    binary: &'static str,
+    tests: &'static [&'static str],
+    ignored: bool,
+}
+
+/// The test groups a kernel of `release` runs.
+fn plan(release: &str) -> Vec<Group> {
+    let version = version_of(release);
+    GUEST_TESTS
+        .iter()
+        .filter(|(_, _, needs)| match needs {
+            Needs::Any => version >= FLOOR,
+            Needs::Tcx => version >= TCX,
+            Needs::BelowFloor => version < FLOOR,
+        })
+        .map(|(binary, tests, needs)| Group {
+            binary,
+            tests,
+            ignored: *needs == Needs::BelowFloor,
+        })
+        .collect()
+}
+
+/// The binaries the guest runs: shaper, shaper-cni, the delay line, and each test file's
+/// executable by its name.
+struct GuestBinaries {
+    shaper_dir: PathBuf,
+    tests: Vec<(String, PathBuf)>,
+}
+
+fn guest_binaries() -> Result<GuestBinaries> {
+    crate::cargo(&["build", "--package", "shaper-cli"])?;
+    // The same features as `cargo xtask test`'s lab build, so nothing is built twice.
+    let args = [
+        "test",
+        "--package",
+        "shaper-tests",
+        "--features",
+        "bench",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ];
+    println!("[xtask] cargo {}", args.join(" "));
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .current_dir(workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo")?;
+    ensure!(output.status.success(), "building the lab tests failed");
+    let mut tests = Vec::new();
+    let mut delay_line = None;
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if message["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let (Some(name), Some(executable)) = (
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) else {
+            continue;
+        };
+        let kinds = &message["target"]["kind"];
+        if message["profile"]["test"] == true && kinds[0] == "test" {
+            tests.push((name.to_string(), PathBuf::from(executable)));
+        } else if name == crate::DELAY_LINE {
+            delay_line = Some(PathBuf::from(executable));
+        }
+    }
+    let shaper_dir = workspace_root().join(crate::dist::Profile::Dev.dir());
+    if delay_line.is_none() {
+        crate::cargo(&[
+            "build",
+            "--package",
+            "shaper-tests",
+            "--features",
+            "bench",
+            "--bin",
+            crate::DELAY_LINE,
+        ])?;
+    }
+    for (binary, _, _) in GUEST_TESTS {
+        ensure!(
+            tests.iter().any(|(name, _)| name == binary),
+            "no test executable {binary} among the lab tests"
+        );
+    }
+    Ok(GuestBinaries { shaper_dir, tests })
+}
+
+/// Downloads (once) and unpacks the kernel package for `spec`: "6.1", "6.12", or the
+/// path of a linux-image .deb.
+fn fetch_kernel(spec: &str) -> Result<Kernel> {
+    let cache = workspace_root().join("target/vm");
+    fs::create_dir_all(&cache)?;
+    let deb = if Path::new(spec).is_file() {
+        PathBuf::from(spec)
+    } else {
+        let (start, end, suite) = kernel_source(spec).with_context(|| {
+            format!("--kernel {spec}: expected 5.10, 6.1, 6.12 or the path of a linux-image .deb")
+        })?;
+        let apt = apt_options(&cache, suite)?;
+        let package = newest_package(&apt, start, end)?;
+        let deb = find_deb(&cache, &package);
+        match deb {
+            Some(deb) => deb,
+            None => {
+                println!("[xtask] apt-get download {package}");
+                let status = Command::new("apt-get")
+                    .args(&apt)
+                    .args(["download", "-qq", &package])
+                    .current_dir(&cache)
+                    .status()
+                    .context("cannot run apt-get")?;
+                ensure!(
+                    status.success(),
+                    "cannot download {package} from the Debian registry (apt-get download failed)"
+                );
+                find_deb(&cache, &package)
+                    .with_context(|| format!("apt-get download left no {package} .deb"))?
+            }
+        }
+    };
+    let stem = deb
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .context("a .deb without a name")?
+        .to_string();
+    let root = cache.join(format!("{stem}.d"));
+    if !root.join(".unpacked").exists() {
+        let _ = fs::remove_dir_all(&root);
+        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+        fs::write(root.join(".unpacked"), "")?;
+    }
+    let modules = modules_dir(&root)?;
+    let release = fs::read_dir(&modules)?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .next()
+        .with_context(|| format!("{} holds no kernel's modules", modules.display()))?;
+    let image = root.join(format!("boot/vmlinuz-{release}"));
+    ensure!(image.exists(), "{} has no kernel image", deb.display());
+    // modprobe and depmod read lib/modules under the root they are given.
+    if modules != root.join("lib/modules") {
+        let lib = root.join("lib");
+        if !lib.exists() {
+            std::os::unix::fs::symlink("usr/lib", &lib)?;
+        }
+    }
+    if !modules.join(&release).join("modules.dep").exists() {
+        run(Command::new("depmod").arg("-b").arg(&root).arg(&release))?;
+    }
+    Ok(Kernel {
+        label: spec.to_string(),
+        release,
+        image,
+        root,
+    })
+}
+
+fn modules_dir(root: &Path) -> Result<PathBuf> {
+    ["lib/modules", "usr/lib/modules"]
+        .iter()
+        .map(|dir| root.join(dir))
+        .find(|dir| dir.is_dir())
+        .with_context(|| format!("{} has no lib/modules", root.display()))
+}
+
+/// apt options for a private view of one Debian suite (its own sources and package
+/// lists under `cache`), so the host's apt sources are neither needed nor touched.
+fn apt_options(cache: &Path, suite: &str) -> Result<Vec<String>> {
+    let dir = cache.join(format!("apt-{suite}"));
+    for sub in ["lists/partial", "cache/archives/partial", "sources.d"] {
+        fs::create_dir_all(dir.join(sub))?;
+    }
+    let sources = dir.join("sources.list");
+    fs::write(
+        &sources,
+        format!(
+            "deb http://deb.debian.org/debian {suite} main\n\
+             deb http://deb.debian.org/debian {suite}-updates main\n\
+             deb http://deb.debian.org/debian-security {suite}-security main\n"
+        ),
+    )?;
+    let option = |name: &str, path: PathBuf| format!("-oDir::{name}={}", path.display());
+    Ok(vec![
+        option("Etc::SourceList", sources),
+        option("Etc::SourceParts", dir.join("sources.d")),
+        option("State::Lists", dir.join("lists")),
+        option("Cache", dir.join("cache")),
+    ])
+}
+
+/// The newest package of the suite `apt` sees named `start` DIGITS `end` (its package
+/// lists fetched when there are none yet, or the name is not among them).
+fn newest_package(apt: &[String], start: &str, end: &str) -> Result<String> {
+    let mut names = String::new();
+    for attempt in 0..2 {
+        names = output(
+            Command::new("apt-cache")
+                .args(apt)
+                .args(["pkgnames", start]),
+        )
+        .unwrap_or_default();
+        if names.lines().any(|name| name.ends_with(end)) || attempt == 1 {
+            break;
+        }
+        println!("[xtask] apt-get update (the package lists of {start}*{end})");
+        output(Command::new("apt-get").args(apt).args(["update", "-qq"]))
+            .context("cannot fetch the Debian registry's package lists (apt-get update)")?;
+    }
+    names
+        .lines()
+        .filter_map(|name| {
+            let middle = name.strip_prefix(start)?.strip_suffix(end)?;
+            let number = middle.parse::<u32>().ok()?;
+            Some((number, name.to_string()))
+        })
+        .max()
+        .map(|(_, name)| name)
+        .with_context(|| format!("the Debian registry has no {start}N{end}"))
+}
+
+fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
+    let prefix = format!("{}_", package.replace('+', "%2b"));
+    let plain = format!("{package}_");
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path())
+        .find(|path| {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            (name.starts_with(&prefix) || name.starts_with(&plain)) && name.ends_with(".deb")
+        })
+}
+
+/// The module files to load for [`MODULES`], in load order, dependencies first.
+fn module_closure(kernel: &Kernel) -> Result<Vec<PathBuf>> {
+    let mut order = Vec::new();
+    let mut seen = BTreeSet::new();
+    for module in MODULES {
+        let text = match output(Command::new("modprobe").arg("-d").arg(&kernel.root).args([
+            "-S",
+            &kernel.release,
+            "--show-depends",
+            module,
+        ])) {
+            Ok(text) => text,
+            Err(_) => {
+                // The tests that need it fail saying so.
+                println!("[xtask] kernel {} has no module {module}", kernel.release);
+                continue;
+            }
+        };
+        for line in text.lines() {
+            // "insmod /path/x.ko[.xz] [options]" or "builtin x".
+            if let Some(path) = line.strip_prefix("insmod ") {
+                let path = path.split_whitespace().next().unwrap_or_default();
+                if seen.insert(path.to_string()) {
+                    order.push(PathBuf::from(path));
+                }
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// Builds (or reuses) the guest's initramfs for `kernel`.
+fn initramfs(kernel: &Kernel, binaries: &GuestBinaries) -> Result<PathBuf> {
+    let stage = workspace_root().join(format!("target/vm/guest-{}", kernel.release));
+    let _ = fs::remove_dir_all(&stage);
+    for dir in [
+        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "run", "etc", "tests",
+        "modules", "var", "root",
+    ] {
+        fs::create_dir_all(stage.join(dir))?;
+    }
+    std::os::unix::fs::symlink("/run", stage.join("var/run"))?;
+    // Host tools, at the paths the host has them, and their libraries.
+    let mut libraries = BTreeSet::new();
+    let busybox = which("busybox")?;
+    fs::copy(&busybox, stage.join("bin/busybox"))?;
+    libraries.extend(libraries_of(&busybox)?);
+    for command in GUEST_COMMANDS {
+        let path = which(command)?;
+        copy_into(&stage, &path)?;
+        libraries.extend(libraries_of(&path)?);
+    }
+    let shaper = stage.join("usr/local/bin");
+    fs::create_dir_all(&shaper)?;
+    for name in ["shaper", "shaper-cni", crate::DELAY_LINE] {
+        let from = binaries.shaper_dir.join(name);
+        strip_into(&from, &shaper.join(name))?;
+        libraries.extend(libraries_of(&from)?);
+    }
+    for group in plan(&kernel.release) {
+        let binary = group.binary;
+        let (_, path) = binaries
+            .tests
+            .iter()
+            .find(|(name, _)| name == binary)
+            .context("a planned test binary is missing")?;
+        let target = stage.join("tests").join(binary);
+        if !target.exists() {
+            strip_into(path, &target)?;
+            libraries.extend(libraries_of(path)?);
+        }
+    }
+    for library in &libraries {
+        copy_into(&stage, library)?;
+    }
+    if Path::new(CNI_PLUGINS).is_dir() {
+        for entry in fs::read_dir(CNI_PLUGINS)? {
+            copy_into(&stage, &entry?.path())?;
+        }
+    }
+    // Name lookups the tools make.
+    fs::write(stage.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")?;
+    fs::write(stage.join("etc/group"), "root:x:0:\n")?;
+    fs::write(stage.join("etc/hosts"), "127.0.0.1 localhost\n")?;
+    fs::write(stage.join("etc/nsswitch.conf"), "hosts: files\n")?;
+    // Modules, decompressed (busybox's insmod reads plain .ko files), in load order.
+    let mut order = String::new();
+    for (index, module) in module_closure(kernel)?.iter().enumerate() {
+        let name = module
+            .file_name()
+            .context("a module without a name")?
+            .to_string_lossy()
+            .into_owned();
+        let plain = format!(
+            "{index:02}-{}",
+            name.trim_end_matches(".xz").trim_end_matches(".zst")
+        );
+        let target = stage.join("modules").join(&plain);
+        if name.ends_with(".xz") {
+            let data = output_bytes(Command::new("xz").arg("-dc").arg(module))?;
+            fs::write(&target, data)?;
+        } else if name.ends_with(".zst") {
+            let data = output_bytes(Command::new("zstd").arg("-dc").arg(module))?;
+            fs::write(&target, data)?;
+        } else {
+            fs::copy(module, &target)?;
+        }
+        order.push_str(&format!("/modules/{plain}\n"));
+    }
+    fs::write(stage.join("modules/order"), order)?;
+    let init = stage.join("init");
+    fs::write(&init, init_script(&kernel.release))?;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    let archive = workspace_root().join(format!("target/vm/initramfs-{}.cpio", kernel.release));
+    let list = output_bytes(
+        Command::new("sh")
+            .arg("-c")
+            .arg("find . -mindepth 1 | LC_ALL=C sort")
+            .current_dir(&stage),
+    )?;
+    let mut cpio = Command::new("cpio")
+        .args(["--quiet", "-o", "-H", "newc", "-O"])
+        .arg(&archive)
+        .current_dir(&stage)
+        .stdin(Stdio::piped())
+        .spawn()
+        .context("cannot run cpio")?;
+    std::io::Write::write_all(cpio.stdin.as_mut().context("cpio's stdin")?, &list)?;
+    drop(cpio.stdin.take());
+    ensure!(
+        cpio.wait()?.success(),
+        "cpio failed to write {}",
+        archive.display()
+    );
+    let size = fs::metadata(&archive)?.len();
+    println!(
+        "[xtask] initramfs for {}: {} ({} MiB)",
+        kernel.release,
+        archive.display(),
+        size >> 20
+    );
+    let _ = fs::remove_dir_all(&stage);
+    Ok(archive)
+}
+
+/// The guest's init: mounts, modules, the lab's sysctls, then the test plan; prints a
+/// marker per test group and one at the end, and powers off. `shaper.probe` on the kernel
+/// command line only says it reached the init (the KVM probe).
+fn init_script(release: &str) -> String {
+    let mut script = String::from(
+        r#"#!/bin/busybox sh
+/bin/busybox mkdir -p /bbin
+/bin/busybox --install -s /bbin
+export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/bbin HOME=/root TERM=dumb
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm /dev/net /sys/fs/bpf /run/netns
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+mkdir -p /run/netns
+mount -t bpf bpf /sys/fs/bpf
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+"#,
+    );
+    script.push_str(&format!(
+        "if grep -q shaper.probe /proc/cmdline; then echo {READY} probe; poweroff -f; fi\n"
+    ));
+    script.push_str(
+        r#"while read module; do insmod "$module" || echo "insmod $module failed"; done < /modules/order
+ip link set lo up
+cd /tmp
+export SHAPER_BIN=/usr/local/bin/shaper SHAPER_DELAY_LINE_BIN=/usr/local/bin/shaper-delay-line
+export RUST_BACKTRACE=1
+"#,
+    );
+    script.push_str(&format!(
+        "echo {READY} $(uname -r) $(nproc) CPUs\nstatus=0\n"
+    ));
+    for group in plan(release) {
+        let binary = group.binary;
+        let mut line = format!("/tests/{binary} --test-threads=1");
+        if group.ignored {
+            line.push_str(" --ignored");
+        }
+        if !group.tests.is_empty() {
+            line.push_str(" --exact");
+            for test in group.tests {
+                line.push(' ');
+                line.push_str(test);
+            }
+        }
+        script.push_str(&format!(
+            "echo '== {binary}'\n{line}\nrc=$?\necho {TEST_DONE} {binary} $rc\n[ $rc = 0 ] || status=1\n"
+        ));
+    }
+    script.push_str(&format!("echo {EXIT} $status\npoweroff -f\n"));
+    script
+}
+
+/// KVM when a probe boot with it reaches the init, else TCG (said, with why).
+fn choose_accel(kernel: &Kernel, initramfs: &Path) -> Result<&'static str> {
+    if !Path::new("/dev/kvm").exists() {
+        println!("[xtask] no /dev/kvm: the guests run under TCG (emulated, slow)");
+        return Ok("tcg");
+    }
+    let mut child = qemu(kernel, initramfs, "kvm", "shaper.probe")?;
+    let (lines, _reader) = read_lines(&mut child)?;
+    let started = Instant::now();
+    let mut reached = false;
+    let mut last = Vec::new();
+    while started.elapsed() < KVM_PROBE_LIMIT {
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => {
+                if line.contains(READY) {
+                    reached = true;
+                    break;
+                }
+                last.push(line);
+                if last.len() > 3 {
+                    last.remove(0);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    stop(&mut child);
+    if reached {
+        println!(
+            "[xtask] KVM boots {}: the guests run under KVM",
+            kernel.release
+        );
+        Ok("kvm")
+    } else {
+        println!(
+            "[xtask] KVM did not reach the init of {} within {:?} (last: {}): the guests run \
+             under TCG (emulated, slow)",
+            kernel.release,
+            KVM_PROBE_LIMIT,
+            last.join(" / ")
+        );
+        Ok("tcg")
+    }
+}
+
+fn qemu(kernel: &Kernel, initramfs: &Path, accel: &str, extra: &str) -> Result<Child> {
+    let mut command = Command::new("qemu-system-x86_64");
+    command
+        .args(["-accel", accel, "-cpu", "max", "-smp", "2", "-m", "3G"])
+        .args([
+            "-nographic",
+            "-no-reboot",
+            "-nic",
+            "none",
+            "-serial",
+            "stdio",
+        ])
+        .args(["-monitor", "none"])
+        .arg("-kernel")
+        .arg(&kernel.image)
+        .arg("-initrd")
+        .arg(initramfs)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 panic=-1 loglevel=4 rdinit=/init mitigations=off {extra}"
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    command.spawn().context("cannot start qemu-system-x86_64")
+}
+
+type Lines = (mpsc::Receiver<String>, std::thread::JoinHandle<()>);
+
+fn read_lines(child: &mut Child) -> Result<Lines> {
+    let stdout = child.stdout.take().context("qemu's console")?;
+    let (send, receive) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).split(b'\n') {
+            let Ok(line) = line else { break };
+            let line = String::from_utf8_lossy(&line)
+                .trim_end_matches('\r')
+                .to_string();
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok((receive, reader))
+}
+
+fn stop(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Boots `kernel` with the test plan, echoing its console, within [`GUEST_LIMIT`].
+fn boot(kernel: &Kernel, initramfs: &Path, accel: &'static str) -> Result<GuestOutcome> {
+    println!(
+        "== kernel {} ({}) under {accel}: {} test groups",
+        kernel.label,
+        kernel.release,
+        plan(&kernel.release).len()
+    );
+    let started = Instant::now();
+    let mut child = qemu(kernel, initramfs, accel, "")?;
+    let (lines, reader) = read_lines(&mut child)?;
+    let mut outcome = GuestOutcome {
+        kernel: kernel.release.clone(),
+        accel,
+        seconds: 0.0,
+        groups: Vec::new(),
+        exit: None,
+    };
+    loop {
+        let left = GUEST_LIMIT.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            println!(
+                "[xtask] the guest of {} ran past {:?}: killed",
+                kernel.release, GUEST_LIMIT
+            );
+            break;
+        }
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                println!("[{}] {line}", kernel.label);
+                let words: Vec<&str> = line.split_whitespace().collect();
+                match words.as_slice() {
+                    [TEST_DONE, binary, rc] => {
+                        outcome.groups.push((binary.to_string(), *rc == "0"));
+                    }
+                    [EXIT, status] => {
+                        outcome.exit = status.parse().ok();
+                    }
+                    _ => {}
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    stop(&mut child);
+    let _ = reader.join();
+    outcome.seconds = started.elapsed().as_secs_f64();
+    Ok(outcome)
+}
+
+fn which(command: &str) -> Result<PathBuf> {
+    let path = output(Command::new("sh").args(["-c", &format!("command -v {command}")]))
+        .with_context(|| format!("{command} is not installed (`cargo xtask setup`)"))?;
+    let path = PathBuf::from(path.trim());
+    Ok(fs::canonicalize(&path).unwrap_or(path))
+}
+
+/// The shared libraries `ldd` names for `binary` (with the dynamic loader).
+fn libraries_of(binary: &Path) -> Result<Vec<PathBuf>> {
+    let text = output(Command::new("ldd").arg(binary)).unwrap_or_default();
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let path = match line.split_once("=>") {
+                Some((_, right)) => right.split_whitespace().next()?,
+                None => line.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+/// Copies `path` into `stage` at the same path (its content, not a link).
+fn copy_into(stage: &Path, path: &Path) -> Result<()> {
+    let target = stage.join(path.strip_prefix("/").unwrap_or(path));
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    if !target.exists() {
+        fs::copy(path, &target).with_context(|| format!("cannot copy {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn strip_into(from: &Path, to: &Path) -> Result<()> {
+    run(Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(to)
+        .arg(from))
+}
+
+fn run(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    ensure!(status.success(), "{command:?} failed ({status})");
+    Ok(())
+}
+
+fn output(command: &mut Command) -> Result<String> {
+    Ok(String::from_utf8_lossy(&output_bytes(command)?).into_owned())
+}
+
+fn output_bytes(command: &mut Command) -> Result<Vec<u8>> {
+    let output = command
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    ensure!(
+        output.status.success(),
+        "{command:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(output.stdout)
+}
