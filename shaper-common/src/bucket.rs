@@ -373,9 +373,17 @@ mod tests {
     fn bytes_in_ticks_are_the_exact_count_rounded_down() {
         for rate in RATES {
             let cost = ByteCost::new(rate, 1 << 20);
-            for ticks in [1u64, 1 << 20, 123_456_789_012, 1 << 50] {
-                let exact = (ticks as u128 * rate as u128 / (8 * TICKS_PER_SEC)) as u64;
+            // Also three and a half 65 536-byte units: the remainder's part of the count.
+            let units = (cost.ticks_per_byte << 16) * 3 + (cost.ticks_per_byte << 15);
+            for ticks in [1u64, 1 << 20, 123_456_789_012, 1 << 50, units, u64::MAX] {
+                let exact = ticks as u128 * rate as u128 / (8 * TICKS_PER_SEC);
                 let got = cost.bytes_in(ticks);
+                // Past 2^63 bytes the count saturates there.
+                if exact >= 1 << 63 {
+                    assert_eq!(got, 1 << 63, "{ticks} ticks at {rate} bit/s");
+                    continue;
+                }
+                let exact = exact as u64;
                 // Rounded down, by a divisor rounded up by under 2^-14 of itself.
                 assert!(
                     got <= exact && got + 1 + (exact >> 14) >= exact,
