@@ -699,6 +699,9 @@ mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 ip link set lo up
 cd /tmp
 export SHAPER_BIN=/usr/local/bin/shaper SHAPER_DELAY_LINE_BIN=/usr/local/bin/shaper-delay-line
+# Shape classes on the HTB + CoDel path the host suite checks: these kernels have fq, where
+# shaper would pick its EDT path, which the tests' models do not describe (issue 35, item 4).
+export SHAPER_SHAPE_BACKEND=htb
 export RUST_BACKTRACE=1
 "#,
     );
