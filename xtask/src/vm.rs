@@ -53,6 +53,8 @@ const MODULES: &[&str] = &[
     "ifb",
     "sch_ingress",
     "cls_bpf",
+    // The hierarchy tests' htb reference classifies with u32.
+    "cls_u32",
     "act_mirred",
     "sch_htb",
     "sch_tbf",
@@ -605,8 +607,12 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries) -> Result<PathBuf> {
         }
     }
     // Name lookups the tools make.
-    fs::write(stage.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")?;
-    fs::write(stage.join("etc/group"), "root:x:0:\n")?;
+    // tcpdump drops its privileges to its own user.
+    fs::write(
+        stage.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\ntcpdump:x:104:110::/nonexistent:/bin/false\n",
+    )?;
+    fs::write(stage.join("etc/group"), "root:x:0:\ntcpdump:x:110:\n")?;
     fs::write(stage.join("etc/hosts"), "127.0.0.1 localhost\n")?;
     fs::write(stage.join("etc/nsswitch.conf"), "hosts: files\n")?;
     // Modules, decompressed (busybox's insmod reads plain .ko files), in load order.
