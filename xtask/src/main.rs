@@ -284,31 +284,26 @@ fn test() -> Result<()> {
     std::env::remove_var("AYA_BUILD_SKIP");
     linted?;
     build_shaper()?;
-    // Unit and property tests run in parallel; the lab tests one at a time, since
-    // their measurements share two cores. shaper-ebpf is an empty shell on the host, and
+    // The delay line is a package binary: the test build below makes it.
+    use_binaries_of(dist::Profile::Dev);
+    // The package tests install what `dist` built, from the debug build just made.
+    std::env::set_var("SHAPER_DEB", dist::dist(dist::Profile::Dev)?);
+    // Unit, property and lab tests in one build: two invocations (the workspace's, then
+    // the lab's with the bench feature) unified features differently and compiled aya,
+    // shaper and their dependencies twice (a minute). One at a time, since the lab tests'
+    // measurements share two cores. shaper-ebpf is an empty shell on the host, and
     // selecting it would build its objects with other settings and so the eBPF object
     // once more (50 s).
     cargo(&[
         "test",
         "--workspace",
         "--exclude",
-        "shaper-tests",
-        "--exclude",
         "shaper-ebpf",
-    ])?;
-    // The delay line is a package binary: the lab-test build below makes it.
-    use_binaries_of(dist::Profile::Dev);
-    // The package tests install what `dist` built, from the debug build just made.
-    std::env::set_var("SHAPER_DEB", dist::dist(dist::Profile::Dev)?);
-    cargo(&[
-        "test",
-        "--package",
-        "shaper-tests",
         // With the bench's own checks of its report (no root, no lab), and built once
         // with the features the bench's quick run below needs.
         "--features",
-        "bench",
-        // Every lab binary runs even when one fails, so a CI log shows all failures at once.
+        "shaper-tests/bench",
+        // Every test binary runs even when one fails, so a CI log shows all failures at once.
         "--no-fail-fast",
         "--",
         "--test-threads=1",
