@@ -560,6 +560,8 @@ mod tests {
 /// over the steady state, and the sender's own smoothed RTT.
 #[derive(Debug, Clone)]
 pub struct LoadedRun {
+    /// The idle RTT (ms) measured just before the load: what added RTTs are over.
+    pub idle_rtt_ms: f64,
     /// Goodput (bit/s) over the server's intervals ending after the steady-state start.
     pub steady_goodput_bps: f64,
     /// What the sparse ping probe saw.
@@ -621,6 +623,7 @@ pub fn tcp_under_probe(
             "no goodput interval after {from} s"
         );
         Ok(LoadedRun {
+            idle_rtt_ms: idle,
             steady_goodput_bps,
             added: samples.added_rtt(steady_from, idle)?,
             queue: queue_samples

@@ -140,6 +140,27 @@ impl Lab {
         Self::with_delays(one_way, one_way)
     }
 
+    /// The lab with netem adding `one_way` on the client's and the server's egress: base
+    /// RTT 2 × `one_way`, with the router's egress toward the server still the bottleneck.
+    /// For kernels that have netem (the guests of `cargo xtask bench --vm`); the lab's own
+    /// kernel has not, hence the delay line.
+    pub fn with_netem(one_way: Duration) -> Result<Self> {
+        let lab = Self::new()?;
+        let delay = format!("{}us", one_way.as_micros());
+        for (ns, dev) in [(&lab.client, CLIENT_DEV), (&lab.server, SERVER_DEV)] {
+            // A limit far above the path's bandwidth-delay product: netem only delays.
+            ns.run(
+                "tc",
+                &[
+                    "qdisc", "replace", "dev", dev, "root", "netem", "delay", &delay, "limit",
+                    "100000",
+                ],
+            )
+            .with_context(|| format!("netem on {dev} (does this kernel have sch_netem?)"))?;
+        }
+        Ok(lab)
+    }
+
     /// [`Lab::with_delay`] with a delay of its own per direction: `to_server` on the
     /// router → server path, `to_router` on the way back.
     pub fn with_delays(to_server: Duration, to_router: Duration) -> Result<Self> {

@@ -318,6 +318,34 @@ impl Harness {
     }
 }
 
+/// Every variant of the object passes this kernel's verifier (`cargo xtask vm-test` runs
+/// this in Debian's kernels): `shaper` loaded by the attach, `shaper_clocked` by the
+/// harness, the other two here; a refusal names the program and carries the verifier's
+/// last lines.
+#[test]
+fn every_program_variant_loads() {
+    let mut harness = Harness::new(&[]);
+    let mut refused = Vec::new();
+    for name in [program_names::SHAPER_L3, program_names::SHAPER_UNCACHED] {
+        if let Err(error) = state::load_program(&mut harness.ebpf, name) {
+            refused.push(format!("{error:#}"));
+        }
+    }
+    assert!(refused.is_empty(), "{}", refused.join("\n"));
+    for name in [
+        program_names::SHAPER_CLOCKED,
+        program_names::SHAPER_L3,
+        program_names::SHAPER_UNCACHED,
+    ] {
+        let program: &aya::programs::SchedClassifier =
+            harness.ebpf.program(name).unwrap().try_into().unwrap();
+        assert!(
+            program.info().is_ok(),
+            "{name} has no kernel program after its load"
+        );
+    }
+}
+
 #[test]
 fn crafted_packets_get_the_expected_class_and_verdict() {
     let mut harness = Harness::new(&[

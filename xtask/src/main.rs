@@ -39,6 +39,14 @@ enum Task {
         /// Where to write every figure as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Latency under load beside CAKE, fq_codel, tbf and fq, inside Debian 12's
+        /// kernels under qemu (they have those qdiscs; this machine's kernel does not):
+        /// writes its section of docs/BENCHMARKS.md and checks shaper against CAKE.
+        #[arg(long)]
+        vm: bool,
+        /// With --vm: a kernel (6.1, 6.12 or a linux-image .deb; repeatable; default both).
+        #[arg(long, requires = "vm")]
+        kernel: Vec<String>,
     },
     /// Mutation testing of shaper-common's arithmetic with cargo-mutants (hours; not in
     /// CI): prints and writes target/mutants/summary.md, fails below 90 % caught.
@@ -60,6 +68,10 @@ enum Task {
         /// both).
         #[arg(long)]
         kernel: Vec<String>,
+        /// CI's share of the plan (what `cargo xtask test` runs): every program variant
+        /// loaded, attach, policing and detach in the kernel's mode, the floor's refusal.
+        #[arg(long)]
+        quick: bool,
     },
     /// Write man pages for every shaper command into target/man (from the clap
     /// definitions; `man -l target/man/shaper.8`).
@@ -91,19 +103,29 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             test()
         }
-        Task::Bench { quick, json } => {
+        Task::Bench {
+            quick,
+            json,
+            vm,
+            kernel,
+        } => {
             require_root("bench")?;
             setup::setup()?;
-            bench(quick, json)
+            if vm {
+                bench_vm(&kernel)
+            } else {
+                bench(quick, json)
+            }
         }
         Task::Mutants { jobs, only, retest } => {
             setup::setup()?;
             mutants::run(jobs, only.as_deref(), retest)
         }
-        Task::VmTest { kernel } => {
+        Task::VmTest { kernel, quick } => {
             require_root("vm-test")?;
             setup::setup()?;
-            vm::vm_test(&kernel)
+            let plan = if quick { vm::Plan::Ci } else { vm::Plan::Full };
+            vm::vm_test(&kernel, plan).map(|_| ())
         }
         Task::Man => {
             setup::setup()?;
@@ -309,5 +331,35 @@ fn test() -> Result<()> {
         "--test-threads=1",
     ])?;
     // The bench's quick run, so it cannot rot, with the driver the lab-test build made.
-    run_bench(true, None)
+    run_bench(true, None)?;
+    // The kernels users run (Debian 11's refusal, Debian 12's 6.1 and 6.12), CI's share.
+    vm::vm_test(&[], vm::Plan::Ci).map(|_| ())
+}
+
+/// `bench --vm`: the peers section in each kernel's guest, each guest's figures kept under
+/// target/vm, then published (docs/BENCHMARKS.md's section, its plot) and held to the
+/// targets by the bench driver on this host.
+fn bench_vm(kernels: &[String]) -> Result<()> {
+    let outcomes = vm::vm_test(kernels, vm::Plan::Bench)?;
+    let mut files = Vec::new();
+    for outcome in &outcomes {
+        let path = workspace_root().join(format!("target/vm/peers-{}.json", outcome.kernel));
+        std::fs::write(&path, outcome.report.join("\n"))?;
+        println!("[xtask] {}'s figures: {}", outcome.kernel, path.display());
+        files.push(path.display().to_string());
+    }
+    let dir = use_binaries_of(dist::Profile::Dev);
+    let mut command = Command::new(dir.join("shaper-bench"));
+    command
+        .arg("--publish-peers")
+        .arg(files.join(","))
+        .arg("--report")
+        .arg(workspace_root().join("docs/BENCHMARKS.md"))
+        .current_dir(workspace_root());
+    println!("[xtask] {command:?}");
+    let status = command.status().context("cannot run shaper-bench")?;
+    if !status.success() {
+        bail!("the peers bench missed its targets (above)");
+    }
+    Ok(())
 }

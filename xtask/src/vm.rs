@@ -28,6 +28,9 @@ use std::{
 /// floor, which it must refuse), Debian 12's LTS kernel and the one from its security suite
 /// (the first with TCX); cloud flavour (virtio, small).
 pub const DEFAULT_KERNELS: [&str; 3] = ["5.10", "6.1", "6.12"];
+/// The kernels `bench --vm` measures on with no `--kernel`: Debian 12's two, both with fq,
+/// fq_codel, CAKE and netem.
+pub const BENCH_KERNELS: [&str; 2] = ["6.12", "6.1"];
 
 /// shaper's floor (docs/KERNELS.md): older kernels only check the refusal.
 const FLOOR: (u32, u32) = (5, 18);
@@ -62,6 +65,8 @@ const MODULES: &[&str] = &[
     "sch_fq_codel",
     "sch_cake",
     "sch_netem",
+    // The bench's BBR rows (iperf3 -C bbr; no module autoloading in the guest).
+    "tcp_bbr",
     "nf_tables",
     "nft_chain_nat",
     "nft_ct",
@@ -76,11 +81,25 @@ const GUEST_COMMANDS: &[&str] = &[
 /// The reference CNI plugins the CNI test runs beside shaper-cni.
 const CNI_PLUGINS: &str = "/usr/lib/cni";
 
+/// What a guest runs.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Plan {
+    /// Every guest test ([`GUEST_TESTS`]): `cargo xtask vm-test`.
+    Full,
+    /// CI's share ([`CI_TESTS`]), run by `cargo xtask test` within its ten minutes.
+    Ci,
+    /// Latency under load beside the qdiscs users pick instead (`shaper-bench --only
+    /// peers`): `cargo xtask bench --vm`.
+    Bench,
+}
+
 /// Which kernels a group of guest tests needs.
 #[derive(Clone, Copy, PartialEq)]
 enum Needs {
     /// Any kernel shaper runs on (the floor and later).
     Any,
+    /// A kernel from the floor up to TCX: clsact is the attach mode it gets.
+    ClsactOnly,
     /// TCX (6.6 and later): the tests that force `--attach-mode tcx`.
     Tcx,
     /// A kernel below the floor: the refusal (an ignored test, run only there).
@@ -96,6 +115,7 @@ const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
     (
         "test_run",
         &[
+            "every_program_variant_loads",
             "a_thousand_packets_admit_exactly_what_the_model_predicts",
             "bucket_words_are_converted_at_a_rate_change_as_the_model_predicts",
             "codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k",
@@ -175,14 +195,62 @@ const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
     ),
 ];
 
+/// CI's share of the guest plan: each kernel's verifier loads every program variant, shaper
+/// attaches in the mode the kernel gives it (and to a tun device), polices UDP to the rate
+/// and detaches leaving nothing; the CNI plugin's ADD/CHECK/DEL; a kernel below the floor
+/// refuses in one line. Under TCG each load of the program on 6.1 verifies for 15–20 s.
+const CI_TESTS: &[(&str, &[&str], Needs)] = &[
+    ("test_run", &["every_program_variant_loads"], Needs::Any),
+    (
+        "policing",
+        &[
+            "udp_is_policed_to_10mbit_in_clsact_mode",
+            "detach_restores_unshaped_traffic_clsact",
+            "udp_out_of_a_tun_device_is_policed",
+        ],
+        Needs::ClsactOnly,
+    ),
+    (
+        "policing",
+        &[
+            "udp_ipv4_is_policed_to_10mbit_on_the_router",
+            "detach_restores_unshaped_traffic_tcx",
+            "udp_out_of_a_tun_device_is_policed",
+        ],
+        Needs::Tcx,
+    ),
+    (
+        "cni",
+        &["shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin"],
+        Needs::Any,
+    ),
+    (
+        "bad_inputs",
+        &["a_kernel_older_than_the_floor_is_refused_in_one_line"],
+        Needs::BelowFloor,
+    ),
+];
+
 /// How long one kernel's boot and test plan may take before the guest is killed.
-const GUEST_LIMIT: Duration = Duration::from_secs(15 * 60);
+fn guest_limit(plan: Plan) -> Duration {
+    match plan {
+        Plan::Full => Duration::from_secs(15 * 60),
+        Plan::Ci => Duration::from_secs(6 * 60),
+        // 36 rows of 30 s; under TCG each takes about 100 s with its lab's set-up, the
+        // idle RTT and the tools' start.
+        Plan::Bench => Duration::from_secs(100 * 60),
+    }
+}
 /// How long a boot with KVM may take to reach the init before KVM is taken for broken.
 const KVM_PROBE_LIMIT: Duration = Duration::from_secs(30);
 /// Serial-console markers the guest's init prints.
 const READY: &str = "SHAPER-VM-READY";
 const TEST_DONE: &str = "SHAPER-VM-TEST";
 const EXIT: &str = "SHAPER-VM-EXIT";
+/// The kernel argument of the KVM probe's boot: the init only says it got there.
+const PROBE: &str = "shaper.probe";
+const REPORT_BEGIN: &str = "SHAPER-VM-REPORT-BEGIN";
+const REPORT_END: &str = "SHAPER-VM-REPORT-END";
 
 /// A kernel unpacked from its package: its release (`uname -r`), image and module tree.
 struct Kernel {
@@ -202,16 +270,21 @@ fn version_of(release: &str) -> (u32, u32) {
 }
 
 /// What one kernel's guest did.
-struct GuestOutcome {
-    kernel: String,
+pub struct GuestOutcome {
+    pub kernel: String,
     accel: &'static str,
     seconds: f64,
     /// Per test group: its binary, and whether it passed.
     groups: Vec<(String, bool)>,
     exit: Option<i32>,
+    /// What the guest printed between [`REPORT_BEGIN`] and [`REPORT_END`] (the bench's
+    /// JSON), one line per element.
+    pub report: Vec<String>,
 }
 
-pub fn vm_test(kernels: &[String]) -> Result<()> {
+/// Boots each of `kernels` (the default set when empty) with `plan`; fails unless every
+/// guest ran its whole plan and passed. Returns what each guest did.
+pub fn vm_test(kernels: &[String], plan: Plan) -> Result<Vec<GuestOutcome>> {
     let needed = [
         ("qemu-system-x86_64", "qemu-system-x86"),
         ("busybox", "busybox-static"),
@@ -228,17 +301,19 @@ pub fn vm_test(kernels: &[String]) -> Result<()> {
             "vm-test needs {command} (Debian package {package}; `cargo xtask setup` installs it)"
         );
     }
-    let kernels: Vec<String> = if kernels.is_empty() {
-        DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect()
-    } else {
+    let kernels: Vec<String> = if !kernels.is_empty() {
         kernels.to_vec()
+    } else if plan == Plan::Bench {
+        BENCH_KERNELS.iter().map(|k| k.to_string()).collect()
+    } else {
+        DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect()
     };
     let binaries = guest_binaries()?;
     let mut accel = None;
     let mut outcomes = Vec::new();
     for spec in &kernels {
         let kernel = fetch_kernel(spec)?;
-        let image = initramfs(&kernel, &binaries)?;
+        let image = initramfs(&kernel, &binaries, plan)?;
         let accel = match accel {
             Some(accel) => accel,
             None => {
@@ -247,9 +322,9 @@ pub fn vm_test(kernels: &[String]) -> Result<()> {
                 chosen
             }
         };
-        outcomes.push(boot(&kernel, &image, accel)?);
+        outcomes.push(boot(&kernel, &image, accel, plan)?);
     }
-    println!("== vm-test");
+    println!("== vm-test ({plan:?} plan)");
     let mut failed = Vec::new();
     for outcome in &outcomes {
         for (group, passed) in &outcome.groups {
@@ -268,7 +343,7 @@ pub fn vm_test(kernels: &[String]) -> Result<()> {
             "{:>6} {:4} guest exit {:?} after {:.0} s",
             outcome.kernel, outcome.accel, outcome.exit, outcome.seconds
         );
-        let planned = plan(&outcome.kernel).len();
+        let planned = groups(&outcome.kernel, plan).len();
         if outcome.exit != Some(0) || outcome.groups.len() != planned {
             failed.push(format!(
                 "the guest of {} ran {} of {planned} test groups and exited {:?}",
@@ -281,7 +356,7 @@ pub fn vm_test(kernels: &[String]) -> Result<()> {
     if !failed.is_empty() {
         bail!("vm-test failed: {}", failed.join("; "));
     }
-    Ok(())
+    Ok(outcomes)
 }
 
 /// A test group of the guest: a test binary, the tests of it to run (all when empty),
@@ -292,13 +367,28 @@ struct Group {
     ignored: bool,
 }
 
-/// The test groups a kernel of `release` runs.
-fn plan(release: &str) -> Vec<Group> {
+/// The bench's guest: one group, the bench driver's peers section.
+const BENCH_GROUP: &str = "shaper-bench";
+
+/// The test groups a kernel of `release` runs under `plan`.
+fn groups(release: &str, plan: Plan) -> Vec<Group> {
     let version = version_of(release);
-    GUEST_TESTS
+    let tests = match plan {
+        Plan::Full => GUEST_TESTS,
+        Plan::Ci => CI_TESTS,
+        Plan::Bench => {
+            return vec![Group {
+                binary: BENCH_GROUP,
+                tests: &[],
+                ignored: false,
+            }]
+        }
+    };
+    tests
         .iter()
         .filter(|(_, _, needs)| match needs {
             Needs::Any => version >= FLOOR,
+            Needs::ClsactOnly => version >= FLOOR && version < TCX,
             Needs::Tcx => version >= TCX,
             Needs::BelowFloor => version < FLOOR,
         })
@@ -319,13 +409,15 @@ struct GuestBinaries {
 
 fn guest_binaries() -> Result<GuestBinaries> {
     crate::cargo(&["build", "--package", "shaper-cli"])?;
-    // The same features as `cargo xtask test`'s lab build, so nothing is built twice.
+    // The same selection and features as `cargo xtask test`'s build, so nothing is built
+    // twice when it runs the guests after its own tests.
     let args = [
         "test",
-        "--package",
-        "shaper-tests",
+        "--workspace",
+        "--exclude",
+        "shaper-ebpf",
         "--features",
-        "bench",
+        "shaper-tests/bench",
         "--no-run",
         "--message-format=json-render-diagnostics",
     ];
@@ -353,7 +445,10 @@ fn guest_binaries() -> Result<GuestBinaries> {
             continue;
         };
         let kinds = &message["target"]["kind"];
-        if message["profile"]["test"] == true && kinds[0] == "test" {
+        let lab = message["manifest_path"]
+            .as_str()
+            .is_some_and(|path| path.ends_with("/tests/Cargo.toml"));
+        if lab && message["profile"]["test"] == true && kinds[0] == "test" {
             tests.push((name.to_string(), PathBuf::from(executable)));
         } else if name == crate::DELAY_LINE {
             delay_line = Some(PathBuf::from(executable));
@@ -371,7 +466,7 @@ fn guest_binaries() -> Result<GuestBinaries> {
             crate::DELAY_LINE,
         ])?;
     }
-    for (binary, _, _) in GUEST_TESTS {
+    for (binary, _, _) in GUEST_TESTS.iter().chain(CI_TESTS) {
         ensure!(
             tests.iter().any(|(name, _)| name == binary),
             "no test executable {binary} among the lab tests"
@@ -558,7 +653,7 @@ fn module_closure(kernel: &Kernel) -> Result<Vec<PathBuf>> {
 }
 
 /// Builds (or reuses) the guest's initramfs for `kernel`.
-fn initramfs(kernel: &Kernel, binaries: &GuestBinaries) -> Result<PathBuf> {
+fn initramfs(kernel: &Kernel, binaries: &GuestBinaries, plan: Plan) -> Result<PathBuf> {
     let stage = workspace_root().join(format!("target/vm/guest-{}", kernel.release));
     let _ = fs::remove_dir_all(&stage);
     for dir in [
@@ -580,13 +675,20 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries) -> Result<PathBuf> {
     }
     let shaper = stage.join("usr/local/bin");
     fs::create_dir_all(&shaper)?;
-    for name in ["shaper", "shaper-cni", crate::DELAY_LINE] {
+    let bench = (plan == Plan::Bench).then_some(BENCH_GROUP);
+    for name in ["shaper", "shaper-cni", crate::DELAY_LINE]
+        .into_iter()
+        .chain(bench)
+    {
         let from = binaries.shaper_dir.join(name);
         strip_into(&from, &shaper.join(name))?;
         libraries.extend(libraries_of(&from)?);
     }
-    for group in plan(&kernel.release) {
+    for group in groups(&kernel.release, plan) {
         let binary = group.binary;
+        if binary == BENCH_GROUP {
+            continue;
+        }
         let (_, path) = binaries
             .tests
             .iter()
@@ -641,9 +743,12 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries) -> Result<PathBuf> {
     }
     fs::write(stage.join("modules/order"), order)?;
     let init = stage.join("init");
-    fs::write(&init, init_script(&kernel.release))?;
+    fs::write(&init, init_script(&kernel.release, plan))?;
     fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
-    let archive = workspace_root().join(format!("target/vm/initramfs-{}.cpio", kernel.release));
+    let archive = workspace_root().join(format!(
+        "target/vm/initramfs-{}-{plan:?}.cpio",
+        kernel.release
+    ));
     let list = output_bytes(
         Command::new("sh")
             .arg("-c")
@@ -678,7 +783,7 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries) -> Result<PathBuf> {
 /// The guest's init: mounts, modules, the lab's sysctls, then the test plan; prints a
 /// marker per test group and one at the end, and powers off. `shaper.probe` on the kernel
 /// command line only says it reached the init (the KVM probe).
-fn init_script(release: &str) -> String {
+fn init_script(release: &str, plan: Plan) -> String {
     let mut script = String::from(
         r#"#!/bin/busybox sh
 /bin/busybox mkdir -p /bbin
@@ -698,23 +803,36 @@ mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 "#,
     );
     script.push_str(&format!(
-        "if grep -q shaper.probe /proc/cmdline; then echo {READY} probe; poweroff -f; fi\n"
+        "if grep -q {PROBE} /proc/cmdline; then echo {READY} probe; poweroff -f; fi\n"
     ));
     script.push_str(
         r#"while read module; do insmod "$module" || echo "insmod $module failed"; done < /modules/order
 ip link set lo up
 cd /tmp
 export SHAPER_BIN=/usr/local/bin/shaper SHAPER_DELAY_LINE_BIN=/usr/local/bin/shaper-delay-line
-# Shape classes on the HTB + CoDel path the host suite checks: these kernels have fq, where
-# shaper would pick its EDT path, which the tests' models do not describe (issue 35, item 4).
-export SHAPER_SHAPE_BACKEND=htb
 export RUST_BACKTRACE=1
 "#,
     );
+    if plan != Plan::Bench {
+        // Shape classes on the HTB + CoDel path the host suite checks: these kernels have
+        // fq, where shaper picks its EDT path, which the tests' models do not describe;
+        // the bench measures both.
+        script.push_str("export SHAPER_SHAPE_BACKEND=htb\n");
+    }
     script.push_str(&format!(
         "echo {READY} $(uname -r) $(nproc) CPUs\nstatus=0\n"
     ));
-    for group in plan(release) {
+    if plan == Plan::Bench {
+        script.push_str(&format!(
+            "echo '== {BENCH_GROUP}'\n/usr/local/bin/{BENCH_GROUP} --only peers --json /tmp/peers.json\nrc=$?\n\
+             echo {REPORT_BEGIN}\ncat /tmp/peers.json\necho\necho {REPORT_END}\n\
+             echo {TEST_DONE} {BENCH_GROUP} $rc\n[ $rc = 0 ] || status=1\n"
+        ));
+    }
+    for group in groups(release, plan) {
+        if group.binary == BENCH_GROUP {
+            continue;
+        }
         let binary = group.binary;
         let mut line = format!("/tests/{binary} --test-threads=1");
         if group.ignored {
@@ -741,7 +859,7 @@ fn choose_accel(kernel: &Kernel, initramfs: &Path) -> Result<&'static str> {
         println!("[xtask] no /dev/kvm: the guests run under TCG (emulated, slow)");
         return Ok("tcg");
     }
-    let mut child = qemu(kernel, initramfs, "kvm", "shaper.probe")?;
+    let mut child = qemu(kernel, initramfs, "kvm", PROBE)?;
     let (lines, _reader) = read_lines(&mut child)?;
     let started = Instant::now();
     let mut reached = false;
@@ -751,6 +869,11 @@ fn choose_accel(kernel: &Kernel, initramfs: &Path) -> Result<&'static str> {
             Ok(line) => {
                 if line.contains(READY) {
                     reached = true;
+                    break;
+                }
+                // Nested KVM failing says so at once (and then hangs): no need to wait.
+                if line.contains("KVM internal error") || line.contains("emulation failure") {
+                    last.push(line);
                     break;
                 }
                 last.push(line);
@@ -804,27 +927,40 @@ fn qemu(kernel: &Kernel, initramfs: &Path, accel: &str, extra: &str) -> Result<C
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        // The probe reads qemu's messages (KVM failing); a test run lets them through.
+        .stderr(if extra == PROBE {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        });
     command.spawn().context("cannot start qemu-system-x86_64")
 }
 
 type Lines = (mpsc::Receiver<String>, std::thread::JoinHandle<()>);
 
+/// The guest's console lines, and qemu's own messages when its stderr is piped (the KVM
+/// probe's: a failing nested KVM says so there).
 fn read_lines(child: &mut Child) -> Result<Lines> {
     let stdout = child.stdout.take().context("qemu's console")?;
     let (send, receive) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).split(b'\n') {
-            let Ok(line) = line else { break };
-            let line = String::from_utf8_lossy(&line)
-                .trim_end_matches('\r')
-                .to_string();
-            if send.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    if let Some(stderr) = child.stderr.take() {
+        let send = send.clone();
+        std::thread::spawn(move || forward_lines(stderr, &send));
+    }
+    let reader = std::thread::spawn(move || forward_lines(stdout, &send));
     Ok((receive, reader))
+}
+
+fn forward_lines(from: impl std::io::Read, send: &mpsc::Sender<String>) {
+    for line in BufReader::new(from).split(b'\n') {
+        let Ok(line) = line else { break };
+        let line = String::from_utf8_lossy(&line)
+            .trim_end_matches('\r')
+            .to_string();
+        if send.send(line).is_err() {
+            break;
+        }
+    }
 }
 
 fn stop(child: &mut Child) {
@@ -832,14 +968,21 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Boots `kernel` with the test plan, echoing its console, within [`GUEST_LIMIT`].
-fn boot(kernel: &Kernel, initramfs: &Path, accel: &'static str) -> Result<GuestOutcome> {
+/// Boots `kernel` with `plan`, echoing its console, within [`guest_limit`].
+fn boot(
+    kernel: &Kernel,
+    initramfs: &Path,
+    accel: &'static str,
+    plan: Plan,
+) -> Result<GuestOutcome> {
     println!(
         "== kernel {} ({}) under {accel}: {} test groups",
         kernel.label,
         kernel.release,
-        plan(&kernel.release).len()
+        groups(&kernel.release, plan).len()
     );
+    let limit = guest_limit(plan);
+    let mut in_report = false;
     let started = Instant::now();
     let mut child = qemu(kernel, initramfs, accel, "")?;
     let (lines, reader) = read_lines(&mut child)?;
@@ -849,18 +992,31 @@ fn boot(kernel: &Kernel, initramfs: &Path, accel: &'static str) -> Result<GuestO
         seconds: 0.0,
         groups: Vec::new(),
         exit: None,
+        report: Vec::new(),
     };
     loop {
-        let left = GUEST_LIMIT.saturating_sub(started.elapsed());
+        let left = limit.saturating_sub(started.elapsed());
         if left.is_zero() {
             println!(
                 "[xtask] the guest of {} ran past {:?}: killed",
-                kernel.release, GUEST_LIMIT
+                kernel.release, limit
             );
             break;
         }
         match lines.recv_timeout(left) {
             Ok(line) => {
+                if line.trim() == REPORT_BEGIN {
+                    in_report = true;
+                    continue;
+                }
+                if line.trim() == REPORT_END {
+                    in_report = false;
+                    continue;
+                }
+                if in_report {
+                    outcome.report.push(line);
+                    continue;
+                }
                 println!("[{}] {line}", kernel.label);
                 let words: Vec<&str> = line.split_whitespace().collect();
                 match words.as_slice() {

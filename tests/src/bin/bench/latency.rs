@@ -23,33 +23,63 @@ pub enum Limiter {
     Htb,
     /// tc htb as above with a bfifo leaf of 5 ms at the rate.
     HtbBfifo,
+    /// shaper `--action shape` on its EDT + fq path (kernels with fq; the peers bench).
+    ShapeEdt,
+    /// shaper `--action drop` (a policer, its default burst).
+    Drop,
+    /// CAKE with `bandwidth` at the rate, its defaults otherwise.
+    Cake,
+    /// htb as [`Limiter::Htb`] with an fq_codel leaf.
+    HtbFqCodel,
+    /// fq with `maxrate` at the rate: a cap per flow (Cilium's per-pod EDT stand-in).
+    FqMaxrate,
 }
 
 impl Limiter {
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Limiter::Shape => "shaper shape",
             Limiter::Tbf => "tbf",
             Limiter::Htb => "htb (pfifo leaf)",
             Limiter::HtbBfifo => "htb + bfifo 5 ms",
+            Limiter::ShapeEdt => "shaper shape (EDT + fq)",
+            Limiter::Drop => "shaper drop",
+            Limiter::Cake => "cake",
+            Limiter::HtbFqCodel => "htb + fq_codel",
+            Limiter::FqMaxrate => "fq maxrate (per flow)",
         }
     }
 
+    /// shaper's own rows (attached, with one class), not a qdisc of tc's.
+    pub fn is_shaper(self) -> bool {
+        matches!(self, Limiter::Shape | Limiter::ShapeEdt | Limiter::Drop)
+    }
+
     /// The tc commands (or shaper's), as run and as printed in the report.
-    fn commands(self, rate_bps: u64) -> Vec<Vec<String>> {
+    pub fn commands(self, rate_bps: u64) -> Vec<Vec<String>> {
         let rate = tc_rate(rate_bps);
         let words = |line: &str| line.split_whitespace().map(String::from).collect();
-        match self {
-            Limiter::Shape => vec![
+        let shaper = |action: &str| {
+            vec![
                 words(&format!("shaper attach {DEV}")),
                 words(&format!(
-                    "shaper class add bulk --dev {DEV} --rate {rate} --dst 198.18.2.2/32 --action shape"
+                    "shaper class add bulk --dev {DEV} --rate {rate} --dst 198.18.2.2/32 --action {action}"
                 )),
-            ],
+            ]
+        };
+        match self {
+            Limiter::Shape | Limiter::ShapeEdt => shaper("shape"),
+            Limiter::Drop => shaper("drop"),
             Limiter::Tbf => vec![words(&format!(
                 "tc qdisc replace dev {DEV} root tbf rate {rate} burst 32k latency 50ms"
             ))],
-            Limiter::Htb | Limiter::HtbBfifo => {
+            Limiter::Cake => vec![words(&format!(
+                "tc qdisc replace dev {DEV} root cake bandwidth {rate}"
+            ))],
+            Limiter::FqMaxrate => vec![words(&format!(
+                "tc qdisc replace dev {DEV} root fq maxrate {rate}"
+            ))],
+            Limiter::Htb | Limiter::HtbBfifo | Limiter::HtbFqCodel => {
                 let mut lines = vec![
                     words(&format!(
                         "tc qdisc replace dev {DEV} root handle 1: htb default 10"
@@ -63,6 +93,11 @@ impl Limiter {
                     let limit = rate_bps / 8 / 200;
                     lines.push(words(&format!(
                         "tc qdisc add dev {DEV} parent 1:10 bfifo limit {limit}"
+                    )));
+                }
+                if self == Limiter::HtbFqCodel {
+                    lines.push(words(&format!(
+                        "tc qdisc add dev {DEV} parent 1:10 fq_codel"
                     )));
                 }
                 lines
@@ -196,28 +231,61 @@ pub fn target_row() -> String {
 }
 
 fn install(lab: &Lab, case: &LatencyCase) -> Result<()> {
-    match case.limiter {
-        Limiter::Shape => {
-            lab.router.attach(DEV, &[])?;
-            lab.router.class_add(
-                "bulk",
-                DEV,
-                &[
-                    "--rate",
-                    &tc_rate(case.rate_bps),
-                    "--dst",
-                    "198.18.2.2/32",
-                    "--action",
-                    "shape",
-                ],
-            )?;
+    install_limiter(lab, case.limiter, case.rate_bps)
+}
+
+/// Sets `limiter` up at `rate_bps` on the router's egress toward the server. shaper's shape
+/// rows are held to the path they name (HTB + CoDel, or EDT + fq where the kernel has fq),
+/// checked on the root qdisc shaper made.
+pub fn install_limiter(lab: &Lab, limiter: Limiter, rate_bps: u64) -> Result<()> {
+    if limiter.is_shaper() {
+        // shaper probes fq unless told otherwise (single-threaded here: no run is going).
+        match limiter {
+            Limiter::ShapeEdt => std::env::remove_var("SHAPER_SHAPE_BACKEND"),
+            _ => std::env::set_var("SHAPER_SHAPE_BACKEND", "htb"),
         }
-        _ => {
-            for command in case.limiter.commands(case.rate_bps) {
-                let args: Vec<&str> = command[1..].iter().map(String::as_str).collect();
-                lab.router.run("tc", &args)?;
-            }
+        let action = if limiter == Limiter::Drop {
+            "drop"
+        } else {
+            "shape"
+        };
+        lab.router.attach(DEV, &[])?;
+        lab.router.class_add(
+            "bulk",
+            DEV,
+            &[
+                "--rate",
+                &tc_rate(rate_bps),
+                "--dst",
+                "198.18.2.2/32",
+                "--action",
+                action,
+            ],
+        )?;
+        let root = String::from_utf8_lossy(
+            &lab.router
+                .run("tc", &["qdisc", "show", "dev", DEV, "root"])?
+                .stdout,
+        )
+        .into_owned();
+        let wanted = match limiter {
+            Limiter::ShapeEdt => Some("qdisc fq "),
+            Limiter::Shape => Some("qdisc htb "),
+            _ => None,
+        };
+        if let Some(kind) = wanted {
+            anyhow::ensure!(
+                root.starts_with(kind),
+                "{}: shaper's root on {DEV} is {:?}, not {kind}",
+                limiter.label(),
+                root.trim()
+            );
         }
+        return Ok(());
+    }
+    for command in limiter.commands(rate_bps) {
+        let args: Vec<&str> = command[1..].iter().map(String::as_str).collect();
+        lab.router.run("tc", &args)?;
     }
     Ok(())
 }
@@ -234,7 +302,7 @@ fn one_row(case: &LatencyCase, effort: &LatencyEffort) -> Result<LoadedRun> {
         ..Tcp::for_seconds(effort.seconds)
     };
     let run = tcp_under_probe(&mut lab, &tcp, effort.steady_from, None);
-    if case.limiter != Limiter::Shape {
+    if !case.limiter.is_shaper() {
         lab.router
             .run("tc", &["qdisc", "del", "dev", DEV, "root"])?;
     }

@@ -10,6 +10,7 @@
 
 mod global;
 mod latency;
+mod peers;
 mod plots;
 mod traffic;
 
@@ -41,6 +42,8 @@ struct Options {
     report: Option<PathBuf>,
     /// `--compare`: builds of the eBPF object to time against the first, paired.
     compare: Vec<PathBuf>,
+    /// `--publish-peers`: the guests' JSON of the peers section, to publish.
+    publish_peers: Vec<String>,
 }
 
 fn options() -> Result<Options> {
@@ -54,15 +57,18 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
         json: None,
         report: None,
         compare: Vec::new(),
+        publish_peers: Vec::new(),
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
             "--only" => {
                 let section = args.next().context("--only needs a section")?;
-                if !["latency", "per-packet", "global", "forwarding"].contains(&section.as_str()) {
+                if !["latency", "per-packet", "global", "forwarding", "peers"]
+                    .contains(&section.as_str())
+                {
                     bail!(
-                        "--only {section}: the sections that run alone are latency, per-packet, forwarding and global"
+                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global and peers"
                     );
                 }
                 options.only = Some(section);
@@ -78,12 +84,20 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                     bail!("--compare {objects}: name two or more builds of the eBPF object, comma-separated");
                 }
             }
+            "--publish-peers" => {
+                let files = args.next().context("--publish-peers needs FILE[,FILE]")?;
+                options.publish_peers = files
+                    .split(',')
+                    .filter(|f| !f.is_empty())
+                    .map(String::from)
+                    .collect();
+            }
             "--json" => options.json = Some(args.next().context("--json needs a file")?.into()),
             "--report" => {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global, --compare OBJECT,OBJECT, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --json FILE, --report FILE)")
             }
         }
     }
@@ -180,6 +194,23 @@ fn main() -> Result<()> {
     if options.only.as_deref() == Some("latency") {
         return latency_only(&options, &effort, started);
     }
+    if !options.publish_peers.is_empty() {
+        let report = options
+            .report
+            .as_deref()
+            .context("--publish-peers needs --report FILE")?;
+        return peers::publish(&options.publish_peers, report);
+    }
+    if options.only.as_deref() == Some("peers") {
+        // Inside a guest of `cargo xtask bench --vm`: measure, print, write the JSON.
+        println!("== peers: latency under load beside CAKE, fq_codel, tbf and fq");
+        let report = peers::run()?;
+        if let Some(path) = &options.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+            println!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
     if options.only.as_deref() == Some("global") {
         // A quick look at the limits-across-hosts section alone.
         let global_effort = global::effort(options.quick);
@@ -269,7 +300,15 @@ fn main() -> Result<()> {
         println!("wrote {}", path.display());
     }
     if let Some(path) = &options.report {
-        std::fs::write(path, markdown(&report))?;
+        // The peers section comes from Debian's kernels (`bench --vm`): kept as it is.
+        let kept = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|old| peers::section_of(&old));
+        let mut text = markdown(&report);
+        if let Some(section) = kept {
+            text = peers::with_section(&text, &section);
+        }
+        std::fs::write(path, text)?;
         println!("wrote {}", path.display());
     }
     check_targets(&report, &Expected::of(&effort))

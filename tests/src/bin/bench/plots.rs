@@ -7,7 +7,16 @@ use std::path::Path;
 
 /// Installed by `cargo xtask setup` (Debian's fonts-dejavu-core).
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-const COLOURS: [RGBColor; 4] = [RGBColor(200, 30, 30), RGBColor(30, 90, 200), GREEN, MAGENTA];
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(200, 30, 30),
+    RGBColor(30, 90, 200),
+    GREEN,
+    MAGENTA,
+    RGBColor(230, 140, 0),
+    RGBColor(0, 170, 170),
+    RGBColor(120, 70, 30),
+    BLACK,
+];
 
 /// Makes the font known to plotters' text renderer; once per process.
 pub fn register_font() -> Result<()> {
@@ -199,6 +208,26 @@ pub fn cost_vs_scale(
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// The bulk flow's added RTT over time (its sender's smoothed RTT over the idle RTT, per
+/// second), one line per setup: the queue each limiter keeps.
+pub fn queue_over_time(path: &Path, title: &str, series: &[(String, Series)]) -> Result<()> {
+    let top = values(series).fold(10.0, f64::max) * 1.1;
+    let bottom = values(series).fold(0.0, f64::min);
+    lines_over_time(
+        path,
+        &Axes {
+            title,
+            x_desc: "time (s) since the load started",
+            y_desc: "bulk flow's added RTT (ms)",
+            y_range: bottom..top,
+            stroke: 2,
+            legend: SeriesLabelPosition::UpperRight,
+        },
+        series,
+        None,
+    )
 }
 
 /// The probe's added RTT over time, one line per setup (ms over the idle RTT).

@@ -1,0 +1,455 @@
+//! Latency under load beside the qdiscs a user would pick instead (`--only peers`, run in
+//! Debian's kernels by `cargo xtask bench --vm`: the lab's own kernel has no fq, fq_codel,
+//! CAKE or netem). Each row is a fresh lab with netem's base RTT on the client's and the
+//! server's egress, one limiter on the router's egress toward the server, bulk TCP from the
+//! client and a 20 Hz ping beside it; figures over the steady state.
+//!
+//! `--publish-peers` (on the host, with each guest's JSON) writes the section of
+//! docs/BENCHMARKS.md, its plot, and holds shaper's shape to the targets against CAKE.
+
+use crate::latency::{install_limiter, Limiter};
+use anyhow::{bail, Context as _, Result};
+use serde_json::{json, Value};
+use shaper_tests::{
+    counter,
+    latency::{percentile, tcp_under_probe},
+    Lab, Tcp, CLIENT_DEV, ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,
+};
+use std::{path::Path, time::Duration};
+
+const SECONDS: u32 = 30;
+const STEADY_FROM: Duration = Duration::from_secs(10);
+/// Where the section starts and ends in docs/BENCHMARKS.md (the full bench keeps it).
+pub const BEGIN: &str = "<!-- peers: written by `cargo xtask bench --vm` -->";
+pub const END: &str = "<!-- peers: end -->";
+
+/// One row: a limiter, its rate, the path, the load.
+#[derive(Clone, Debug)]
+struct PeerCase {
+    limiter: Limiter,
+    rate_bps: u64,
+    /// netem's delay each way (None: the µs lab).
+    one_way: Option<Duration>,
+    flows: u32,
+    congestion: &'static str,
+    /// TSO, GSO and GRO on (the veths' default) or off on the path's devices.
+    offloads: bool,
+}
+
+impl PeerCase {
+    fn at_40ms(limiter: Limiter, congestion: &'static str, flows: u32) -> Self {
+        Self {
+            limiter,
+            rate_bps: 20_000_000,
+            one_way: Some(Duration::from_millis(20)),
+            flows,
+            congestion,
+            offloads: true,
+        }
+    }
+
+    fn path(&self) -> String {
+        match self.one_way {
+            Some(delay) => format!("{} ms", 2 * delay.as_millis()),
+            None => "µs".into(),
+        }
+    }
+
+    fn setup(&self) -> String {
+        format!(
+            "{}, {} Mbit/s, {} RTT, {} {}{}",
+            self.limiter.label(),
+            self.rate_bps / 1_000_000,
+            self.path(),
+            self.flows,
+            self.congestion,
+            if self.offloads { "" } else { ", offloads off" }
+        )
+    }
+}
+
+/// The table (every limiter, Cubic and BBR, one and four flows, 20 Mbit/s over 40 ms),
+/// then shaper's two shape paths where they might part: offloads off, and 10 Mbit/s on
+/// the µs lab.
+fn cases() -> Vec<PeerCase> {
+    let limiters = [
+        Limiter::Shape,
+        Limiter::ShapeEdt,
+        Limiter::Drop,
+        Limiter::Cake,
+        Limiter::HtbFqCodel,
+        Limiter::Tbf,
+        Limiter::FqMaxrate,
+    ];
+    let mut cases = Vec::new();
+    for flows in [1, 4] {
+        for congestion in ["cubic", "bbr"] {
+            for limiter in limiters {
+                cases.push(PeerCase::at_40ms(limiter, congestion, flows));
+            }
+        }
+    }
+    for congestion in ["cubic", "bbr"] {
+        for limiter in [Limiter::Shape, Limiter::ShapeEdt] {
+            cases.push(PeerCase {
+                offloads: false,
+                ..PeerCase::at_40ms(limiter, congestion, 1)
+            });
+            cases.push(PeerCase {
+                rate_bps: 10_000_000,
+                one_way: None,
+                ..PeerCase::at_40ms(limiter, congestion, 1)
+            });
+        }
+    }
+    cases
+}
+
+/// Packets dropped on the bottleneck: every qdisc's drops there, and shaper's own.
+fn drops(lab: &Lab, limiter: Limiter) -> Result<u64> {
+    let output = lab.router.run(
+        "tc",
+        &["-s", "-j", "qdisc", "show", "dev", ROUTER_TO_SERVER],
+    )?;
+    let qdiscs: Value = serde_json::from_slice(&output.stdout).context("tc -s -j qdisc")?;
+    let mut total: u64 = qdiscs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| q["drops"].as_u64())
+        .sum();
+    if limiter.is_shaper() {
+        total += lab
+            .router
+            .stats()?
+            .iter()
+            .map(|row| counter(row, "dropped_packets"))
+            .sum::<u64>();
+    }
+    Ok(total)
+}
+
+fn one_row(case: &PeerCase) -> Result<Value> {
+    let mut lab = match case.one_way {
+        Some(delay) => Lab::with_netem(delay)?,
+        None => Lab::new()?,
+    };
+    if !case.offloads {
+        for (ns, dev) in [
+            (&lab.client, CLIENT_DEV),
+            (&lab.router, ROUTER_TO_CLIENT),
+            (&lab.router, ROUTER_TO_SERVER),
+            (&lab.server, SERVER_DEV),
+        ] {
+            ns.offloads_off(dev)?;
+        }
+    }
+    install_limiter(&lab, case.limiter, case.rate_bps)?;
+    let tcp = Tcp {
+        flows: case.flows,
+        congestion: case.congestion.into(),
+        ..Tcp::for_seconds(SECONDS)
+    };
+    let run = tcp_under_probe(&mut lab, &tcp, STEADY_FROM, None)?;
+    let from = STEADY_FROM.as_secs_f64();
+    let bulk_added: Vec<f64> = run
+        .sender_rtt_series
+        .iter()
+        .filter(|(end, _)| *end > from)
+        .map(|(_, ms)| ms - run.idle_rtt_ms)
+        .collect();
+    let row = json!({
+        "setup": case.setup(),
+        "limiter": case.limiter.label(),
+        "configuration": case
+            .limiter
+            .commands(case.rate_bps)
+            .iter()
+            .map(|words| words.join(" "))
+            .collect::<Vec<_>>()
+            .join("; "),
+        "rate_bps": case.rate_bps,
+        "path": case.path(),
+        "flows": case.flows,
+        "congestion": case.congestion,
+        "offloads": case.offloads,
+        "idle_rtt_ms": run.idle_rtt_ms,
+        "goodput_ratio": run.steady_goodput_bps / case.rate_bps as f64,
+        "bulk_added_p50_ms": percentile(&bulk_added, 50.0),
+        "probe_p50_ms": run.added.p50_ms,
+        "probe_p99_ms": run.added.p99_ms,
+        "probes": run.added.samples,
+        "probes_lost": run.added.lost,
+        "drops": drops(&lab, case.limiter)?,
+        "bulk_series": run
+            .sender_rtt_series
+            .iter()
+            .map(|(end, ms)| (end, ms - run.idle_rtt_ms))
+            .collect::<Vec<_>>(),
+    });
+    drop(lab);
+    Ok(row)
+}
+
+/// Runs every row in this kernel; the report as JSON.
+pub fn run() -> Result<Value> {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?
+        .trim()
+        .to_string();
+    let started = std::time::Instant::now();
+    let mut rows = Vec::new();
+    for case in cases() {
+        let row = one_row(&case).with_context(|| case.setup())?;
+        println!(
+            "{:64} goodput {:.3}, bulk +{:.1} ms, probe p50 {:+.1} p99 {:+.1} ms, {} drops",
+            case.setup(),
+            row["goodput_ratio"].as_f64().unwrap_or(f64::NAN),
+            row["bulk_added_p50_ms"].as_f64().unwrap_or(f64::NAN),
+            row["probe_p50_ms"].as_f64().unwrap_or(f64::NAN),
+            row["probe_p99_ms"].as_f64().unwrap_or(f64::NAN),
+            row["drops"]
+        );
+        rows.push(row);
+    }
+    Ok(json!({
+        "kernel": kernel,
+        "date": crate::date(),
+        "seconds": started.elapsed().as_secs_f64(),
+        "steady_from_s": STEADY_FROM.as_secs(),
+        "run_s": SECONDS,
+        "rows": rows,
+    }))
+}
+
+fn number(value: &Value, digits: usize) -> String {
+    value
+        .as_f64()
+        .map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+fn row_of<'a>(
+    report: &'a Value,
+    limiter: Limiter,
+    congestion: &str,
+    flows: u64,
+) -> Option<&'a Value> {
+    report["rows"].as_array()?.iter().find(|row| {
+        row["limiter"] == limiter.label()
+            && row["congestion"] == congestion
+            && row["flows"] == flows
+            && row["offloads"] == true
+            && row["path"] == "40 ms"
+            && row["rate_bps"] == 20_000_000
+    })
+}
+
+/// The targets, per kernel: at 20 Mbit/s over 40 ms with one and with four Cubic flows,
+/// shaper's shape (on the path the kernel gives it by default) against CAKE: goodput ≥
+/// CAKE's − 0.02, the bulk flow's added RTT p50 ≤ CAKE's + 3 ms, the probe's p99 ≤ CAKE's
+/// + 2 ms. Each line says what held or broke.
+pub fn check(report: &Value, shape: Limiter) -> (Vec<String>, Vec<String>) {
+    let mut held = Vec::new();
+    let mut broken = Vec::new();
+    let kernel = report["kernel"].as_str().unwrap_or("?");
+    for flows in [1, 4] {
+        let (Some(ours), Some(cake)) = (
+            row_of(report, shape, "cubic", flows),
+            row_of(report, Limiter::Cake, "cubic", flows),
+        ) else {
+            broken.push(format!("{kernel}, {flows} cubic: a row is missing"));
+            continue;
+        };
+        let figure = |row: &Value, key: &str| row[key].as_f64().unwrap_or(f64::NAN);
+        for (what, key, slack, higher_is_better) in [
+            ("goodput", "goodput_ratio", 0.02, true),
+            ("bulk added RTT p50", "bulk_added_p50_ms", 3.0, false),
+            ("probe p99", "probe_p99_ms", 2.0, false),
+        ] {
+            let (a, b) = (figure(ours, key), figure(cake, key));
+            let ok = if higher_is_better {
+                a >= b - slack
+            } else {
+                a <= b + slack
+            };
+            let line = format!(
+                "{kernel}, {flows} cubic, {what}: {} {a:.3}, cake {b:.3} (allowed {}{slack})",
+                shape.label(),
+                if higher_is_better { "−" } else { "+" }
+            );
+            if ok {
+                held.push(line);
+            } else {
+                broken.push(line);
+            }
+        }
+    }
+    (held, broken)
+}
+
+/// The markdown of one kernel's table.
+fn table(report: &Value) -> String {
+    let mut out = format!(
+        "\n### {} ({} s runs, figures from {} s on)\n\n| setup | goodput / rate | bulk flow's added RTT p50 ms | probe added RTT p50 ms | p99 ms | probes lost | drops |\n|---|---|---|---|---|---|---|\n",
+        report["kernel"].as_str().unwrap_or("?"),
+        report["run_s"],
+        report["steady_from_s"]
+    );
+    for row in report["rows"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} of {} | {} |\n",
+            row["setup"].as_str().unwrap_or("?"),
+            number(&row["goodput_ratio"], 3),
+            number(&row["bulk_added_p50_ms"], 1),
+            number(&row["probe_p50_ms"], 1),
+            number(&row["probe_p99_ms"], 1),
+            row["probes_lost"],
+            row["probes"],
+            row["drops"],
+        ));
+    }
+    out
+}
+
+/// `--publish-peers FILE,FILE --report docs/BENCHMARKS.md`: writes the section (tables,
+/// plots, targets) into the report in place of the last one; fails when a target broke.
+pub fn publish(files: &[String], report: &Path) -> Result<()> {
+    crate::plots::register_font()?;
+    let dir = report.parent().unwrap_or(Path::new(".")).join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let mut section = format!(
+        "{BEGIN}\n## Beside CAKE, fq_codel, tbf and fq (Debian's kernels under qemu)\n\n\
+         `cargo xtask bench --vm` runs these rows inside Debian 12's own kernels (the lab's \
+         kernel has none of fq, fq_codel, CAKE or netem), booted under qemu with TCG here \
+         (emulated: a guest's CPU is some ten times slower than the host's, so rates stay at \
+         10–20 Mbit/s). Each row is a fresh lab: netem adds half the base RTT on the client's \
+         and on the server's egress, one limiter sits on the router's egress toward the \
+         server, bulk TCP runs from the client for {SECONDS} s beside a 20 Hz ping. Goodput is \
+         the server's over the steady state; the bulk flow's added RTT is the sender's \
+         smoothed RTT (iperf3, per second) over the idle RTT, its median; the probe's added RTT \
+         is the ping's over the idle RTT; drops are the bottleneck's (its qdiscs' and \
+         shaper's). `fq maxrate` caps each flow, not the sum (four flows may take four times \
+         the rate): it stands in for Cilium's per-pod EDT, whose aggregate rate a BPF program \
+         sets, like shaper's EDT path. Target (issue 35): shaper's shape, one and four Cubic \
+         flows, goodput ≥ CAKE's − 0.02, bulk added RTT p50 ≤ CAKE's + 3 ms, probe p99 ≤ \
+         CAKE's + 2 ms.\n"
+    );
+    let mut all_broken = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {file}"))?;
+        let parsed: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{file} is not the bench's JSON"))?;
+        let kernel = parsed["kernel"].as_str().unwrap_or("unknown").to_string();
+        section.push_str(&table(&parsed));
+        let name = format!("peers-{kernel}.png");
+        let series: crate::latency::RttSeries = parsed["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|row| {
+                row["congestion"] == "cubic"
+                    && row["flows"] == 1
+                    && row["offloads"] == true
+                    && row["path"] == "40 ms"
+            })
+            .map(|row| {
+                let points = row["bulk_series"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?)))
+                    .collect();
+                (row["limiter"].as_str().unwrap_or("?").to_string(), points)
+            })
+            .collect();
+        crate::plots::queue_over_time(
+            &dir.join(&name),
+            &format!("Bulk flow's added RTT, one cubic flow, 20 Mbit/s, 40 ms ({kernel})"),
+            &series,
+        )?;
+        section.push_str(&format!(
+            "\n![the bulk flow's added RTT on {kernel}](bench/{name})\n"
+        ));
+        let (held, broken) = check(&parsed, Limiter::ShapeEdt);
+        let (held_htb, broken_htb) = check(&parsed, Limiter::Shape);
+        section.push_str("\nTargets against CAKE:\n\n");
+        for line in held.iter().chain(&held_htb) {
+            section.push_str(&format!("- held: {line}\n"));
+        }
+        for line in broken.iter().chain(&broken_htb) {
+            section.push_str(&format!("- **missed**: {line}\n"));
+        }
+        println!("{}", table(&parsed));
+        for line in broken.iter().chain(&broken_htb) {
+            println!("missed: {line}");
+        }
+        all_broken.extend(broken);
+        all_broken.extend(broken_htb);
+    }
+    section.push_str(&format!("\n{END}\n"));
+    let old = std::fs::read_to_string(report).unwrap_or_default();
+    std::fs::write(report, with_section(&old, &section))?;
+    println!("wrote {}", report.display());
+    if !all_broken.is_empty() {
+        bail!("{} target(s) missed", all_broken.len());
+    }
+    Ok(())
+}
+
+/// `text` with its peers section replaced by `section` (appended when it has none).
+pub fn with_section(text: &str, section: &str) -> String {
+    match (text.find(BEGIN), text.find(END)) {
+        (Some(start), Some(end)) if end > start => {
+            let after = end + END.len();
+            let rest = text[after..].strip_prefix('\n').unwrap_or(&text[after..]);
+            format!("{}{section}{rest}", &text[..start])
+        }
+        _ => format!("{}\n\n{section}", text.trim_end()),
+    }
+}
+
+/// The peers section of a report `text`, to keep when the rest is written anew.
+pub fn section_of(text: &str) -> Option<String> {
+    let start = text.find(BEGIN)?;
+    let end = text.find(END)?;
+    (end > start).then(|| format!("{}\n", &text[start..end + END.len()]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_is_replaced_in_place_and_kept() {
+        let section = format!("{BEGIN}\nnew\n{END}\n");
+        let text = format!("# head\n{BEGIN}\nold\n{END}\n## tail\n");
+        let replaced = with_section(&text, &section);
+        assert_eq!(replaced, format!("# head\n{BEGIN}\nnew\n{END}\n## tail\n"));
+        assert_eq!(section_of(&replaced).as_deref(), Some(section.as_str()));
+        assert_eq!(
+            with_section("# head\n", &section),
+            format!("# head\n\n{section}")
+        );
+        assert_eq!(section_of("# head\n"), None);
+    }
+
+    #[test]
+    fn targets_compare_shaper_with_cake_row_by_row() {
+        let row = |limiter: Limiter, flows: u64, goodput: f64, bulk: f64, p99: f64| {
+            json!({"limiter": limiter.label(), "congestion": "cubic", "flows": flows,
+                   "offloads": true, "path": "40 ms", "rate_bps": 20_000_000,
+                   "goodput_ratio": goodput, "bulk_added_p50_ms": bulk, "probe_p99_ms": p99})
+        };
+        let report = json!({"kernel": "6.12", "rows": [
+            row(Limiter::Cake, 1, 0.95, 5.0, 3.0),
+            row(Limiter::Cake, 4, 0.95, 5.0, 3.0),
+            row(Limiter::ShapeEdt, 1, 0.94, 7.9, 4.9),
+            row(Limiter::ShapeEdt, 4, 0.92, 8.1, 5.1),
+        ]});
+        let (held, broken) = check(&report, Limiter::ShapeEdt);
+        assert_eq!(held.len(), 3, "{held:?}");
+        assert_eq!(broken.len(), 3, "{broken:?}");
+        assert!(broken.iter().all(|line| line.contains("4 cubic")));
+        let (_, missing) = check(&report, Limiter::Shape);
+        assert_eq!(missing.len(), 2, "{missing:?}");
+    }
+}
