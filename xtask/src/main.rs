@@ -341,15 +341,26 @@ fn test() -> Result<()> {
 /// targets by the bench driver on this host.
 fn bench_vm(kernels: &[String]) -> Result<()> {
     let outcomes = vm::vm_test(kernels, vm::Plan::Bench)?;
-    let mut files = Vec::new();
+    let dir = workspace_root().join("target/vm");
     for outcome in &outcomes {
-        let path = workspace_root().join(format!("target/vm/peers-{}.json", outcome.kernel));
+        let path = dir.join(format!("peers-{}.json", outcome.kernel));
         std::fs::write(&path, outcome.report.join("\n"))?;
         println!("[xtask] {}'s figures: {}", outcome.kernel, path.display());
-        files.push(path.display().to_string());
     }
-    let dir = use_binaries_of(dist::Profile::Dev);
-    let mut command = Command::new(dir.join("shaper-bench"));
+    // Every kernel measured so far (one at a time is fine: `--kernel 6.12`, then 6.1),
+    // newest kernel first; each table carries its kernel and date.
+    let mut files: Vec<String> = std::fs::read_dir(&dir)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| n.starts_with("peers-") && n.ends_with(".json"))
+        })
+        .map(|path| path.display().to_string())
+        .collect();
+    files.sort();
+    files.reverse();
+    let binaries = use_binaries_of(dist::Profile::Dev);
+    let mut command = Command::new(binaries.join("shaper-bench"));
     command
         .arg("--publish-peers")
         .arg(files.join(","))

@@ -968,7 +968,13 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Boots `kernel` with `plan`, echoing its console, within [`guest_limit`].
+/// Boots a guest that dies before its init at most this many times in a row.
+const BOOT_ATTEMPTS: u32 = 3;
+
+/// Boots `kernel` with `plan`, echoing its console, within [`guest_limit`]. A kernel that
+/// dies before it reaches the init (under TCG here, 6.12 oopsed on an int3 in
+/// `sched_clock_cpu` while patching its code at boot, one boot in about eight) is booted
+/// again, saying so: no test has run, so no result is retried.
 fn boot(
     kernel: &Kernel,
     initramfs: &Path,
@@ -981,7 +987,30 @@ fn boot(
         kernel.release,
         groups(&kernel.release, plan).len()
     );
+    let mut attempt = 1;
+    loop {
+        let (outcome, reached_init) = boot_once(kernel, initramfs, accel, plan)?;
+        if reached_init || attempt == BOOT_ATTEMPTS {
+            return Ok(outcome);
+        }
+        attempt += 1;
+        println!(
+            "[xtask] the kernel {} died before its init (above): booting it again, attempt \
+             {attempt} of {BOOT_ATTEMPTS}",
+            kernel.release
+        );
+    }
+}
+
+/// One boot: what the guest did, and whether its kernel reached the init.
+fn boot_once(
+    kernel: &Kernel,
+    initramfs: &Path,
+    accel: &'static str,
+    plan: Plan,
+) -> Result<(GuestOutcome, bool)> {
     let limit = guest_limit(plan);
+    let mut reached_init = false;
     let mut in_report = false;
     let started = Instant::now();
     let mut child = qemu(kernel, initramfs, accel, "")?;
@@ -1018,6 +1047,7 @@ fn boot(
                     continue;
                 }
                 println!("[{}] {line}", kernel.label);
+                reached_init |= line.contains(READY);
                 let words: Vec<&str> = line.split_whitespace().collect();
                 match words.as_slice() {
                     [TEST_DONE, binary, rc] => {
@@ -1036,7 +1066,7 @@ fn boot(
     stop(&mut child);
     let _ = reader.join();
     outcome.seconds = started.elapsed().as_secs_f64();
-    Ok(outcome)
+    Ok((outcome, reached_init))
 }
 
 fn which(command: &str) -> Result<PathBuf> {

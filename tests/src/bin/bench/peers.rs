@@ -289,8 +289,9 @@ pub fn check(report: &Value, shape: Limiter) -> (Vec<String>, Vec<String>) {
 /// The markdown of one kernel's table.
 fn table(report: &Value) -> String {
     let mut out = format!(
-        "\n### {} ({} s runs, figures from {} s on)\n\n| setup | goodput / rate | bulk flow's added RTT p50 ms | probe added RTT p50 ms | p99 ms | probes lost | drops |\n|---|---|---|---|---|---|---|\n",
+        "\n### {} ({}; {} s runs, figures from {} s on)\n\n| setup | goodput / rate | bulk flow's added RTT p50 ms | probe added RTT p50 ms | p99 ms | probes lost | drops |\n|---|---|---|---|---|---|---|\n",
         report["kernel"].as_str().unwrap_or("?"),
+        report["date"].as_str().unwrap_or("?"),
         report["run_s"],
         report["steady_from_s"]
     );
