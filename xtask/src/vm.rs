@@ -969,11 +969,11 @@ fn stop(child: &mut Child) {
 }
 
 /// Boots a guest that dies before its init at most this many times in a row.
-const BOOT_ATTEMPTS: u32 = 3;
+const BOOT_ATTEMPTS: u32 = 5;
 
 /// Boots `kernel` with `plan`, echoing its console, within [`guest_limit`]. A kernel that
 /// dies before it reaches the init (under TCG here, 6.12 oopsed on an int3 in
-/// `sched_clock_cpu` while patching its code at boot, one boot in about eight) is booted
+/// `sched_clock_cpu` while patching its code at boot, two boots in eight here) is booted
 /// again, saying so: no test has run, so no result is retried.
 fn boot(
     kernel: &Kernel,
