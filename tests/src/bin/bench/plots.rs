@@ -213,35 +213,49 @@ pub fn cost_vs_scale(
 /// The bulk flow's added RTT over time (its sender's smoothed RTT over the idle RTT, per
 /// second), one line per setup: the queue each limiter keeps.
 pub fn queue_over_time(path: &Path, title: &str, series: &[(String, Series)]) -> Result<()> {
-    let top = values(series).fold(10.0, f64::max) * 1.1;
-    let bottom = values(series).fold(0.0, f64::min);
-    lines_over_time(
+    added_rtt_over_time(
         path,
-        &Axes {
+        (
             title,
-            x_desc: "time (s) since the load started",
-            y_desc: "bulk flow's added RTT (ms)",
-            y_range: bottom..top,
-            stroke: 2,
-            legend: SeriesLabelPosition::UpperRight,
-        },
+            "time (s) since the load started",
+            "bulk flow's added RTT (ms)",
+        ),
+        2,
         series,
-        None,
     )
 }
 
 /// The probe's added RTT over time, one line per setup (ms over the idle RTT).
 pub fn rtt_over_time(path: &Path, title: &str, series: &[(String, Series)]) -> Result<()> {
+    added_rtt_over_time(
+        path,
+        (
+            title,
+            "time (s) since the probe started",
+            "probe's added RTT (ms)",
+        ),
+        1,
+        series,
+    )
+}
+
+/// Milliseconds over an idle RTT against time: (title, x, y) descriptions, line width.
+fn added_rtt_over_time(
+    path: &Path,
+    (title, x_desc, y_desc): (&str, &str, &str),
+    stroke: u32,
+    series: &[(String, Series)],
+) -> Result<()> {
     let top = values(series).fold(10.0, f64::max) * 1.1;
     let bottom = values(series).fold(0.0, f64::min);
     lines_over_time(
         path,
         &Axes {
             title,
-            x_desc: "time (s) since the probe started",
-            y_desc: "probe's added RTT (ms)",
+            x_desc,
+            y_desc,
             y_range: bottom..top,
-            stroke: 1,
+            stroke,
             legend: SeriesLabelPosition::UpperRight,
         },
         series,
