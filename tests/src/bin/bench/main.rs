@@ -50,6 +50,11 @@ fn options() -> Result<Options> {
     options_from(std::env::args().skip(1))
 }
 
+/// The non-empty items of a comma-separated option value.
+fn comma_separated(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').filter(|item| !item.is_empty())
+}
+
 fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
     let mut options = Options {
         quick: false,
@@ -75,22 +80,14 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
             }
             "--compare" => {
                 let objects = args.next().context("--compare needs OBJECT,OBJECT")?;
-                options.compare = objects
-                    .split(',')
-                    .filter(|path| !path.is_empty())
-                    .map(Into::into)
-                    .collect();
+                options.compare = comma_separated(&objects).map(Into::into).collect();
                 if options.compare.len() < 2 {
                     bail!("--compare {objects}: name two or more builds of the eBPF object, comma-separated");
                 }
             }
             "--publish-peers" => {
                 let files = args.next().context("--publish-peers needs FILE[,FILE]")?;
-                options.publish_peers = files
-                    .split(',')
-                    .filter(|f| !f.is_empty())
-                    .map(String::from)
-                    .collect();
+                options.publish_peers = comma_separated(&files).map(String::from).collect();
             }
             "--json" => options.json = Some(args.next().context("--json needs a file")?.into()),
             "--report" => {
