@@ -146,13 +146,15 @@ fn ours(root: &Option<(String, String)>) -> Option<Backend> {
 }
 
 /// Makes shaper's root the root qdisc of `dev`, refusing to replace one the user made:
-/// `fq` with EDT pacing where the kernel has fq (probed by trying it), HTB otherwise.
-/// `SHAPER_SHAPE_BACKEND=htb` skips the probe (for comparing the two where fq exists).
+/// HTB by default; `fq` with EDT pacing when `SHAPER_SHAPE_BACKEND=edt` asks for it (an
+/// error where the kernel has no fq). `SHAPER_SHAPE_BACKEND=htb` is the default said
+/// explicitly.
 pub(crate) fn ensure_root(dev: &str) -> Result<Backend> {
     let current = root(dev)?;
     if let Some(backend) = ours(&current) {
         return Ok(backend);
     }
+    let wanted = wanted_backend()?;
     if let Some((kind, handle)) = &current {
         if !DEFAULT_ROOTS.contains(&kind.as_str()) || handle != KERNEL_HANDLE {
             return Err(runtime(format!(
@@ -163,13 +165,16 @@ pub(crate) fn ensure_root(dev: &str) -> Result<Backend> {
         }
     }
     let handle = format!("{HTB_MAJOR:x}:");
-    let htb_only = std::env::var("SHAPER_SHAPE_BACKEND").is_ok_and(|v| v == "htb");
-    if !htb_only
-        && tc(&[
+    if wanted == Backend::EdtFq {
+        tc(&[
             "qdisc", "replace", "dev", dev, "root", "handle", &handle, "fq",
         ])
-        .is_ok()
-    {
+        .map_err(|error| {
+            runtime(format!(
+                "{SHAPE_BACKEND_VAR}=edt needs the fq qdisc, which {dev} refused ({error}); \
+                 unset it to shape with HTB"
+            ))
+        })?;
         return Ok(Backend::EdtFq);
     }
     // default 0: traffic no class claims leaves unshaped, as without shaper.
@@ -177,6 +182,22 @@ pub(crate) fn ensure_root(dev: &str) -> Result<Backend> {
         "qdisc", "replace", "dev", dev, "root", "handle", &handle, "htb", "default", "0",
     ])?;
     Ok(Backend::Htb)
+}
+
+/// The environment variable that picks shape's backend on a device shaper has no root on.
+pub const SHAPE_BACKEND_VAR: &str = "SHAPER_SHAPE_BACKEND";
+
+/// The backend `SHAPER_SHAPE_BACKEND` asks for: HTB when unset (measured beside EDT + fq
+/// in Debian's kernels, docs/BENCHMARKS.md: HTB kept the Cubic flows' queue as short or
+/// shorter with more goodput, and it is the path every kernel has).
+fn wanted_backend() -> Result<Backend> {
+    match std::env::var(SHAPE_BACKEND_VAR).as_deref() {
+        Err(_) | Ok("htb") | Ok("") => Ok(Backend::Htb),
+        Ok("edt") => Ok(Backend::EdtFq),
+        Ok(other) => Err(runtime(format!(
+            "{SHAPE_BACKEND_VAR}={other}: expected htb (the default) or edt"
+        ))),
+    }
 }
 
 /// What shaper's HTB class for one shape class is made of.

@@ -61,7 +61,19 @@ pub fn stderr(output: &Output) -> String {
 impl Netns {
     /// `shaper --netns NS ARGS`, whatever its exit status.
     pub fn shaper_output(&self, args: &[&str]) -> Output {
-        shaper(&[&["--netns", self.name.as_str()][..], args].concat())
+        self.shaper_output_with(&[], args)
+    }
+
+    /// [`Netns::shaper_output`] with `vars` added to shaper's environment (the variable
+    /// that picks shape's backend, for one command without touching the test process's).
+    pub fn shaper_output_with(&self, vars: &[(&str, &str)], args: &[&str]) -> Output {
+        let mut command = Command::new(shaper_bin());
+        command
+            .args(["--netns", self.name.as_str()])
+            .args(args)
+            .envs(vars.iter().copied());
+        output_bounded(&mut command, COMMAND_LIMIT)
+            .unwrap_or_else(|e| panic!("running shaper failed: {e:#}"))
     }
 
     /// `shaper --netns NS ARGS`: its stdout, or an error with its stderr when it exits

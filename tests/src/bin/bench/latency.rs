@@ -239,11 +239,15 @@ fn install(lab: &Lab, case: &LatencyCase) -> Result<()> {
 /// checked on the root qdisc shaper made.
 pub fn install_limiter(lab: &Lab, limiter: Limiter, rate_bps: u64) -> Result<()> {
     if limiter.is_shaper() {
-        // shaper probes fq unless told otherwise (single-threaded here: no run is going).
-        match limiter {
-            Limiter::ShapeEdt => std::env::remove_var("SHAPER_SHAPE_BACKEND"),
-            _ => std::env::set_var("SHAPER_SHAPE_BACKEND", "htb"),
-        }
+        // Each row names its path (single-threaded here: no run is going).
+        std::env::set_var(
+            "SHAPER_SHAPE_BACKEND",
+            if limiter == Limiter::ShapeEdt {
+                "edt"
+            } else {
+                "htb"
+            },
+        );
         let action = if limiter == Limiter::Drop {
             "drop"
         } else {
