@@ -4,9 +4,10 @@
 //! and classification stays shaper's own. Only a root qdisc the kernel installed itself (noqueue,
 //! pfifo_fast, mq, … with handle 0:) is ever replaced; deleting shaper's root brings the kernel's default back.
 //!
-//! Where the kernel has `fq`, shaper's root is fq instead and the program paces shape
-//! classes by earliest departure time (skb->tstamp); [`ensure_root`] probes for it once,
-//! when the root is made. CoDel runs on the same virtual queue in both.
+//! Asked for with `SHAPER_SHAPE_BACKEND=edt` (where the kernel has `fq`), shaper's root is
+//! fq instead and the program paces shape classes by earliest departure time
+//! (skb->tstamp). CoDel runs on the same virtual queue in both. A root shaper made earlier
+//! keeps its kind: the choice is made once, when the root is made.
 //!
 //! aya and the rtnetlink crates have no HTB support; iproute2's `tc` is on every machine
 //! that has TC, so this module drives it.

@@ -72,6 +72,10 @@ enum Task {
         /// loaded, attach, policing and detach in the kernel's mode, the floor's refusal.
         #[arg(long)]
         quick: bool,
+        /// Only the plan's tests whose name contains this (kernels with none are not
+        /// booted).
+        #[arg(long)]
+        test: Option<String>,
     },
     /// Write man pages for every shaper command into target/man (from the clap
     /// definitions; `man -l target/man/shaper.8`).
@@ -121,9 +125,16 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             mutants::run(jobs, only.as_deref(), retest)
         }
-        Task::VmTest { kernel, quick } => {
+        Task::VmTest {
+            kernel,
+            quick,
+            test,
+        } => {
             require_root("vm-test")?;
             setup::setup()?;
+            if let Some(name) = test {
+                vm::only_tests_named(name);
+            }
             let plan = if quick { vm::Plan::Ci } else { vm::Plan::Full };
             vm::vm_test(&kernel, plan).map(|_| ())
         }

@@ -20,7 +20,7 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::mpsc,
+    sync::{mpsc, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -321,6 +321,14 @@ pub fn vm_test(kernels: &[String], plan: Plan) -> Result<Vec<GuestOutcome>> {
     let mut outcomes = Vec::new();
     for spec in &kernels {
         let kernel = fetch_kernel(spec)?;
+        if groups(&kernel.release, plan).is_empty() {
+            println!(
+                "== kernel {}: none of the plan's tests is named like {:?}; not booted",
+                kernel.label,
+                TEST_FILTER.get().map_or("", String::as_str)
+            );
+            continue;
+        }
         let image = initramfs(&kernel, &binaries, plan)?;
         let accel = match accel {
             Some(accel) => accel,
@@ -332,6 +340,11 @@ pub fn vm_test(kernels: &[String], plan: Plan) -> Result<Vec<GuestOutcome>> {
         };
         outcomes.push(boot(&kernel, &image, accel, plan)?);
     }
+    ensure!(
+        !outcomes.is_empty(),
+        "vm-test: no test of the {plan:?} plan is named like {:?} on these kernels",
+        TEST_FILTER.get().map_or("", String::as_str)
+    );
     println!("== vm-test ({plan:?} plan)");
     let mut failed = Vec::new();
     for outcome in &outcomes {
@@ -367,11 +380,20 @@ pub fn vm_test(kernels: &[String], plan: Plan) -> Result<Vec<GuestOutcome>> {
     Ok(outcomes)
 }
 
+/// `vm-test --test NAME`: only the plan's tests whose name contains NAME run (set once,
+/// before the first guest is made).
+static TEST_FILTER: OnceLock<String> = OnceLock::new();
+
+/// Narrows every guest to the plan's tests whose name contains `name`.
+pub fn only_tests_named(name: String) {
+    let _ = TEST_FILTER.set(name);
+}
+
 /// A test group of the guest: a test binary, the tests of it to run (all when empty),
 /// and whether they are ignored ones (run with `--ignored`).
 struct Group {
     binary: &'static str,
-    tests: &'static [&'static str],
+    tests: Vec<&'static str>,
     ignored: bool,
 }
 
@@ -387,7 +409,7 @@ fn groups(release: &str, plan: Plan) -> Vec<Group> {
         Plan::Bench => {
             return vec![Group {
                 binary: BENCH_GROUP,
-                tests: &[],
+                tests: Vec::new(),
                 ignored: false,
             }]
         }
@@ -402,9 +424,14 @@ fn groups(release: &str, plan: Plan) -> Vec<Group> {
         })
         .map(|(binary, tests, needs)| Group {
             binary,
-            tests,
+            tests: tests
+                .iter()
+                .copied()
+                .filter(|test| TEST_FILTER.get().is_none_or(|name| test.contains(name)))
+                .collect(),
             ignored: matches!(needs, Needs::BelowFloor | Needs::Fq),
         })
+        .filter(|group| !group.tests.is_empty())
         .collect()
 }
 
@@ -842,7 +869,7 @@ export RUST_BACKTRACE=1
         }
         if !group.tests.is_empty() {
             line.push_str(" --exact");
-            for test in group.tests {
+            for test in &group.tests {
                 line.push(' ');
                 line.push_str(test);
             }
