@@ -47,6 +47,10 @@ enum Task {
         /// With --vm: a kernel (6.1, 6.12 or a linux-image .deb; repeatable; default both).
         #[arg(long, requires = "vm")]
         kernel: Vec<String>,
+        /// With --vm: only the rows whose setup contains this, e.g. "40 ms RTT, 4 cubic"
+        /// (a quick look: printed and kept in target/vm/rows-KERNEL.json, not published).
+        #[arg(long, requires = "vm")]
+        rows: Option<String>,
     },
     /// Mutation testing of shaper-common's arithmetic with cargo-mutants (hours; not in
     /// CI): prints and writes target/mutants/summary.md, fails below 90 % caught.
@@ -112,11 +116,12 @@ fn run(task: Task) -> Result<()> {
             json,
             vm,
             kernel,
+            rows,
         } => {
             require_root("bench")?;
             setup::setup()?;
             if vm {
-                bench_vm(&kernel)
+                bench_vm(&kernel, rows)
             } else {
                 bench(quick, json)
             }
@@ -350,13 +355,23 @@ fn test() -> Result<()> {
 /// `bench --vm`: the peers section in each kernel's guest, each guest's figures kept under
 /// target/vm, then published (docs/BENCHMARKS.md's section, its plot) and held to the
 /// targets by the bench driver on this host.
-fn bench_vm(kernels: &[String]) -> Result<()> {
+fn bench_vm(kernels: &[String], rows: Option<String>) -> Result<()> {
+    let narrowed = rows.is_some();
+    if let Some(text) = rows {
+        vm::only_peers_rows(text);
+    }
     let outcomes = vm::vm_test(kernels, vm::Plan::Bench)?;
     let dir = workspace_root().join("target/vm");
+    // A narrowed run is a quick look (its tables were printed by the guest): kept apart
+    // from the published figures.
+    let prefix = if narrowed { "rows" } else { "peers" };
     for outcome in &outcomes {
-        let path = dir.join(format!("peers-{}.json", outcome.kernel));
+        let path = dir.join(format!("{prefix}-{}.json", outcome.kernel));
         std::fs::write(&path, outcome.report.join("\n"))?;
         println!("[xtask] {}'s figures: {}", outcome.kernel, path.display());
+    }
+    if narrowed {
+        return Ok(());
     }
     // Every kernel measured so far (one at a time is fine: `--kernel 6.12`, then 6.1),
     // newest kernel first; each table carries its kernel and date.

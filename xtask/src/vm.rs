@@ -389,6 +389,14 @@ pub fn only_tests_named(name: String) {
     let _ = TEST_FILTER.set(name);
 }
 
+/// `bench --vm --rows TEXT`: only the peers rows whose setup contains TEXT.
+static PEERS_ROWS: OnceLock<String> = OnceLock::new();
+
+/// Narrows the bench's guests to the peers rows whose setup contains `text`.
+pub fn only_peers_rows(text: String) {
+    let _ = PEERS_ROWS.set(text);
+}
+
 /// A test group of the guest: a test binary, the tests of it to run (all when empty),
 /// and whether they are ignored ones (run with `--ignored`).
 struct Group {
@@ -852,8 +860,12 @@ export RUST_BACKTRACE=1
         "echo {READY} $(uname -r) $(nproc) CPUs\nstatus=0\n"
     ));
     if plan == Plan::Bench {
+        // `bench --vm --rows TEXT`: single-quoted for the guest's shell.
+        let rows = PEERS_ROWS.get().map_or(String::new(), |text| {
+            format!(" --rows '{}'", text.replace('\'', "'\\''"))
+        });
         script.push_str(&format!(
-            "echo '== {BENCH_GROUP}'\n/usr/local/bin/{BENCH_GROUP} --only peers --json /tmp/peers.json\nrc=$?\n\
+            "echo '== {BENCH_GROUP}'\n/usr/local/bin/{BENCH_GROUP} --only peers{rows} --json /tmp/peers.json\nrc=$?\n\
              echo {REPORT_BEGIN}\ncat /tmp/peers.json\necho\necho {REPORT_END}\n\
              echo {TEST_DONE} {BENCH_GROUP} $rc\n[ $rc = 0 ] || status=1\n"
         ));

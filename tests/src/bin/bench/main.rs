@@ -3,7 +3,9 @@
 //!
 //! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global] [--json FILE]
 //! [--report FILE], or shaper-bench --compare OBJECT,OBJECT[,…] (builds of the eBPF object
-//! timed against the first, turn by turn).
+//! timed against the first, turn by turn), or, in a guest of `cargo xtask bench --vm`,
+//! shaper-bench --only peers [--rows TEXT] --json FILE (`--rows`: only the rows whose
+//! setup contains TEXT).
 //! (`--only latency` runs the latency section alone, for a quick look; its report and
 //! JSON hold that section only and its targets are the only ones checked.)
 //! (plots go to `bench/` beside the report).
@@ -44,6 +46,8 @@ struct Options {
     compare: Vec<PathBuf>,
     /// `--publish-peers`: the guests' JSON of the peers section, to publish.
     publish_peers: Vec<String>,
+    /// `--rows TEXT` (with `--only peers`): only the peers rows whose setup contains TEXT.
+    rows: Option<String>,
 }
 
 fn options() -> Result<Options> {
@@ -63,6 +67,7 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
         report: None,
         compare: Vec::new(),
         publish_peers: Vec::new(),
+        rows: None,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -89,12 +94,13 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                 let files = args.next().context("--publish-peers needs FILE[,FILE]")?;
                 options.publish_peers = comma_separated(&files).map(String::from).collect();
             }
+            "--rows" => options.rows = Some(args.next().context("--rows needs a text")?),
             "--json" => options.json = Some(args.next().context("--json needs a file")?.into()),
             "--report" => {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
             }
         }
     }
@@ -102,6 +108,9 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
         options.only.is_some() || options.json.is_some() || options.report.is_some();
     if !options.compare.is_empty() && other_options {
         bail!("--compare runs alone: it takes no --only, --json or --report");
+    }
+    if options.rows.is_some() && options.only.as_deref() != Some("peers") {
+        bail!("--rows narrows the peers section: it needs --only peers");
     }
     Ok(options)
 }
@@ -201,7 +210,7 @@ fn main() -> Result<()> {
     if options.only.as_deref() == Some("peers") {
         // Inside a guest of `cargo xtask bench --vm`: measure, print, write the JSON.
         println!("== peers: latency under load beside CAKE, fq_codel, tbf and fq");
-        let report = peers::run()?;
+        let report = peers::run(options.rows.as_deref())?;
         if let Some(path) = &options.json {
             std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
             println!("wrote {}", path.display());

@@ -217,12 +217,14 @@ fn one_row(case: &PeerCase) -> Result<Value> {
 
 /// Runs every row in this kernel, then the target cells again (passes, so a slow spell
 /// of the emulator falls on every limiter alike); the report as JSON.
-pub fn run() -> Result<Value> {
+/// `rows`: only the rows whose setup contains it (a quick look at a few cells; such a
+/// report is not published).
+pub fn run(rows: Option<&str>) -> Result<Value> {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?
         .trim()
         .to_string();
     let started = std::time::Instant::now();
-    let cases = cases();
+    let cases = cases_named(rows)?;
     let mut runs: Vec<Vec<Value>> = vec![Vec::new(); cases.len()];
     for pass in 0..TARGET_RUNS {
         for (case, runs) in cases.iter().zip(&mut runs) {
@@ -242,15 +244,42 @@ pub fn run() -> Result<Value> {
             runs.push(row);
         }
     }
-    Ok(json!({
+    let report = json!({
         "kernel": kernel,
         "date": crate::date(),
         "seconds": started.elapsed().as_secs_f64(),
         "steady_from_s": STEADY_FROM.as_secs(),
         "run_s": SECONDS,
         "target_runs": TARGET_RUNS,
+        "rows_filter": rows,
         "rows": runs.into_iter().map(median_row).collect::<Vec<_>>(),
-    }))
+    });
+    println!("{}", table(&report));
+    Ok(report)
+}
+
+/// The rows whose setup contains `rows` (every row without it); an error naming the
+/// rows there are when it matches none.
+fn cases_named(rows: Option<&str>) -> Result<Vec<PeerCase>> {
+    let all = cases();
+    let Some(text) = rows else {
+        return Ok(all);
+    };
+    let chosen: Vec<PeerCase> = all
+        .iter()
+        .filter(|case| case.setup().contains(text))
+        .cloned()
+        .collect();
+    if chosen.is_empty() {
+        bail!(
+            "--rows {text:?} matches no row; the rows are: {}",
+            all.iter()
+                .map(PeerCase::setup)
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    Ok(chosen)
 }
 
 /// One cell from its runs: the first run's description and series, each figure the median
@@ -516,6 +545,18 @@ mod tests {
             format!("# head\n\n{section}")
         );
         assert_eq!(section_of("# head\n"), None);
+    }
+
+    #[test]
+    fn rows_are_chosen_by_their_setup() {
+        let four_cubic = cases_named(Some("40 ms RTT, 4 cubic")).unwrap();
+        assert_eq!(four_cubic.len(), 7, "every limiter once");
+        assert!(four_cubic
+            .iter()
+            .all(|case| case.flows == 4 && case.congestion == "cubic"));
+        assert_eq!(cases_named(None).unwrap().len(), cases().len());
+        let error = cases_named(Some("5 flows")).unwrap_err().to_string();
+        assert!(error.contains("matches no row") && error.contains("cake, 20 Mbit/s"));
     }
 
     #[test]
