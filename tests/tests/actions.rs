@@ -318,15 +318,14 @@ fn root_qdisc(lab: &Lab) -> String {
     .to_string()
 }
 
-#[test]
-fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
-    let mut lab =
-        Lab::with_router_class(ROUTER_TO_SERVER, &["--rate", "10mbit", "--action", "shape"])
-            .unwrap();
+/// A 10 Mbit/s shape class on the router's egress, on `path` (its label) with shaper's root
+/// of `root_kind` there: Cubic gets at least 0.93 of the rate and 100 Mbit/s of UDP is held
+/// to it within 3 %.
+fn shape_holds_tcp_and_udp_at_10mbit(lab: &mut Lab, path: &str, root_kind: &str) {
     assert!(
-        root_qdisc(&lab).contains("htb 5348:"),
-        "shaper installs its HTB root: {}",
-        root_qdisc(&lab)
+        root_qdisc(lab).contains(&format!("{root_kind} 5348:")),
+        "shaper installs its {root_kind} root: {}",
+        root_qdisc(lab)
     );
     // Steady state from 1 s: Cubic's slow start overshoots the 100 ms cap and waits out
     // one retransmission timeout there in most runs (TcpExtTCPTimeouts 1 in 7 of 8),
@@ -334,14 +333,18 @@ fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
     // 93.5-95.6 %, 92.9 % once in CI; from 1 s 94.3-96.0 %).
     let goodput = lab.tcp_series(10, "cubic", 1.0).unwrap().steady_bps();
     println!(
-        "TCP cubic through a 10mbit shape class (HTB): {:.3} Mbit/s = {:.1} % of the rate",
+        "TCP cubic through a 10mbit shape class ({path}): {:.3} Mbit/s = {:.1} % of the rate",
         goodput / 1e6,
         goodput / 1e7 * 100.0
     );
     // In steady state CoDel's short queue costs no goodput: about 95.6 % is the
     // payload's share of a 1514-byte frame, and the rate counts frames (a 1 s interval's
     // edges move a few packets either way). The shaping target is 0.93.
-    assert_goodput_fraction("cubic at 10mbit, shape", goodput / 10e6, 0.93);
+    assert_goodput_fraction(
+        &format!("cubic at 10mbit, shape ({path})"),
+        goodput / 10e6,
+        0.93,
+    );
     let udp = lab
         .udp(&Udp {
             seconds: 5,
@@ -349,11 +352,29 @@ fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
         })
         .unwrap();
     assert_within(
-        "UDP 100M through a 10mbit shape class (HTB)",
+        &format!("UDP 100M through a 10mbit shape class ({path})"),
         udp.total_l2_bps(),
         10e6,
         0.03,
     );
+}
+
+/// `shaper detach` on the router's egress removes shaper's root of `root_kind`.
+fn detach_removes_the_root(lab: &Lab, root_kind: &str) {
+    lab.router.shaper(&["detach", ROUTER_TO_SERVER]).unwrap();
+    assert!(
+        !root_qdisc(lab).contains(root_kind),
+        "detach removes shaper's {root_kind}: {}",
+        root_qdisc(lab)
+    );
+}
+
+#[test]
+fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
+    let mut lab =
+        Lab::with_router_class(ROUTER_TO_SERVER, &["--rate", "10mbit", "--action", "shape"])
+            .unwrap();
+    shape_holds_tcp_and_udp_at_10mbit(&mut lab, "HTB", "htb");
     // A rate change reaches the HTB class.
     lab.router
         .shaper(&[
@@ -378,12 +399,7 @@ fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
         20e6,
         0.03,
     );
-    lab.router.shaper(&["detach", ROUTER_TO_SERVER]).unwrap();
-    assert!(
-        !root_qdisc(&lab).contains("htb"),
-        "detach removes shaper's HTB: {}",
-        root_qdisc(&lab)
-    );
+    detach_removes_the_root(&lab, "htb");
 }
 
 /// `shaper class add c --action shape` at 10 Mbit/s on the router with shape's backend
@@ -416,35 +432,8 @@ fn shape_on_the_edt_path_keeps_tcp_and_udp_at_the_rate() {
     lab.router.attach(ROUTER_TO_SERVER, &[]).unwrap();
     let added = add_shape_class_with_backend(&lab, "edt");
     assert!(added.status.success(), "{}", stderr(&added));
-    assert!(
-        root_qdisc(&lab).contains("fq 5348:"),
-        "shaper installs its fq root: {}",
-        root_qdisc(&lab)
-    );
-    let goodput = lab.tcp_series(10, "cubic", 1.0).unwrap().steady_bps();
-    println!(
-        "TCP cubic through a 10mbit shape class (EDT + fq): {:.1} % of the rate",
-        goodput / 1e7 * 100.0
-    );
-    assert_goodput_fraction("cubic at 10mbit, shape (EDT)", goodput / 10e6, 0.93);
-    let udp = lab
-        .udp(&Udp {
-            seconds: 5,
-            ..Udp::default()
-        })
-        .unwrap();
-    assert_within(
-        "UDP 100M through a 10mbit shape class (EDT + fq)",
-        udp.total_l2_bps(),
-        10e6,
-        0.03,
-    );
-    lab.router.shaper(&["detach", ROUTER_TO_SERVER]).unwrap();
-    assert!(
-        !root_qdisc(&lab).contains("fq"),
-        "detach removes shaper's fq: {}",
-        root_qdisc(&lab)
-    );
+    shape_holds_tcp_and_udp_at_10mbit(&mut lab, "EDT + fq", "fq");
+    detach_removes_the_root(&lab, "fq");
 }
 
 /// A backend the kernel cannot give (EDT without fq, as on the lab's kernel) or a name
