@@ -403,7 +403,8 @@ fn shape_through_htb_keeps_tcp_and_udp_at_the_rate() {
 }
 
 /// `shaper class add c --action shape` at 10 Mbit/s on the router with shape's backend
-/// picked by `SHAPER_SHAPE_BACKEND=backend`; the command's output.
+/// picked by `SHAPER_SHAPE_BACKEND=backend` (`htb` is the default said explicitly); the
+/// command's output.
 fn add_shape_class_with_backend(lab: &Lab, backend: &str) -> std::process::Output {
     lab.router.shaper_output_with(
         &[("SHAPER_SHAPE_BACKEND", backend)],
@@ -499,17 +500,7 @@ fn shape_refuses_to_replace_a_root_qdisc_it_did_not_create() {
         )
         .unwrap();
     lab.router.attach(ROUTER_TO_SERVER, &[]).unwrap();
-    let output = lab.router.shaper_output(&[
-        "class",
-        "add",
-        "s",
-        "--dev",
-        ROUTER_TO_SERVER,
-        "--rate",
-        "10mbit",
-        "--action",
-        "shape",
-    ]);
+    let output = add_shape_class_with_backend(&lab, "htb");
     let message = stderr(&output);
     println!("{}", message.trim());
     assert_eq!(output.status.code(), Some(1));
