@@ -4,6 +4,8 @@
 mod cli;
 mod commands;
 mod config_file;
+#[cfg(test)]
+mod docs;
 mod rows;
 
 use clap::Parser as _;

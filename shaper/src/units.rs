@@ -134,7 +134,7 @@ fn trim_float(value: f64) -> String {
 /// spare) and 10 ms at the rate. A shaper needs no RTO-sized burst; through HTB the
 /// burst lets a Cubic flow catch up after a CoDel back-off, while it sent below the rate
 /// (EDT pacing has no burst). 128 KiB beat 64 KiB for one flow over 40 and 80 ms, and
-/// larger bursts were worse over 80 ms (README, `shape` under Choosing an action).
+/// larger bursts were worse over 80 ms (docs/CHOOSING.md, `shape`).
 pub(crate) fn default_shape_burst(rate_bits_per_sec: u64) -> u64 {
     (128 * 1024).max(rate_bits_per_sec / 8 / 100)
 }

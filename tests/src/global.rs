@@ -236,7 +236,7 @@ impl GlobalLab {
             ip(&["-n", &pod.name, "link", "set", "p0", "up"])?;
             // The pods send wire-sized segments, not 64 KiB TSO aggregates: the shape
             // path cannot split an aggregate, and its cap drops one whole (see the
-            // README's limits).
+            // known limits in docs/DESIGN.md).
             let offloads = output_bounded(
                 pod.command("ethtool")
                     .args(["-K", "p0", "tso", "off", "gso", "off"]),

@@ -225,7 +225,7 @@ fn shape_at_20mbit_over_a_40ms_path_keeps_goodput_and_latency() {
     );
 }
 
-/// The README's setting for long paths: an interval of the path's RTT plus its drain
+/// docs/CHOOSING.md's setting for long paths: an interval of the path's RTT plus its drain
 /// time (0.912-0.932 in ten runs, 0.900 once in CI; asserted 0.85). With CoDel's default
 /// interval one Cubic flow over 80 ms is an accepted limit (~0.90, 0.77-0.80 in some
 /// runs): the full bench reports that row.

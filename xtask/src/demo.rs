@@ -228,7 +228,7 @@ pub fn run(shaper: &Path) -> Result<()> {
         ]);
     }
     println!("{table}");
-    println!("Default bursts: drop/ecn 250 ms at the rate (see README, Choosing an action), shape 128 KiB (10 ms at the rate above 105 Mbit/s).");
+    println!("Default bursts: drop/ecn 250 ms at the rate (see docs/CHOOSING.md), shape 128 KiB (10 ms at the rate above 105 Mbit/s).");
     println!(
         "Added RTT: a {PROBE_HZ:.0} Hz ping from the client to the server beside each run, minus the idle RTT measured just before, from {} s into the run.",
         PROBE_STEADY_FROM.as_secs()

@@ -1,11 +1,11 @@
 //! Differential test of parse + classify (issue 11, item 13): random frames go through the
 //! loaded program (BPF_PROG_TEST_RUN) and through a host reference written from the
-//! README's classification rules, never from the eBPF code; class and verdict must agree
+//! classification rules in docs/DESIGN.md, never from the eBPF code; class and verdict must agree
 //! on every frame.
 //!
 //! The reference parses each frame on its own terms (Ethernet, up to two 802.1Q/802.1ad
 //! tags, IPv4 with options and fragments, IPv6 with up to 8 extension headers, TCP/UDP
-//! ports) into what the README says a class can see, and picks the class by its rules:
+//! ports) into what docs/DESIGN.md says a class can see, and picks the class by its rules:
 //! lowest `--prio`, ties to the older class. Its bucket is `conform`, the bucket function
 //! the property tests check, so a mismatch is the parser's or the classifier's.
 //!
@@ -15,7 +15,7 @@
 use super::{Harness, Lcg, DEV, PASS, SHOT};
 use shaper_common::{conform, ByteCost};
 
-// ---- the reference: what the README says a class matches ----
+// ---- the reference: what docs/DESIGN.md says a class matches ----
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Proto {
@@ -75,7 +75,7 @@ impl Rule {
     }
 }
 
-/// What the README says a class can see of a frame.
+/// What docs/DESIGN.md says a class can see of a frame.
 #[derive(Debug)]
 enum Seen {
     /// Not IPv4/IPv6 as far as the parser can tell: only classes without rules match.
@@ -109,7 +109,7 @@ fn address(bytes: &[u8]) -> u128 {
     bytes.iter().fold(0u128, |acc, b| acc << 8 | *b as u128)
 }
 
-/// The README's parse: Ethernet, at most two VLAN tags (802.1Q 0x8100, 802.1ad 0x88a8),
+/// docs/DESIGN.md's parse: Ethernet, at most two VLAN tags (802.1Q 0x8100, 802.1ad 0x88a8),
 /// then IPv4 or IPv6.
 fn seen(frame: &[u8]) -> Seen {
     let mut at = 12;

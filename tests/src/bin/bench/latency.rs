@@ -208,7 +208,7 @@ pub fn effort(quick: bool) -> LatencyEffort {
     });
     // One Cubic flow over 80 ms with CoDel's defaults: an accepted limit (goodput ~0.90
     // in most runs, 0.77-0.80 where CoDel cuts the window twice an epoch), reported here;
-    // the suite asserts the 80 ms path with the interval the README gives for it.
+    // the suite asserts the 80 ms path with the interval docs/CHOOSING.md gives for it.
     cases.push(LatencyCase {
         one_way: Some(Duration::from_millis(40)),
         ..LatencyCase::at_40ms(Limiter::Shape)
