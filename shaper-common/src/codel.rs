@@ -113,6 +113,21 @@ pub struct CodelState {
     pub first_above: u64,
 }
 
+/// A shape class's bulk flows per CoDel interval (one map value per class): CoDel on a
+/// queue that N bulk flows share spaces its drops N times closer, as N per-flow CoDels
+/// (fq_codel, CAKE) would together. A flow is counted once an interval by the interval's
+/// end stamped in its flow-table entry (`Bucket::tat2`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowCensus {
+    /// When the interval being counted ends (ns).
+    pub interval_end: u64,
+    /// Bulk flows seen so far in it.
+    pub counting: u64,
+    /// Bulk flows seen in the interval before.
+    pub counted: u64,
+}
+
 /// The control word, unpacked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Control {
@@ -244,6 +259,7 @@ pub fn judge(
     sojourn_ns: u64,
     now_ns: u64,
     config: &CodelConfig,
+    flows: u64,
     spare: impl FnOnce() -> bool,
 ) -> Judgement {
     // RFC 8289 `dodequeue`: is the queue persistently above target?
@@ -276,7 +292,7 @@ pub fn judge(
                 state.count += 1;
             }
             let next_ns = ((state.drop_next as u64) << TIME_SHIFT)
-                + drop_spacing_ns(config.interval_ns, state.count);
+                + drop_spacing_ns(config.interval_ns, state.count) / flows.max(1);
             state.drop_next = coarse(next_ns);
             changed = true;
         }
@@ -285,7 +301,7 @@ pub fn judge(
         // above target for an interval), one signal short of the count the re-entry rule
         // gives. Counted as a signal, the first real drop would come at count 2 and the
         // next decision 0.7 interval after it, before a sender 80 ms away has drained the
-        // queue: a second cut of its window every epoch (see the README).
+        // queue: a second cut of its window every epoch (see docs/CHOOSING.md, `shape`).
         spared = spare();
         congested = !spared;
         // Signals since the last entry; a spared entry with no real drop since is 0.
@@ -296,7 +312,8 @@ pub fn judge(
         let recent = (since_last.wrapping_sub(coarse(16 * config.interval_ns)) as i32) < 0;
         let count = if delta > 1 && recent { delta } else { 1 };
         state.count = count - spared as u64;
-        state.drop_next = coarse(now_ns + drop_spacing_ns(config.interval_ns, state.count));
+        state.drop_next =
+            coarse(now_ns + drop_spacing_ns(config.interval_ns, state.count) / flows.max(1));
         // As if the entry had dropped, so the next re-entry counts this episode's signals
         // alike whether or not its entry was spared.
         state.lastcount = count;
@@ -411,6 +428,7 @@ mod tests {
             sojourn,
             now,
             config,
+            1,
             spare,
         );
         if let Some(control) = judgement.control {
@@ -522,7 +540,7 @@ mod tests {
             lastcount: 1,
             dropping: false,
         };
-        let judgement = judge(control.pack(), now - 1, 20 * MS, now, config, || false);
+        let judgement = judge(control.pack(), now - 1, 20 * MS, now, config, 1, || false);
         assert!(judgement.congested, "the entry drops");
         Control::unpack(judgement.control.expect("the state changed"))
     }
@@ -543,9 +561,9 @@ mod tests {
     #[test]
     fn a_sojourn_of_exactly_the_target_is_above_it() {
         let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
-        let below = judge(0, 0, 5 * MS - 1, 1_000 * MS, &config, || false);
+        let below = judge(0, 0, 5 * MS - 1, 1_000 * MS, &config, 1, || false);
         assert_eq!(below.first_above, None);
-        let at = judge(0, 0, 5 * MS, 1_000 * MS, &config, || false);
+        let at = judge(0, 0, 5 * MS, 1_000 * MS, &config, 1, || false);
         assert_eq!(
             at.first_above,
             Some(1_100 * MS),
@@ -563,7 +581,7 @@ mod tests {
             lastcount: 1,
             dropping: true,
         };
-        let judgement = judge(control.pack(), now - 1, 20 * MS, now, &config, || false);
+        let judgement = judge(control.pack(), now - 1, 20 * MS, now, &config, 1, || false);
         assert!(judgement.congested);
         let after = Control::unpack(judgement.control.expect("a drop moves the state"));
         assert_eq!(after.count, COUNT_MAX, "the count does not wrap");
@@ -577,6 +595,37 @@ mod tests {
         let off = config.with_ecn(false);
         assert_eq!(off, CodelConfig { ecn: 0, ..config });
         assert_eq!(off.with_ecn(true), config);
+    }
+
+    #[test]
+    fn n_bulk_flows_bring_the_drops_n_times_closer() {
+        // The instants (ms after the first drop) of the first `drops` drops of a queue
+        // standing at 20 ms, `flows` bulk flows sharing it.
+        let instants = |flows: u64, drops: usize| {
+            let config = CodelConfig::new(5 * MS, 100 * MS, 100_000_000);
+            let (mut control, mut first_above) = (0, 0);
+            let mut at = Vec::new();
+            let mut now = 1_000 * MS;
+            while at.len() < drops {
+                now += MS / 4;
+                let judgement = judge(control, first_above, 20 * MS, now, &config, flows, || false);
+                first_above = judgement.first_above.unwrap_or(first_above);
+                control = judgement.control.unwrap_or(control);
+                if judgement.congested {
+                    at.push(now);
+                }
+            }
+            at.iter()
+                .map(|t| (t - at[0]) / (MS / 4))
+                .collect::<Vec<_>>()
+        };
+        // One flow: RFC 8289's law, interval / sqrt(count) after each drop (100, 70.7,
+        // 57.7 ms), in the 1.024 µs units of the control word, seen every 0.25 ms.
+        assert_eq!(instants(1, 4), [0, 400, 683, 914]);
+        // Four: a quarter of each gap, as four per-flow CoDels would drop together.
+        assert_eq!(instants(4, 4), [0, 100, 171, 229]);
+        // The entry is the same instant whatever the count: only the spacing changes.
+        assert_eq!(instants(0, 2), instants(1, 2), "no flows counts as one");
     }
 
     #[test]

@@ -24,8 +24,9 @@ pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// attach, and every command refuses pins of another layout with a clear message (0: pins
 /// from before the stamp). Layout 2 gave classes parents (`ClassConfig::parent`, the
 /// ceiling in `peak_cost`) in the sizes of layout 1; layout 3 added `KEY_STATS`, layout 4
-/// `SHARES`, layout 5 `VERDICT_CACHE` and `Globals::rules_generation` (a spare word).
-pub const LAYOUT_VERSION: u32 = 5;
+/// `SHARES`, layout 5 `VERDICT_CACHE` and `Globals::rules_generation` (a spare word),
+/// layout 6 `CODEL_FLOWS`.
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// Slots of the per-CPU verdict cache (`VERDICT_CACHE`): 56 bytes each, 56 KiB a CPU.
 pub const VERDICT_CACHE_SLOTS: u32 = 1024;
@@ -59,8 +60,10 @@ pub mod map_names {
     /// Per CPU: the class the packet path last found for a few recent tuples
     /// (`VerdictEntry`), never read by userspace.
     pub const VERDICT_CACHE: &str = "VERDICT_CACHE";
+    /// Per shape class: its bulk flows in the last CoDel interval (`codel::FlowCensus`).
+    pub const CODEL_FLOWS: &str = "CODEL_FLOWS";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         LAYOUT,
         GLOBALS,
         SHAPES,
@@ -77,6 +80,7 @@ pub mod map_names {
         SHAPE_PACKET,
         SHARES,
         VERDICT_CACHE,
+        CODEL_FLOWS,
     ];
 }
 
@@ -763,4 +767,5 @@ mod pod {
     unsafe impl aya::Pod for GlobalShare {}
     unsafe impl aya::Pod for VerdictEntry {}
     unsafe impl aya::Pod for crate::codel::CodelState {}
+    unsafe impl aya::Pod for crate::codel::FlowCensus {}
 }

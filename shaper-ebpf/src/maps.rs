@@ -8,9 +8,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use shaper_common::{
-    codel::CodelState, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, GlobalShare,
-    Globals, KeyStats, RuleKey, RuleValue, Shape, VerdictEntry, CLASS_NAME_LEN,
-    DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, MAX_RULES, MAX_SHAPES, VERDICT_CACHE_SLOTS,
+    codel::{CodelState, FlowCensus},
+    Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, GlobalShare, Globals, KeyStats,
+    RuleKey, RuleValue, Shape, VerdictEntry, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES,
+    MAX_RULES, MAX_SHAPES, VERDICT_CACHE_SLOTS,
 };
 
 /// Userspace only: the layout version of this state (`shaper_common::LAYOUT_VERSION`).
@@ -43,6 +44,9 @@ pub(crate) static CREDIT: PerCpuArray<Credit> = PerCpuArray::with_max_entries(MA
 /// (`shaper_common::hierarchy`).
 #[map]
 pub(crate) static CODEL: Array<CodelState> = Array::with_max_entries(MAX_CLASSES, 0);
+/// Shape classes' bulk flows per CoDel interval (`shaper_common::codel::FlowCensus`).
+#[map]
+pub(crate) static CODEL_FLOWS: Array<FlowCensus> = Array::with_max_entries(MAX_CLASSES, 0);
 /// Keys each class created in `KEYED_BUCKETS` (per CPU): LRU pressure for userspace.
 #[map]
 pub(crate) static KEY_STATS: PerCpuArray<KeyStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);

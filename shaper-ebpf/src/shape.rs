@@ -12,7 +12,7 @@
 use crate::{
     act::{count_drop, count_pass, stats_of},
     bucket::{bucket_key, count_new_key, swap},
-    maps::{CLASSES, CLASS_BUCKETS, CODEL, KEYED_BUCKETS, SHAPE_PACKET},
+    maps::{CLASSES, CLASS_BUCKETS, CODEL, CODEL_FLOWS, KEYED_BUCKETS, SHAPE_PACKET},
     parse::Packet,
     rewrite::{ecn_capable, set_ecn_ce},
 };
@@ -22,6 +22,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use aya_log_ebpf::warn;
+use core::intrinsics::{atomic_xadd, atomic_xchg, AtomicOrdering};
 use shaper_common::{
     bucket::{departure, ticks, TAT_MASK},
     codel::{judge, sojourn_ns, sparse, CodelConfig, CodelState},
@@ -84,7 +85,9 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     };
     // Sparse flows queue apart (their own bounded leaf, or no wait under EDT): the cap
     // and CoDel guard the bulk queue.
-    let sparse = is_sparse(class_id, class, packet, now);
+    let (sparse, flows) = is_sparse(class_id, class, packet, now);
+    // Trees: the judging ancestor's queue holds its children's flows, not counted there.
+    let flows = if judge_id == class_id { flows } else { 1 };
     if !sparse && sojourn > judge.codel.cap_ns {
         return count_drop(stats, packet.wire_len);
     }
@@ -93,7 +96,14 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
         (false, false)
     } else {
         let spare = || spares_aggregate(ctx, packet, class.codel.ecn != 0);
-        judge_packet(unsafe { &mut *codel }, sojourn, now, &judge.codel, spare)
+        judge_packet(
+            unsafe { &mut *codel },
+            sojourn,
+            now,
+            &judge.codel,
+            flows,
+            spare,
+        )
     };
     if entered {
         warn!(
@@ -165,13 +175,14 @@ fn judge_packet(
     sojourn: u64,
     now: u64,
     config: &CodelConfig,
+    flows: u64,
     spare: impl FnOnce() -> bool,
 ) -> (bool, bool) {
     let control_word = &raw mut state.control;
     let first_above_word = &raw mut state.first_above;
     let control = unsafe { core::ptr::read_volatile(control_word) };
     let first_above = unsafe { core::ptr::read_volatile(first_above_word) };
-    let judgement = judge(control, first_above, sojourn, now, config, spare);
+    let judgement = judge(control, first_above, sojourn, now, config, flows, spare);
     if let Some(next) = judgement.first_above {
         // Only 0 <-> one deadline: a lost race moves the deadline by nanoseconds.
         swap(first_above_word, first_above, next);
@@ -186,10 +197,11 @@ fn judge_packet(
 }
 
 /// Whether the packet's flow is sparse (`shaper_common::codel::sparse`), by its own word in
-/// the flow table. One compare-and-swap: a lost race (a flow's packets on two CPUs at
-/// once) counts as bulk, the safe side. No room in the table: bulk too.
+/// the flow table, and the class's bulk flows (at least 1; see `census`). One
+/// compare-and-swap: a lost race (a flow's packets on two CPUs at once) counts as bulk,
+/// the safe side. No room in the table: bulk too.
 #[inline(always)]
-fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> bool {
+fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> (bool, u64) {
     let key = bucket_key(class_id, class.generation, Scope::Flow, packet);
     match KEYED_BUCKETS.get_ptr_mut(&key) {
         Some(bucket) => {
@@ -199,7 +211,10 @@ fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> b
             // burst; not converted after a change (as the queue above).
             let tat = stored & TAT_MASK;
             let (sparse_flow, next) = sparse(tat, now, packet.wire_len, &class.sparse_cost);
-            swap(word, stored, class.stamp(next)) && sparse_flow
+            let sparse_flow = swap(word, stored, class.stamp(next)) && sparse_flow;
+            let counted = unsafe { &raw mut (*bucket).tat2 };
+            let flows = census(class_id, class, now, (!sparse_flow).then_some(counted));
+            (sparse_flow, flows)
         }
         None => {
             // A new flow starts from an empty bucket (tat 0 is long ago); NOEXIST keeps a
@@ -215,9 +230,42 @@ fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> b
             {
                 count_new_key(class_id);
             }
-            sparse_flow
+            (sparse_flow, census(class_id, class, now, None))
         }
     }
+}
+
+/// The class's bulk flows (`shaper_common::codel::FlowCensus`): the larger of the last
+/// interval's count and this one's so far, at least 1. `counted` is a bulk packet's flow
+/// word, holding the end of the interval the flow was last counted in. Races cost a flow
+/// counted twice or not at all in one interval.
+#[inline(always)]
+fn census(class_id: u32, class: &ClassConfig, now: u64, counted: Option<*mut u64>) -> u64 {
+    let Some(census) = CODEL_FLOWS.get_ptr_mut(class_id) else {
+        return 1;
+    };
+    let end_word = unsafe { &raw mut (*census).interval_end };
+    let counting = unsafe { &raw mut (*census).counting };
+    let end = unsafe { core::ptr::read_volatile(end_word) };
+    let end = if now >= end {
+        let next = now + class.codel.interval_ns;
+        if swap(end_word, end, next) {
+            let seen = unsafe { atomic_xchg::<u64, { AtomicOrdering::Relaxed }>(counting, 0) };
+            unsafe { core::ptr::write_volatile(&raw mut (*census).counted, seen) };
+        }
+        next
+    } else {
+        end
+    };
+    if let Some(word) = counted {
+        if unsafe { core::ptr::read_volatile(word) } != end {
+            unsafe { core::ptr::write_volatile(word, end) };
+            unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counting, 1) };
+        }
+    }
+    let last = unsafe { core::ptr::read_volatile(&raw const (*census).counted) };
+    last.max(unsafe { core::ptr::read_volatile(counting) })
+        .max(1)
 }
 
 /// Whether a class in a tree sends above its guarantee: its second word, a virtual queue

@@ -1189,7 +1189,7 @@ fn kernel_srtcm_matches_rfc_2697_packet_by_packet() {
     println!("srTCM, 2000 packets: green/yellow/red {seen:?}, 0 mismatches with RFC 2697");
 }
 
-/// Priority and deletion as the README states them: the lowest `--prio` wins, ties go to
+/// Priority and deletion as docs/DESIGN.md states them: the lowest `--prio` wins, ties go to
 /// the older class, and deleting a class re-points its entries at the next-best class that
 /// matches them.
 #[test]
@@ -1499,6 +1499,7 @@ impl ShapeModel {
                 sojourn,
                 now,
                 &self.config.codel,
+                1,
                 || !marks && spare(),
             );
             spared = judgement.spared;
@@ -1743,6 +1744,82 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
             &[htb_config.action_arg; 2]
         ]
         .concat()
+    );
+}
+
+/// CoDel on a queue N bulk flows share drops N times as often as on one flow's queue, as
+/// N per-flow CoDels would together (fq_codel, CAKE). The same UDP load, 1.05 times an
+/// 8 Mbit/s class for 1.5 s, comes once from one flow and once from four taking turns
+/// (a sparse probe beside them each time): the class's census (`CODEL_FLOWS`) counts 1,
+/// then 4 bulk flows, never the probe, and the four get at least 1.4 times the drops (with
+/// the count ignored both get the same, packet for packet).
+#[test]
+fn codel_counts_the_bulk_flows_and_drops_as_often_as_per_flow_codels() {
+    let harness = Harness::new(&[&[
+        "bulk", "--proto", "udp", "--dport", "9300", "--rate", "8mbit", "--action", "shape",
+        "--ecn", "off",
+    ]]);
+    let id = harness.class_id("bulk");
+    // The EDT path: the queue's sojourn counts from the first byte (HTB's 128 KiB burst
+    // would hide this queue).
+    let mut classes = harness.attachment.classes().unwrap();
+    let mut config = classes.get(&id, 0).unwrap();
+    (config.action_arg, config.sparse_priority) = (0, 0);
+    classes.set(id, config, 0).unwrap();
+    let program: &aya::programs::SchedClassifier = harness
+        .ebpf
+        .program(program_names::SHAPER_CLOCKED)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let send = |sport: u16, now: u64| -> u32 {
+        let mut data = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes: 1 ms at 8 Mbit/s
+        data[34..36].copy_from_slice(&sport.to_be_bytes());
+        program
+            .test_run(TestRunOptions {
+                data_in: Some(&data),
+                ctx_in: Some(&skb_at(now)),
+                ..TestRunOptions::default()
+            })
+            .unwrap()
+            .return_value
+    };
+    // 1575 packets 0.952 ms apart from `flows` source ports in turn, and a probe every
+    // 50 ms from another; the bulk packets dropped and the census after.
+    let overload = |from: u64, flows: u16| {
+        let mut drops = 0;
+        for index in 0..1575u64 {
+            let now = from + index * 952_381;
+            if index % 50 == 0 {
+                assert_eq!(send(50_000, now), PASS, "the probe stays sparse");
+            }
+            drops += (send(40_000 + (index % flows as u64) as u16, now) == SHOT) as u32;
+        }
+        (
+            drops,
+            harness
+                .attachment
+                .codel_flows()
+                .unwrap()
+                .get(&id, 0)
+                .unwrap(),
+        )
+    };
+    let (alone, census) = overload(10_000_000_000, 1);
+    assert_eq!(
+        (census.counted, census.counting.min(1)),
+        (1, 1),
+        "{census:?}"
+    );
+    // Ten idle seconds: the queue drains and CoDel starts afresh.
+    let (shared, census) = overload(30_000_000_000, 4);
+    println!("CoDel drops of 1575 packets: one flow {alone}, four flows {shared}");
+    assert_eq!(census.counted, 4, "{census:?}");
+    assert!(census.counting <= 4, "{census:?}");
+    assert!(alone > 10, "CoDel acted on one flow ({alone} drops)");
+    assert!(
+        shared * 10 >= alone * 14,
+        "four flows {shared} drops against one flow's {alone}"
     );
 }
 

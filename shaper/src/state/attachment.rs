@@ -11,7 +11,7 @@ use aya::{
 };
 use shaper_common::{
     bucket::TAT_MASK,
-    codel::{sojourn_ns, CodelState, Control},
+    codel::{sojourn_ns, CodelState, Control, FlowCensus},
     map_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, CostKind, Credit,
     GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, LAYOUT_VERSION,
 };
@@ -264,6 +264,11 @@ impl Attachment {
 
     pub fn codel(&self) -> Result<Array<MapData, CodelState>> {
         self.map(map_names::CODEL)
+    }
+
+    /// Shape classes' bulk flows per CoDel interval.
+    pub fn codel_flows(&self) -> Result<Array<MapData, FlowCensus>> {
+        self.map(map_names::CODEL_FLOWS)
     }
 
     /// A shape class's virtual queue now: its predicted queueing delay (ns) and whether

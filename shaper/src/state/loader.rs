@@ -481,9 +481,10 @@ fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
         0 | 1 => Some(migrate_to_trees),
         // Layout 3 only added KEY_STATS, layout 4 SHARES (global classes, in a byte that
         // was padding before), and layout 5 VERDICT_CACHE (with the rules generation in a
-        // spare word of GLOBALS, 0 in older pins, which no zeroed cache slot matches):
+        // spare word of GLOBALS, 0 in older pins, which no zeroed cache slot matches), layout 6
+        // CODEL_FLOWS (an empty census counts one flow until an interval has passed):
         // loading the object creates them (counting from the upgrade on).
-        2..=4 => Some(|_| Ok(())),
+        2..=5 => Some(|_| Ok(())),
         _ => None,
     }
 }
