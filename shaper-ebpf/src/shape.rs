@@ -248,12 +248,18 @@ fn census(class_id: u32, class: &ClassConfig, now: u64, counted: Option<*mut u64
     let counting = unsafe { &raw mut (*census).counting };
     let end = unsafe { core::ptr::read_volatile(end_word) };
     let end = if now >= end {
-        let next = now + class.codel.interval_ns;
+        let interval = class.codel.interval_ns;
+        let next = now + interval;
         if swap(end_word, end, next) {
             let seen = unsafe { atomic_xchg::<u64, { AtomicOrdering::Relaxed }>(counting, 0) };
+            // After an idle interval the last one counted no flow.
+            let seen = if now >= end + interval { 0 } else { seen };
             unsafe { core::ptr::write_volatile(&raw mut (*census).counted, seen) };
+            next
+        } else {
+            // Another CPU rolled the interval: its end is the one flows are stamped with.
+            unsafe { core::ptr::read_volatile(end_word) }
         }
-        next
     } else {
         end
     };

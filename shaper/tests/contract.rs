@@ -6,9 +6,10 @@
 //! every map access silently, and fails here first.
 
 use shaper_common::{
-    codel::CodelState, map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta,
-    ClassStats, Credit, GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, VerdictEntry,
-    CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, LAYOUT_VERSION, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+    codel::{CodelState, FlowCensus},
+    map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit,
+    GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, VerdictEntry, CLASS_NAME_LEN,
+    DEFAULT_FLOW_TABLE_SIZE, LAYOUT_VERSION, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
     VERDICT_CACHE_SLOTS,
 };
 use std::mem::size_of;
@@ -46,7 +47,7 @@ const fn map(
 
 const U32: usize = size_of::<u32>();
 
-const EXPECTED: [Expected; 16] = [
+const EXPECTED: [Expected; 17] = [
     map(map_names::LAYOUT, ARRAY, U32, U32, 1),
     map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
     map(
@@ -144,6 +145,14 @@ const EXPECTED: [Expected; 16] = [
         size_of::<VerdictEntry>(),
         VERDICT_CACHE_SLOTS,
     ),
+    // Shape classes' bulk flows per CoDel interval (layout 6).
+    map(
+        map_names::CODEL_FLOWS,
+        ARRAY,
+        U32,
+        size_of::<FlowCensus>(),
+        MAX_CLASSES,
+    ),
 ];
 
 fn object() -> aya_obj::Object {
@@ -199,8 +208,8 @@ fn the_ebpf_object_declares_the_maps_userspace_expects() {
 /// change of any pinned type changes them: the test then asks for a new layout version
 /// (with the migration `shaper upgrade` needs), so pins of the old layout are never read
 /// as the new one.
-const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 16]) = (
-    5,
+const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 17]) = (
+    6,
     [
         ("LAYOUT", 4, 4),
         ("GLOBALS", 4, 32),
@@ -218,6 +227,7 @@ const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 16]) = (
         ("SHAPE_PACKET", 4, 64),
         ("SHARES", 4, 176),
         ("VERDICT_CACHE", 4, 56),
+        ("CODEL_FLOWS", 4, 24),
     ],
 );
 

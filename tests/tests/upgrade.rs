@@ -154,12 +154,13 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
         router.wait_for_class_traffic("udp", Duration::from_secs(10))?;
         std::thread::sleep(Duration::from_secs(2));
         let before = counted(&router)?;
-        // Layout 0 pins: no LAYOUT stamp, and no KEY_STATS (layout 3), SHARES (layout 4)
-        // or VERDICT_CACHE (layout 5), which the upgrade creates.
+        // Layout 0 pins: no LAYOUT stamp, and no KEY_STATS (layout 3), SHARES (layout 4),
+        // VERDICT_CACHE (layout 5) or CODEL_FLOWS (layout 6), which the upgrade creates.
         let added_since = [
             map_names::KEY_STATS,
             map_names::SHARES,
             map_names::VERDICT_CACHE,
+            map_names::CODEL_FLOWS,
         ];
         for map in [map_names::LAYOUT].iter().chain(&added_since) {
             std::fs::remove_file(pin_dir(&router).join(map))?;
@@ -180,6 +181,7 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
         map_names::KEY_STATS,
         map_names::SHARES,
         map_names::VERDICT_CACHE,
+        map_names::CODEL_FLOWS,
     ] {
         ensure!(
             pin_dir(&router).join(map).exists(),
