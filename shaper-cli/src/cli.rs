@@ -100,12 +100,14 @@ pub struct DaemonArgs {
 
 #[derive(Args, Debug)]
 pub struct CompletionsArgs {
+    /// The shell to print the script for.
     #[arg(value_enum)]
     pub shell: clap_complete::Shell,
 }
 
 #[derive(Args, Debug)]
 pub struct ManpagesArgs {
+    /// The directory to write the pages into.
     pub dir: std::path::PathBuf,
 }
 
@@ -140,6 +142,8 @@ pub struct AttachArgs {
     /// Interface name.
     #[arg(value_parser = interface_name)]
     pub dev: String,
+    /// Which way of the interface's traffic to hook: egress (sent), ingress (received)
+    /// or both.
     #[arg(long, value_enum, default_value = "egress")]
     pub direction: DirectionArg,
     /// Force an attach mode; by default TCX, falling back to clsact where TCX is missing.
@@ -152,6 +156,7 @@ pub struct AttachArgs {
 
 #[derive(Args, Debug)]
 pub struct DetachArgs {
+    /// Interface name.
     #[arg(value_parser = interface_name)]
     pub dev: String,
     /// Default: every direction shaper is attached to.
@@ -172,6 +177,7 @@ pub struct UpgradeArgs {
     /// is verified afresh; classes, buckets and counters stay).
     #[arg(long)]
     pub reload: bool,
+    /// Only this direction (default: every direction shaper is attached to).
     #[arg(long, value_enum)]
     pub direction: Option<DirectionArg>,
 }
@@ -190,9 +196,13 @@ pub enum ClassCommand {
 
 #[derive(Args, Debug)]
 pub struct ClassAddArgs {
+    /// The class's name, unique per interface and direction: 1-47 letters, digits, '-',
+    /// '_', '.', ':'.
     pub name: String,
+    /// The interface the class is on (shaper attached there).
     #[arg(long, value_parser = interface_name)]
     pub dev: String,
+    /// Which attachment of the interface the class is on.
     #[arg(long, value_enum, default_value = "egress")]
     pub direction: SingleDirection,
     /// Rate as in tc: 10mbit, 1gbit, 125kbps, ... (bare number = bit/s).
@@ -206,14 +216,19 @@ pub struct ClassAddArgs {
     /// each destination address.
     #[arg(long, default_value = "class")]
     pub per: String,
+    /// Rule: the IP protocol, tcp, udp, icmp (ICMP or ICMPv6) or any.
     #[arg(long, default_value = "any")]
     pub proto: String,
+    /// Rule: the source address or prefix, IPv4 or IPv6 (198.18.0.0/15, fd00::1).
     #[arg(long, value_name = "CIDR")]
     pub src: Option<String>,
+    /// Rule: the destination address or prefix, IPv4 or IPv6.
     #[arg(long, value_name = "CIDR")]
     pub dst: Option<String>,
+    /// Rule: the TCP or UDP source port or range (443, 5060-5080).
     #[arg(long, value_name = "P[-P]")]
     pub sport: Option<String>,
+    /// Rule: the TCP or UDP destination port or range.
     #[arg(long, value_name = "P[-P]")]
     pub dport: Option<String>,
     /// Lower number wins, as in tc.
@@ -289,16 +304,21 @@ pub struct CodelArgs {
 
 #[derive(Args, Debug)]
 pub struct ClassChangeArgs {
+    /// The class to change.
     pub name: String,
+    /// The interface the class is on.
     #[arg(long, value_parser = interface_name)]
     pub dev: String,
     /// Needed only when the name exists in both directions.
     #[arg(long, value_enum)]
     pub direction: Option<SingleDirection>,
+    /// A new rate, as in tc (10mbit); buckets carry on at the new rate.
     #[arg(long)]
     pub rate: Option<String>,
+    /// A new burst, as in tc (64k).
     #[arg(long)]
     pub burst: Option<String>,
+    /// A new action over the rate (as `class add --action`).
     #[arg(long)]
     pub action: Option<String>,
     #[command(flatten)]
@@ -319,23 +339,29 @@ pub struct ClassChangeArgs {
 
 #[derive(Args, Debug)]
 pub struct ClassDelArgs {
+    /// The class to delete (a parent only once its children are deleted or moved).
     pub name: String,
+    /// The interface the class is on.
     #[arg(long, value_parser = interface_name)]
     pub dev: String,
+    /// Needed only when the name exists in both directions.
     #[arg(long, value_enum)]
     pub direction: Option<SingleDirection>,
 }
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
+    /// Only this interface.
     #[arg(long, value_parser = interface_name)]
     pub dev: Option<String>,
+    /// JSON: an array of classes.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct StatsArgs {
+    /// Only this interface.
     #[arg(long, value_parser = interface_name)]
     pub dev: Option<String>,
     /// JSON: an array, or with --watch one object per line.
@@ -344,6 +370,7 @@ pub struct StatsArgs {
     /// Refresh every --interval with current bit/s, packets/s, drop and mark percentages.
     #[arg(long)]
     pub watch: bool,
+    /// With --watch: the time between samples (1s, 500ms, ...).
     #[arg(long, default_value = "1s")]
     pub interval: String,
     /// With --watch: stop after this many samples.
@@ -353,6 +380,7 @@ pub struct StatsArgs {
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
+    /// JSON: one object per attachment.
     #[arg(long)]
     pub json: bool,
 }

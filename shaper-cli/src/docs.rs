@@ -83,7 +83,10 @@ fn every_shaper_command_in_the_docs_parses() {
         let text = fs::read_to_string(&document).unwrap();
         for (line, command) in shell_commands(&text) {
             // Synopses (`<NAME>`, `[--option]`, `…`, `$VAR`) are prose, not commands.
-            if ['<', '[', '…', '$'].iter().any(|mark| command.contains(*mark)) {
+            if ['<', '[', '…', '$']
+                .iter()
+                .any(|mark| command.contains(*mark))
+            {
                 continue;
             }
             checked += 1;
@@ -201,5 +204,43 @@ fn anchors_follow_github() {
     assert_eq!(
         anchors(text),
         ["a-title", "choosing-an-action-shape-ecn", "a-title-1"]
+    );
+}
+
+/// Every command and every argument it takes, by path (`shaper class add --dev`), that
+/// has no help line.
+fn without_help(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+    if command.get_about().is_none() && !command.is_hide_set() {
+        missing.push(path.to_string());
+    }
+    for arg in command.get_arguments() {
+        let name = arg.get_id().as_str();
+        if name == "help" || name == "version" || arg.is_hide_set() {
+            continue;
+        }
+        if arg.get_help().is_none() {
+            missing.push(format!(
+                "{path} {}",
+                arg.get_long()
+                    .map_or(name.to_uppercase(), |long| format!("--{long}"))
+            ));
+        }
+    }
+    for sub in command.get_subcommands() {
+        if sub.get_name() != "help" {
+            without_help(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+}
+
+#[test]
+fn every_command_and_option_has_a_help_line() {
+    use clap::CommandFactory as _;
+    let mut missing = Vec::new();
+    without_help(&Cli::command(), "shaper", &mut missing);
+    assert!(
+        missing.is_empty(),
+        "without a help line:\n{}",
+        missing.join("\n")
     );
 }

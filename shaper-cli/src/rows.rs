@@ -4,11 +4,11 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 use shaper::{
-    class_input::format_duration_ns,
     classes::{self, ClassView, Meter},
     error::runtime,
     rules::PortRange,
     state::{self, Attachment, Location},
+    units::format_duration_ns,
 };
 use shaper_common::Scope;
 

@@ -11,7 +11,10 @@ use crate::{
     },
     rules::{parse_cidr, PortRange, Proto, Rule},
     state::Direction,
-    units::{default_burst, default_shape_burst, parse_rate, parse_size},
+    units::{
+        default_burst, default_shape_burst, format_duration_ns, parse_duration_ns, parse_rate,
+        parse_size, parse_switch,
+    },
 };
 use shaper_common::{Action, Scope};
 use std::str::FromStr as _;
@@ -328,10 +331,7 @@ impl ClassInput {
             return Some(None);
         };
         let problem = if f.parent.is_some() {
-            Some((
-                "parent",
-                "a global class is a top-level class so far (its share is one rate on this host)",
-            ))
+            Some(("parent", GLOBAL_IN_A_TREE))
         } else if meter != Meter::None {
             Some((
                 "global",
@@ -456,6 +456,11 @@ fn parse_global_key(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// A global class has no parent (`class add` and `class change` alike): at its share's
+/// expiry a ceiling above it would admit everything.
+pub(crate) const GLOBAL_IN_A_TREE: &str =
+    "a global class is a top-level class so far (its share is one rate on this host)";
+
 /// The first rule a class's place in a tree breaks, as (field, message), for `class add`
 /// and `class change` alike: `--ceil`/`--cburst` need a parent, a class is not its own
 /// parent, meters stay top-level, a shape class in a tree is class-wide, a per-key class
@@ -512,36 +517,6 @@ pub(crate) fn tree_problem(
         )),
         _ => None,
     }
-}
-
-/// Longest CoDel interval (and target) accepted: far above any RTT worth shaping for.
-const MAX_CODEL_DURATION_NS: u64 = 10_000_000_000;
-
-/// A CoDel duration (`5ms`, `100ms`, `1s`): above zero, at most 10 s.
-pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
-    let duration = humantime::parse_duration(text)
-        .map_err(|e| format!("bad duration '{text}': {e} (expected e.g. 5ms, 100ms, 1s)"))?;
-    let ns = duration.as_nanos();
-    if ns == 0 || ns > MAX_CODEL_DURATION_NS as u128 {
-        return Err(format!(
-            "duration '{text}' is out of range (expected more than 0 and at most 10s)"
-        ));
-    }
-    Ok(ns as u64)
-}
-
-/// An on/off switch: `on`/`off`, `true`/`false`, `yes`/`no`.
-pub fn parse_switch(text: &str) -> Result<bool, String> {
-    match text.to_ascii_lowercase().as_str() {
-        "true" | "on" | "yes" => Ok(true),
-        "false" | "off" | "no" => Ok(false),
-        _ => Err(format!("bad switch '{text}' (expected on or off)")),
-    }
-}
-
-/// The spelling [`parse_duration_ns`] reads back: `5ms`, `1s 500ms`.
-pub fn format_duration_ns(ns: u64) -> String {
-    humantime::format_duration(std::time::Duration::from_nanos(ns)).to_string()
 }
 
 fn parse_prio(text: &str) -> Result<u32, String> {

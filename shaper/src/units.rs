@@ -1,4 +1,5 @@
-//! Rates and sizes spelled exactly as tc(8) spells them (case-insensitive).
+//! Rates and sizes spelled exactly as tc(8) spells them (case-insensitive); CoDel's
+//! durations and on/off switches.
 
 use shaper_common::bucket::{MAX_RATE_BITS_PER_SEC, MIN_RATE_BITS_PER_SEC};
 
@@ -137,6 +138,36 @@ fn trim_float(value: f64) -> String {
 /// larger bursts were worse over 80 ms (docs/CHOOSING.md, `shape`).
 pub(crate) fn default_shape_burst(rate_bits_per_sec: u64) -> u64 {
     (128 * 1024).max(rate_bits_per_sec / 8 / 100)
+}
+
+/// Longest CoDel interval (and target) accepted: far above any RTT worth shaping for.
+const MAX_CODEL_DURATION_NS: u64 = 10_000_000_000;
+
+/// A CoDel duration (`5ms`, `100ms`, `1s`): above zero, at most 10 s.
+pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| format!("bad duration '{text}': {e} (expected e.g. 5ms, 100ms, 1s)"))?;
+    let ns = duration.as_nanos();
+    if ns == 0 || ns > MAX_CODEL_DURATION_NS as u128 {
+        return Err(format!(
+            "duration '{text}' is out of range (expected more than 0 and at most 10s)"
+        ));
+    }
+    Ok(ns as u64)
+}
+
+/// An on/off switch: `on`/`off`, `true`/`false`, `yes`/`no`.
+pub fn parse_switch(text: &str) -> Result<bool, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "true" | "on" | "yes" => Ok(true),
+        "false" | "off" | "no" => Ok(false),
+        _ => Err(format!("bad switch '{text}' (expected on or off)")),
+    }
+}
+
+/// The spelling [`parse_duration_ns`] reads back: `5ms`, `1s 500ms`.
+pub fn format_duration_ns(ns: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_nanos(ns)).to_string()
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@ fn snapshot(lab: &Lab) -> (Value, Value) {
             "passed_bytes",
             "dropped_packets",
             "dropped_bytes",
+            // A global class's share ages with the clock.
+            "share_age_seconds",
+            "share_expired",
         ] {
             class.as_object_mut().unwrap().remove(counter);
         }
@@ -71,7 +74,25 @@ fn class_add_x(lab: &Lab, options: &[&str]) -> Vec<String> {
 
 #[test]
 fn bad_inputs_fail_cleanly_and_change_nothing() {
-    let (lab, before) = lab_with_a_class();
+    let (lab, _) = lab_with_a_class();
+    // A global class (no daemon: it holds its floor), which no change may put in a tree.
+    lab.router
+        .class_add(
+            "capped",
+            ROUTER_TO_SERVER,
+            &[
+                "--rate",
+                "8mbit",
+                "--proto",
+                "udp",
+                "--dport",
+                "9",
+                "--global",
+                "bad-inputs",
+            ],
+        )
+        .unwrap();
+    let before = snapshot(&lab);
     let ns = |args: &[&str]| in_router(&lab, args);
     let add_x = |options: &[&str]| class_add_x(&lab, options);
     let owned = |args: &[&str]| -> Vec<String> { args.iter().map(|s| s.to_string()).collect() };
@@ -235,6 +256,16 @@ fn bad_inputs_fail_cleanly_and_change_nothing() {
             "move under a parent that does not exist",
             ns(&["class", "change", "web", "--dev", r1, "--parent", "nope"]),
             1,
+        ),
+        (
+            "a global class moved under a parent",
+            ns(&["class", "change", "capped", "--dev", r1, "--parent", "web"]),
+            2,
+        ),
+        (
+            "a global class added under a parent",
+            add_x(&["--parent", "web", "--global", "bad-inputs-2"]),
+            2,
         ),
         (
             "move under itself",

@@ -5,11 +5,14 @@ use crate::cli::{
 use anyhow::Result;
 use shaper::{
     actions::ActionSpec,
-    class_input::{format_duration_ns, parse_duration_ns, parse_switch, ClassInput},
+    class_input::ClassInput,
     classes::{self, ClassSpec},
     error::{runtime, usage},
     state::{self, Attachment, Direction, Location},
-    units::{format_rate, format_size, parse_rate, parse_size},
+    units::{
+        format_duration_ns, format_rate, format_size, parse_duration_ns, parse_rate, parse_size,
+        parse_switch,
+    },
 };
 use std::str::FromStr as _;
 

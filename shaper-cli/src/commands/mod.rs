@@ -4,7 +4,6 @@ mod apply;
 mod attach;
 mod batch;
 mod class;
-mod coordinate;
 mod daemon;
 mod detach;
 mod stats;

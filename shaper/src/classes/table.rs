@@ -11,15 +11,15 @@ use super::{
 };
 use crate::{
     actions::ActionSpec,
-    class_input::format_duration_ns,
     error::{runtime, usage},
     qdisc,
     state::{decode_name, Attachment},
+    units::format_duration_ns,
 };
 use anyhow::Result;
 use aya::maps::{Array, MapData, MapError, PerCpuValues};
 use shaper_common::{
-    codel::{sparse_cost, CodelState},
+    codel::{sparse_cost, CodelState, FlowCensus},
     hierarchy::MAX_LEVELS,
     Action, Bucket, ClassConfig, ClassMeta, ClassStats, KeyStats, RuleKey, RuleValue, Shape,
     MAX_CLASSES, MAX_RULES, MAX_SHAPES,
@@ -58,6 +58,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         attachment.rules()?,
     );
     let mut shares = attachment.shares()?;
+    let mut flow_census = attachment.codel_flows()?;
     let mut index = attachment.class_index()?;
     let mut tree = TreeView::read(attachment, &existing)?;
     let dev = attachment.location.dev.clone();
@@ -125,6 +126,8 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
         zero_stats(attachment, id)?;
         buckets.set(id, Bucket::default(), 0)?;
         codel.set(id, CodelState::default(), 0)?;
+        // A reused id must not inherit the deleted class's flow count.
+        flow_census.set(id, FlowCensus::default(), 0)?;
         let mut rated = rated;
         rated.action = spec.action;
         let mut config = rated.config(seq as u32, parent);
@@ -538,6 +541,9 @@ pub fn change(attachment: &Attachment, name: &str, change: Change) -> Result<()>
     let mut classes = attachment.classes()?;
     let mut config = classes.get(&id, 0)?;
     let shaping = config.action == Action::Shape as u8;
+    if config.global != 0 && matches!(change.parent, Some(Some(_))) {
+        return Err(usage(crate::class_input::GLOBAL_IN_A_TREE));
+    }
     if action.is_some_and(|a| (a.action == Action::Shape) != shaping) {
         return Err(usage(
             "a class cannot change to or from --action shape; delete it and add it again",

@@ -3,10 +3,10 @@
 
 use super::schema::{ExportClass, ExportFile, ExportInterface};
 use crate::{
-    class_input::format_duration_ns,
     classes::{self, ClassSpec, Meter},
     rules::{PortRange, Proto},
     state::{self, AttachMode, Attachment, Direction},
+    units::format_duration_ns,
 };
 use anyhow::Result;
 

@@ -4,11 +4,10 @@
 use super::parse::{Desired, DesiredInterface};
 use crate::{
     actions::ActionSpec,
-    class_input::format_duration_ns,
     classes::{self, ClassSpec, Meter},
     netns,
     state::{self, AttachMode, Attachment, Direction, Location},
-    units::{format_rate, format_size},
+    units::{format_duration_ns, format_rate, format_size},
 };
 use anyhow::Result;
 use shaper_common::Action;

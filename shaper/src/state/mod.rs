@@ -19,15 +19,16 @@ mod attachment;
 mod loader;
 mod names;
 mod pins;
+mod upgrade;
 
 pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
 pub use loader::{
-    attach_fresh, detach, forget, load_object, load_object_bytes, load_program, reattach, upgrade,
-    Upgraded,
+    attach_fresh, detach, forget, load_object, load_object_bytes, load_program, reattach,
 };
 pub use names::decode_name;
 pub(crate) use names::encode_name;
 pub use pins::{lock, set_lock_wait, try_lock, StateLock, DEFAULT_LOCK_WAIT};
+pub use upgrade::{upgrade, Upgraded};
 
 pub(crate) const BPFFS: &str = "/sys/fs/bpf";
 pub const PIN_ROOT: &str = "/sys/fs/bpf/shaper";

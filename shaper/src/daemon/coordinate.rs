@@ -1,0 +1,251 @@
+//! The daemon's side of global classes: every `[coordination] interval`, for each global
+//! class on the file's interfaces, report this host's demand to Redis, decide the share
+//! (`shaper::global::Tracker`) and install it with its expiry. Runs beside the control
+//! loop on the daemon's one thread; Redis is awaited with no state borrowed.
+
+use super::Daemon;
+use crate::{
+    config::Coordination,
+    global::{self, Coordinator, Event, HostClass, Tracker, Usage},
+    state::{self, Location},
+};
+use std::{
+    cell::RefCell,
+    collections::HashMap,
+    rc::Rc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+/// One global class between ticks.
+struct Tracked {
+    key: String,
+    tracker: Tracker,
+    usage: Usage,
+    at: Instant,
+    answered_unix_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Waits briefly (at most 100 ms) for the state lock, which another daemon's plan may
+/// hold for tens of milliseconds; `None` when it stays busy, so this tick installs nothing
+/// and the next one retries.
+async fn lock_briefly() -> Option<state::StateLock> {
+    for _ in 0..20 {
+        match state::try_lock() {
+            Ok(Some(lock)) => return Some(lock),
+            Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(error) => {
+                log::error!("coordination: {error:#}");
+                return None;
+            }
+        }
+    }
+    None
+}
+
+/// Runs for the daemon's life; follows `[coordination]` across reloads (none: idle).
+pub async fn run(daemon: Rc<RefCell<Daemon>>) {
+    let mut current: Option<(Coordination, Coordinator)> = None;
+    let mut silent_ticks = 0;
+    let mut tracked: HashMap<(Location, String), Tracked> = HashMap::new();
+    loop {
+        let wanted = daemon.borrow().desired.coordination.clone();
+        let Some(settings) = wanted else {
+            current = None;
+            tokio::time::sleep(global::DEFAULT_INTERVAL).await;
+            continue;
+        };
+        if current.as_ref().map(|(known, _)| known) != Some(&settings) {
+            match Coordinator::new(&settings.redis, &settings.host_id, settings.interval) {
+                Ok(coordinator) => {
+                    log::info!(
+                        "coordinating global classes through {} as host '{}' every {}",
+                        redacted(&settings.redis),
+                        settings.host_id,
+                        humantime::format_duration(settings.interval)
+                    );
+                    current = Some((settings.clone(), coordinator));
+                }
+                Err(error) => {
+                    log::error!("coordination off: {error:#}");
+                    current = None;
+                    tokio::time::sleep(settings.interval).await;
+                    continue;
+                }
+            }
+        }
+        let Some((_, coordinator)) = current.as_mut() else {
+            continue;
+        };
+        let interval = settings.interval;
+        let started = Instant::now();
+        let desired = daemon.borrow().desired.clone();
+        let classes = match global::host_classes(&desired) {
+            Ok(classes) => classes,
+            Err(error) => {
+                log::error!("coordination: cannot read the global classes: {error:#}");
+                tokio::time::sleep(interval).await;
+                continue;
+            }
+        };
+        let mut answered = false;
+        tracked.retain(|(location, name), _| {
+            classes
+                .iter()
+                .any(|c| &c.location == location && &c.name == name)
+        });
+        for class in &classes {
+            let id = (class.location.clone(), class.name.clone());
+            let entry = tracked.entry(id).or_insert_with(|| Tracked {
+                key: class.key.clone(),
+                tracker: Tracker::new(
+                    class.limit_bits_per_sec,
+                    class.floor_bits_per_sec,
+                    class.on_loss,
+                    class.share_bits_per_sec,
+                    interval,
+                ),
+                usage: class.usage,
+                at: Instant::now(),
+                answered_unix_ms: 0,
+            });
+            answered |= report(coordinator, &daemon, class, entry).await;
+            let update = global::update_for(
+                entry.tracker.applied,
+                entry.tracker.hosts,
+                entry.answered_unix_ms,
+                interval,
+            );
+            match global::renew(class, update) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(error) => {
+                    log::error!(
+                        "{} on {}: cannot renew its share: {error:#}",
+                        class.name,
+                        class.location.describe()
+                    );
+                    continue;
+                }
+            }
+            let Some(_lock) = lock_briefly().await else {
+                daemon.borrow_mut().health.lock_busy += 1;
+                continue;
+            };
+            match global::install(class, update) {
+                Ok(true) => log::debug!(
+                    "{} on {}: share {}",
+                    class.name,
+                    class.location.describe(),
+                    crate::units::format_rate(entry.tracker.applied)
+                ),
+                Ok(false) => {}
+                Err(error) => log::error!(
+                    "{} on {}: cannot install its share: {error:#}",
+                    class.name,
+                    class.location.describe()
+                ),
+            }
+        }
+        // A connection that stays refused (Redis came back before its ACL users did, say)
+        // is not retried forever: after a few silent ticks a new client starts afresh.
+        silent_ticks = if answered || classes.is_empty() {
+            0
+        } else {
+            silent_ticks + 1
+        };
+        if silent_ticks >= RECONNECT_AFTER_TICKS {
+            log::info!(
+                "coordination: no answer for {silent_ticks} intervals; connecting to Redis afresh"
+            );
+            current = None;
+            silent_ticks = 0;
+        }
+        tokio::time::sleep(interval.saturating_sub(started.elapsed())).await;
+    }
+}
+
+/// Ticks without any answer after which the Redis client is made afresh.
+const RECONNECT_AFTER_TICKS: u32 = 4;
+
+/// One report: the demand since the last tick, Redis's answer (or its absence) decided
+/// into the tracker's share. Whether Redis answered.
+async fn report(
+    coordinator: &mut Coordinator,
+    daemon: &Rc<RefCell<Daemon>>,
+    class: &HostClass,
+    entry: &mut Tracked,
+) -> bool {
+    let tracker = &mut entry.tracker;
+    tracker.limit_bits_per_sec = class.limit_bits_per_sec;
+    tracker.floor_bits_per_sec = class.floor_bits_per_sec;
+    tracker.on_loss = class.on_loss;
+    if entry.key != class.key {
+        entry.key = class.key.clone();
+        tracker.epoch_ms = None;
+    }
+    let now = Instant::now();
+    let demand = tracker.report_demand(global::demand(
+        &entry.usage,
+        &class.usage,
+        now - entry.at,
+        class.share_bits_per_sec,
+        tracker.fair_share(),
+    ));
+    entry.usage = class.usage;
+    entry.at = now;
+    let reply = coordinator.report(&class.key, demand, tracker).await;
+    let answered = reply.is_ok();
+    let event = match reply {
+        Ok(answer) => {
+            daemon.borrow_mut().health.coordination_ok += 1;
+            entry.answered_unix_ms = unix_ms();
+            tracker.answered(answer)
+        }
+        Err(error) => {
+            daemon.borrow_mut().health.coordination_failed += 1;
+            let event = tracker.lost();
+            if event == Event::Lost {
+                log::warn!(
+                    "{} (global '{}'): Redis did not answer ({error}); on_coordinator_loss = {}",
+                    class.name,
+                    class.key,
+                    class.on_loss.name()
+                );
+            }
+            event
+        }
+    };
+    match event {
+        Event::Back => log::info!(
+            "{} (global '{}'): Redis answers again; {} hosts",
+            class.name,
+            class.key,
+            tracker.hosts
+        ),
+        Event::Relearning => log::warn!(
+            "{} (global '{}'): Redis lost the class's state (restarted empty?); the hosts re-learn it without rising meanwhile",
+            class.name,
+            class.key
+        ),
+        Event::Lost | Event::Steady => {}
+    }
+    answered
+}
+
+/// A Redis URL without its password, for the log.
+fn redacted(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://***@{host}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}

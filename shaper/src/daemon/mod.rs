@@ -1,0 +1,327 @@
+//! The daemon (`shaper daemon -f FILE`): keeps a configuration applied.
+//!
+//! - applies the file at start (an invalid file at start is the caller's error);
+//! - re-applies on [`Daemon::reload`] (SIGHUP) and when the file's content changes; an
+//!   invalid file is logged with every problem and the last good configuration stays in
+//!   force;
+//! - every [`Daemon::tick`], re-checks the kernel against the last good configuration,
+//!   which re-attaches an interface that was re-created (a container restarted, a VM's
+//!   tap came back) and attaches one that appeared late;
+//! - answers `/metrics` and `/healthz` ([`Daemon::respond`]);
+//! - coordinates global classes through Redis ([`coordinate::run`]);
+//! - forwards the eBPF program's own log records (aya-log: CoDel starting to drop on a
+//!   shape class, a full flow table) of every attachment into its log;
+//! - never waits for the state lock: a check that finds it held is skipped and counted.
+//!
+//! Everything runs on one thread: plans and scrapes enter network namespaces with setns,
+//! which is per thread, and never overlap. The command line (`shaper-cli`) owns the
+//! arguments, the signals and the HTTP listener.
+
+use crate::{
+    config::{self, Desired, Prune},
+    metrics::{self, Health},
+    state,
+};
+use anyhow::Result;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub mod coordinate;
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The daemon's state, shared by the control loop, the coordination loop and the metrics
+/// server.
+pub struct Daemon {
+    file: String,
+    /// The last configuration that parsed.
+    desired: Desired,
+    /// The file's content as last read (to notice changes).
+    last_text: Option<String>,
+    health: Health,
+    /// Missing interfaces at the last check (logged when this changes).
+    missing: Vec<String>,
+    /// Readers of each attached program's log ring buffer, by program id.
+    ebpf_logs: std::collections::HashMap<u32, aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// Whether the configured interfaces still get this build's program swapped in (once,
+    /// at the first check that holds the lock).
+    upgrade_pending: bool,
+    /// The last check found the lock held: check again after a short, per-process
+    /// jittered pause rather than a whole tick later (daemons started together would
+    /// otherwise meet the same holder at every tick).
+    retry_soon: bool,
+}
+
+impl Daemon {
+    /// A daemon keeping `desired` (read from `file`) applied; with `upgrade`, the first
+    /// check that holds the state lock swaps this build's program in where another
+    /// build's runs (as `shaper upgrade`).
+    pub fn new(file: &str, desired: Desired, upgrade: bool) -> Self {
+        let interfaces_configured = desired.interfaces.len();
+        Self {
+            file: file.to_string(),
+            desired,
+            last_text: std::fs::read_to_string(file).ok(),
+            health: Health {
+                started_unix: unix_now(),
+                interfaces_configured,
+                ..Health::default()
+            },
+            missing: Vec::new(),
+            ebpf_logs: Default::default(),
+            upgrade_pending: upgrade,
+            retry_soon: false,
+        }
+    }
+
+    /// The first application of the file. A failure is logged and counted, not fatal:
+    /// the ticks retry (an interface may come up later).
+    pub fn start(&mut self) {
+        match self.converge(Prune::Nothing) {
+            // The lock was busy: the first tick reloads the file as if it had changed.
+            Ok(false) => self.last_text = None,
+            Ok(true) => {
+                self.health.reloads_ok = 1;
+                self.health.config_valid = true;
+                self.health.last_success_unix = unix_now();
+            }
+            Err(error) => {
+                log::error!("applying {} failed: {error:#}", self.file);
+                self.health.reloads_failed = 1;
+            }
+        }
+    }
+
+    /// Whether the last check found the state lock held, so the next comes after
+    /// [`retry_pause`] rather than a whole interval later.
+    pub fn retry_soon(&self) -> bool {
+        self.retry_soon
+    }
+
+    /// The HTTP answer (status, content type, body) to a GET of `path`: `/metrics`
+    /// (OpenMetrics) or `/healthz` (200 while the file on disk is applied, else 503).
+    pub fn respond(&self, path: &str) -> (u16, &'static str, String) {
+        match path {
+            "/metrics" => match metrics::render(Some(&self.health)) {
+                Ok(text) => (
+                    200,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    text,
+                ),
+                Err(error) => (500, "text/plain", format!("{error:#}\n")),
+            },
+            "/healthz" if self.health.config_valid => (200, "text/plain", "ok\n".to_string()),
+            "/healthz" => (
+                503,
+                "text/plain",
+                "the configuration on disk is not applied (see the daemon's log)\n".to_string(),
+            ),
+            _ => (404, "text/plain", "try /metrics or /healthz\n".to_string()),
+        }
+    }
+
+    fn interfaces(desired: &Desired) -> Vec<(Option<String>, String)> {
+        desired
+            .interfaces
+            .iter()
+            .map(|i| (i.netns.clone(), i.dev.clone()))
+            .collect()
+    }
+
+    /// Plans against `desired` and carries the plan out, logging each step. Never waits
+    /// for the state lock (metrics and signals are served on this thread): when another
+    /// shaper holds it, this check is skipped and `Ok(false)` returned.
+    fn converge(&mut self, prune: Prune) -> Result<bool> {
+        let Some(_lock) = state::try_lock()? else {
+            self.health.lock_busy += 1;
+            if !std::mem::replace(&mut self.retry_soon, true) {
+                log::warn!("another shaper command holds the state lock; checking again shortly");
+            }
+            return Ok(false);
+        };
+        self.retry_soon = false;
+        if std::mem::take(&mut self.upgrade_pending) {
+            self.upgrade_attached();
+        }
+        let plan = config::plan(&self.desired, prune)?;
+        for step in &plan.steps {
+            log::info!("{step}");
+        }
+        if plan.missing != self.missing {
+            for missing in &plan.missing {
+                log::warn!("waiting for {missing}: not present");
+            }
+            self.missing = plan.missing.clone();
+        }
+        self.health.interfaces_missing = plan.missing.len();
+        if let Err(error) = config::execute(&plan) {
+            self.health.apply_errors += 1;
+            return Err(error);
+        }
+        if !plan.steps.is_empty() {
+            log::info!(
+                "applied {} change(s), {} class(es) unchanged",
+                plan.steps.len(),
+                plan.unchanged
+            );
+        }
+        Ok(true)
+    }
+
+    /// Swaps this build's program in on the configured interfaces that another build
+    /// attached (as `shaper upgrade`); an attachment that cannot be upgraded is logged and
+    /// left as it is. Called with the state lock held.
+    fn upgrade_attached(&mut self) {
+        for (netns, dev) in Self::interfaces(&self.desired) {
+            for direction in state::Direction::BOTH {
+                let location = state::Location {
+                    netns: netns.clone(),
+                    dev: dev.clone(),
+                    direction,
+                };
+                if !location.dir().exists() {
+                    continue;
+                }
+                match crate::netns::in_namespace(&netns, || state::upgrade(&location, false)) {
+                    Ok(done) if done.changed() => log::info!(
+                        "{}: upgraded to this build (program {} -> {}, state layout {} -> {})",
+                        location.describe(),
+                        done.old_program_id,
+                        done.new_program_id,
+                        done.from_layout,
+                        shaper_common::LAYOUT_VERSION
+                    ),
+                    Ok(_) => {}
+                    Err(error) => {
+                        log::error!("{}: not upgraded: {error:#}", location.describe())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads and applies the file; on a bad file keeps the last good configuration.
+    pub fn reload(&mut self, why: &str) {
+        let text = match std::fs::read_to_string(&self.file) {
+            Ok(text) => text,
+            Err(error) => {
+                log::error!(
+                    "{why}: cannot read {}: {error}; keeping the last good configuration",
+                    self.file
+                );
+                self.health.reloads_failed += 1;
+                self.health.config_valid = false;
+                self.last_text = None;
+                return;
+            }
+        };
+        self.last_text = Some(text.clone());
+        match config::parse(&self.file, &text) {
+            Err(problems) => {
+                for line in problems.to_string().lines() {
+                    log::error!("{line}");
+                }
+                log::error!(
+                    "{why}: {} problem(s); keeping the last good configuration",
+                    problems.problems.len()
+                );
+                self.health.reloads_failed += 1;
+                self.health.config_valid = false;
+            }
+            Ok(desired) => {
+                log::info!("{why}: applying {}", self.file);
+                // Interfaces dropped from the file are detached; others are left alone.
+                let before = Self::interfaces(&self.desired);
+                let after = Self::interfaces(&desired);
+                let dropped: Vec<_> = before.into_iter().filter(|i| !after.contains(i)).collect();
+                let previous = std::mem::replace(&mut self.desired, desired);
+                self.health.interfaces_configured = self.desired.interfaces.len();
+                match self.converge(Prune::These(&dropped)) {
+                    Ok(false) => {
+                        // Not applied yet: the next tick sees a changed file and retries.
+                        self.desired = previous;
+                        self.last_text = None;
+                    }
+                    Ok(true) => {
+                        self.health.reloads_ok += 1;
+                        self.health.config_valid = true;
+                        self.health.last_success_unix = unix_now();
+                    }
+                    Err(error) => {
+                        log::error!("{why}: applying failed: {error:#}");
+                        self.health.reloads_failed += 1;
+                        self.health.config_valid = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One tick: reload when the file changed, else bring the kernel back to the file.
+    pub fn tick(&mut self) {
+        let text = std::fs::read_to_string(&self.file).ok();
+        if text != self.last_text {
+            self.reload("file changed");
+            return;
+        }
+        if let Err(error) = self.converge(Prune::Nothing) {
+            log::error!("re-checking the configuration failed: {error:#}");
+        }
+    }
+
+    /// Forwards what the attached programs logged since the last call.
+    pub fn forward_ebpf_logs(&mut self) {
+        let mut live = Vec::new();
+        for location in state::list_locations(None).unwrap_or_default() {
+            let Ok(attachment) = state::Attachment::open(&location) else {
+                continue;
+            };
+            let Ok(id) = attachment.program_id() else {
+                continue;
+            };
+            live.push(id);
+            if let std::collections::hash_map::Entry::Vacant(entry) = self.ebpf_logs.entry(id) {
+                match aya_log::EbpfLogger::init_from_id(id) {
+                    Ok(logger) => {
+                        entry.insert(logger);
+                    }
+                    Err(error) => {
+                        log::debug!("no eBPF log reader for {}: {error}", location.describe())
+                    }
+                }
+            }
+        }
+        self.ebpf_logs.retain(|id, _| live.contains(id));
+        for logger in self.ebpf_logs.values_mut() {
+            logger.flush();
+        }
+    }
+
+    /// Detaches every configured interface (`--cleanup-on-exit`).
+    pub fn cleanup(&mut self) {
+        let empty = Desired::default();
+        let everything = Self::interfaces(&self.desired);
+        // On the way out a bounded wait (--wait) for the lock is fine.
+        let result = state::lock().and_then(|_lock| {
+            let plan = config::plan(&empty, Prune::These(&everything))?;
+            for step in &plan.steps {
+                log::info!("cleanup: {step}");
+            }
+            config::execute(&plan)
+        });
+        if let Err(error) = result {
+            log::error!("cleanup failed: {error:#}");
+        }
+    }
+}
+
+/// 20-119 ms, differing between processes and attempts, so daemons that found the lock
+/// held do not all come back at the same moment.
+pub fn retry_pause(attempt: u64) -> Duration {
+    let spread = (u64::from(std::process::id()) * 7919 + attempt * 104_729) % 100;
+    Duration::from_millis(20 + spread)
+}

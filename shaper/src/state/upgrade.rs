@@ -1,0 +1,216 @@
+//! `shaper upgrade`: this shaper's program swapped in for a live attachment's, under
+//! traffic, with pins of an older state layout brought to this one (one step per layout
+//! change, see `shaper_common::LAYOUT_VERSION`).
+
+use super::{
+    loader::{load_object, load_program},
+    *,
+};
+use crate::error::{one_line, runtime};
+use anyhow::Result;
+use aya::{
+    maps::{Array, MapData},
+    programs::{
+        links::{FdLink, PinnedLink},
+        tc::{SchedClassifierLink, TcHandle},
+        SchedClassifier,
+    },
+};
+use shaper_common::{map_names, program_names, LAYOUT_VERSION};
+use std::fs;
+
+/// What `upgrade` did to one attachment.
+pub struct Upgraded {
+    /// The layout of the pins before (0: from before layouts were stamped).
+    pub from_layout: u32,
+    pub old_program_id: u32,
+    /// The program now hooked; the old id when it already ran this build.
+    pub new_program_id: u32,
+}
+
+impl Upgraded {
+    pub fn changed(&self) -> bool {
+        self.new_program_id != self.old_program_id || self.from_layout != LAYOUT_VERSION
+    }
+}
+
+/// Replaces the program of a live attachment with this shaper's, under traffic: the new
+/// program is loaded against the pinned maps (classes, buckets and counters carry on),
+/// pins of an older layout are migrated, and the program is swapped in atomically (the
+/// TCX link's program is updated; the clsact filter is replaced at its priority and
+/// handle), so every packet meets one program or the other. Run inside the attachment's
+/// network namespace. With `reload`, a program of the very build attached is loaded and
+/// swapped in too.
+pub fn upgrade(location: &Location, reload: bool) -> Result<Upgraded> {
+    let dir = location.dir();
+    let attachment = Attachment::open_any_layout(location)?;
+    let from_layout = match attachment.layout() {
+        Some(found) if found == LAYOUT_VERSION || migration_from(found).is_some() => found,
+        found => return Err(runtime(super::attachment::layout_mismatch(location, found))),
+    };
+    if let Some(migrate) = migration_from(from_layout) {
+        migrate(&attachment)?;
+    }
+    let status = attachment.status()?;
+    if let Some(problem) = status.problem {
+        return Err(runtime(format!(
+            "{} is not live ({problem}): run `shaper attach {}` to repair it before upgrading",
+            location.describe(),
+            location.dev
+        )));
+    }
+    let globals = attachment.globals()?;
+    let old_program_id = status.program_id;
+    let old_tag = aya::programs::ProgramInfo::from_pin(dir.join(PROG_PIN))?.tag();
+    let mut ebpf = load_object(&dir, status.flow_table_size)?;
+    let name = if globals.link_header_len == 0 {
+        program_names::SHAPER_L3
+    } else {
+        program_names::SHAPER
+    };
+    let program = load_program(&mut ebpf, name)?;
+    let info = program.info()?;
+    let mut new_program_id = old_program_id;
+    if reload || info.tag() != old_tag {
+        swap_program(program, location, status.mode, old_program_id)?;
+        new_program_id = info.id();
+        // Another build may classify a tuple differently: its verdicts are found anew.
+        attachment.rules_changed()?;
+        // Pinned under a new name, then renamed over the old pin: `prog` always names a
+        // program, and the old one is freed with its last reference.
+        let staged = dir.join(format!("{PROG_PIN}-new"));
+        let _ = fs::remove_file(&staged);
+        program.pin(&staged)?;
+        fs::rename(&staged, dir.join(PROG_PIN))
+            .with_context(|| format!("cannot re-pin the program in {}", dir.display()))?;
+    }
+    let mut layout: Array<_, u32> = Array::try_from(
+        ebpf.map_mut(map_names::LAYOUT)
+            .context("LAYOUT map missing")?,
+    )?;
+    layout.set(0, LAYOUT_VERSION, 0)?;
+    Ok(Upgraded {
+        from_layout,
+        old_program_id,
+        new_program_id,
+    })
+}
+
+/// Hooks `program` where `old_program_id` runs, in one step.
+fn swap_program(
+    program: &mut SchedClassifier,
+    location: &Location,
+    mode: AttachMode,
+    old_program_id: u32,
+) -> Result<()> {
+    let swap_failed = |error: &dyn std::fmt::Display| {
+        runtime(format!(
+            "cannot swap the new program in on {}: {}",
+            location.describe(),
+            one_line(&error.to_string())
+        ))
+    };
+    match mode {
+        AttachMode::Tcx => {
+            // bpf_link_update on the pinned TCX link: the link stays, its program changes.
+            let pinned =
+                PinnedLink::from_pin(location.dir().join(LINK_PIN)).map_err(|e| swap_failed(&e))?;
+            let link =
+                SchedClassifierLink::try_from(FdLink::from(pinned)).map_err(|e| swap_failed(&e))?;
+            let id = program.attach_to_link(link).map_err(|e| swap_failed(&e))?;
+            // Dropping our handle closes a descriptor; the pin keeps the link.
+            drop(program.take_link(id)?);
+        }
+        AttachMode::Clsact => {
+            let (priority, handle) = crate::qdisc::clsact_filter_of(
+                &location.dev,
+                location.direction.name(),
+                old_program_id,
+            )?;
+            // The same priority and handle without NLM_F_EXCL: cls_bpf replaces the
+            // filter's program in place.
+            let link = SchedClassifierLink::attached(
+                &location.dev,
+                location.direction.tc(),
+                priority,
+                TcHandle::from(handle),
+                None,
+            )
+            .map_err(|e| swap_failed(&e))?;
+            let id = program.attach_to_link(link).map_err(|e| swap_failed(&e))?;
+            // The filter lives on in the kernel; dropping our handle must not remove it.
+            std::mem::forget(program.take_link(id)?);
+        }
+    }
+    Ok(())
+}
+
+/// Brings pins of `layout` to the next layout, if this shaper knows how. Each layout
+/// change (see `LAYOUT_VERSION`) adds its step here.
+fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
+    match layout {
+        // Layout 2 kept layout 1's sizes (classes gained parents in spare fields) and
+        // ranks classes by depth too.
+        0 | 1 => Some(migrate_to_trees),
+        // Layout 3 only added KEY_STATS, layout 4 SHARES (global classes, in a byte that
+        // was padding before), and layout 5 VERDICT_CACHE (with the rules generation in a
+        // spare word of GLOBALS, 0 in older pins, which no zeroed cache slot matches), layout 6
+        // CODEL_FLOWS (an empty census counts one flow until an interval has passed):
+        // loading the object creates them (counting from the upgrade on).
+        2..=5 => Some(|_| Ok(())),
+        _ => None,
+    }
+}
+
+/// Layouts 0 and 1 to 2: the sizes checked, then every classifier entry re-ranked with
+/// the depth bits (all top level), so children added later rank as they should. The
+/// class an entry points to is unchanged, so packets meet the same classes throughout.
+fn migrate_to_trees(attachment: &Attachment) -> Result<()> {
+    migrate_unstamped(attachment)?;
+    let metas = attachment.meta()?;
+    let mut rules = attachment.rules()?;
+    let entries: Vec<_> = rules.iter().collect::<Result<_, _>>()?;
+    for (key, mut value) in entries {
+        let meta = metas.get(&value.class_id, 0)?;
+        let ranked = crate::classes::rank(meta.prio, 0, meta.seq);
+        if value.rank != ranked {
+            value.rank = ranked;
+            rules.insert(key, value, 0)?;
+        }
+    }
+    attachment.rules_changed()
+}
+
+/// Layout 0 is the last unstamped one: the same maps as layouts 1 and 2 but `LAYOUT` (and
+/// `KEY_STATS`, which layout 3 added), which loading the object creates; layout 1 pins
+/// have no parents set. Older unstamped pins differ in some map's sizes: they are
+/// refused, not misread.
+fn migrate_unstamped(attachment: &Attachment) -> Result<()> {
+    let object = aya_obj::Object::parse(crate::EBPF_OBJECT)
+        .map_err(|e| runtime(format!("cannot read the eBPF object: {e}")))?;
+    for name in map_names::ALL {
+        let path = attachment.dir().join(name);
+        if !path.exists() {
+            continue;
+        }
+        let (Some(declared), Ok(info)) = (
+            object.maps.get(name),
+            MapData::from_pin(&path).and_then(|data| data.info()),
+        ) else {
+            continue;
+        };
+        if (info.key_size(), info.value_size()) != (declared.key_size(), declared.value_size()) {
+            return Err(runtime(format!(
+                "{}: map {name} has the sizes of an older, unversioned layout (key {}, value {} \
+                 bytes; this shaper's are {} and {}): keep its classes with that shaper's \
+                 `shaper export`, then detach and `shaper apply` the export",
+                attachment.location.describe(),
+                info.key_size(),
+                info.value_size(),
+                declared.key_size(),
+                declared.value_size()
+            )));
+        }
+    }
+    Ok(())
+}
