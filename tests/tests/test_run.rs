@@ -268,6 +268,15 @@ impl Harness {
         Ok((verdict, counted.into_iter().next().map(|(name, _)| name)))
     }
 
+    /// The program the harness drives: `shaper_clocked`, "now" from `skb->tstamp`.
+    fn clocked(&self) -> &aya::programs::SchedClassifier {
+        self.ebpf
+            .program(program_names::SHAPER_CLOCKED)
+            .unwrap()
+            .try_into()
+            .unwrap()
+    }
+
     /// Runs one frame; the verdict and every class that counted it, with whether it
     /// counted a pass (classes in a tree count a packet at every level it passed).
     fn test_run_levels(
@@ -276,12 +285,7 @@ impl Harness {
         ctx: &[u8],
     ) -> Result<(u32, Vec<(String, bool)>), aya::programs::ProgramError> {
         let before = self.counters();
-        let program: &aya::programs::SchedClassifier = self
-            .ebpf
-            .program(program_names::SHAPER_CLOCKED)
-            .unwrap()
-            .try_into()
-            .unwrap();
+        let program = self.clocked();
         let result = program.test_run(TestRunOptions {
             data_in: Some(frame),
             ctx_in: Some(ctx),
@@ -1594,12 +1598,7 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
         }
         frame
     };
-    let program: &aya::programs::SchedClassifier = harness
-        .ebpf
-        .program(program_names::SHAPER_CLOCKED)
-        .unwrap()
-        .try_into()
-        .unwrap();
+    let program = harness.clocked();
     let send_from = |sport: u16, now: u64, ect: bool| -> (u32, u64, u32, bool) {
         let mut data = frame(ect);
         data[34..36].copy_from_slice(&sport.to_be_bytes());
@@ -1766,12 +1765,7 @@ fn codel_counts_the_bulk_flows_and_drops_as_often_as_per_flow_codels() {
     let mut config = classes.get(&id, 0).unwrap();
     (config.action_arg, config.sparse_priority) = (0, 0);
     classes.set(id, config, 0).unwrap();
-    let program: &aya::programs::SchedClassifier = harness
-        .ebpf
-        .program(program_names::SHAPER_CLOCKED)
-        .unwrap()
-        .try_into()
-        .unwrap();
+    let program = harness.clocked();
     let send = |sport: u16, now: u64| -> u32 {
         let mut data = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes: 1 ms at 8 Mbit/s
         data[34..36].copy_from_slice(&sport.to_be_bytes());

@@ -17,12 +17,7 @@ impl Harness {
     /// One frame with context `ctx`: the verdict, and the frame and the context as the
     /// program left them.
     fn run_out(&mut self, frame: &[u8], ctx: &[u8]) -> (u32, Vec<u8>, Vec<u8>) {
-        let program: &aya::programs::SchedClassifier = self
-            .ebpf
-            .program(program_names::SHAPER_CLOCKED)
-            .unwrap()
-            .try_into()
-            .unwrap();
+        let program = self.clocked();
         let mut data_out = vec![0u8; frame.len()];
         let mut ctx_out = vec![0u8; SKB_SIZE];
         let result = program
