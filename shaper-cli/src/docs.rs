@@ -29,21 +29,36 @@ fn documents() -> Vec<PathBuf> {
     found
 }
 
+/// A document's lines but the code fences, each with its line number and the language
+/// of the code block it stands in (`Some("")` for a block without one, `None` outside).
+fn lines_in_blocks(text: &str) -> Vec<(usize, &str, Option<&str>)> {
+    let mut block = None;
+    let mut lines = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if let Some(language) = line.trim().strip_prefix("```") {
+            block = if block.is_some() {
+                None
+            } else {
+                Some(language)
+            };
+            continue;
+        }
+        lines.push((index + 1, line, block));
+    }
+    lines
+}
+
 /// The `shaper …` lines of a document's ```sh blocks (comments after ` #` cut), with
 /// their line numbers.
 fn shell_commands(text: &str) -> Vec<(usize, String)> {
-    let mut in_shell = false;
+    let shell = |block| matches!(block, Some("sh" | "bash" | "console"));
     let mut commands = Vec::new();
-    for (index, line) in text.lines().enumerate() {
+    for (number, line, block) in lines_in_blocks(text) {
         let trimmed = line.trim();
-        if let Some(fence) = trimmed.strip_prefix("```") {
-            in_shell = !in_shell && (fence == "sh" || fence == "bash" || fence == "console");
-            continue;
-        }
         let line = trimmed.strip_prefix("# ").unwrap_or(trimmed);
         let line = line.split(" #").next().unwrap_or_default().trim();
-        if in_shell && line.starts_with("shaper ") && !line.ends_with('\\') {
-            commands.push((index + 1, line.to_string()));
+        if shell(block) && line.starts_with("shaper ") && !line.ends_with('\\') {
+            commands.push((number, line.to_string()));
         }
     }
     commands
@@ -108,18 +123,10 @@ fn every_shaper_command_in_the_docs_parses() {
 /// a repeated heading gets `-1`, `-2`, ….
 fn anchors(text: &str) -> Vec<String> {
     let (mut bases, mut seen): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
-    let mut in_code = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        let Some(heading) = line.strip_prefix('#') else {
+    for (_, line, block) in lines_in_blocks(text) {
+        let Some(heading) = line.strip_prefix('#').filter(|_| block.is_none()) else {
             continue;
         };
-        if in_code {
-            continue;
-        }
         let heading = heading.trim_start_matches('#').trim();
         let slug: String = heading
             .to_lowercase()
@@ -141,20 +148,15 @@ fn anchors(text: &str) -> Vec<String> {
 /// The targets of a document's Markdown links `[text](target)`, outside code blocks.
 fn link_targets(text: &str) -> Vec<(usize, String)> {
     let mut targets = Vec::new();
-    let mut in_code = false;
-    for (index, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
+    for (number, line, block) in lines_in_blocks(text) {
+        if block.is_some() {
             continue;
         }
         let mut rest = line;
         while let Some(at) = rest.find("](") {
             let after = &rest[at + 2..];
             let Some(end) = after.find(')') else { break };
-            targets.push((index + 1, after[..end].to_string()));
+            targets.push((number, after[..end].to_string()));
             rest = &after[end..];
         }
     }
