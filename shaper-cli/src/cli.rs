@@ -1,5 +1,6 @@
 //! The command line. These spellings are a contract other tools and tests rely on.
 
+use crate::class_args::ClassFields;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
@@ -205,101 +206,8 @@ pub struct ClassAddArgs {
     /// Which attachment of the interface the class is on.
     #[arg(long, value_enum, default_value = "egress")]
     pub direction: SingleDirection,
-    /// Rate as in tc: 10mbit, 1gbit, 125kbps, ... (bare number = bit/s).
-    #[arg(long)]
-    pub rate: String,
-    /// Burst as in tc: 64k, 1mb, ... Default: max(128k, 250 ms at the rate); with
-    /// `--action shape`, max(128k, 10 ms at the rate).
-    #[arg(long)]
-    pub burst: Option<String>,
-    /// Who shares one bucket: the whole class, each flow (5-tuple), each source or
-    /// each destination address.
-    #[arg(long, default_value = "class")]
-    pub per: String,
-    /// Rule: the IP protocol, tcp, udp, icmp (ICMP or ICMPv6) or any.
-    #[arg(long, default_value = "any")]
-    pub proto: String,
-    /// Rule: the source address or prefix, IPv4 or IPv6 (198.18.0.0/15, fd00::1).
-    #[arg(long, value_name = "CIDR")]
-    pub src: Option<String>,
-    /// Rule: the destination address or prefix, IPv4 or IPv6.
-    #[arg(long, value_name = "CIDR")]
-    pub dst: Option<String>,
-    /// Rule: the TCP or UDP source port or range (443, 5060-5080).
-    #[arg(long, value_name = "P[-P]")]
-    pub sport: Option<String>,
-    /// Rule: the TCP or UDP destination port or range.
-    #[arg(long, value_name = "P[-P]")]
-    pub dport: Option<String>,
-    /// Lower number wins, as in tc.
-    #[arg(long, default_value_t = 100)]
-    pub prio: u32,
-    /// What happens to packets over the rate: drop (default), ecn, dscp=VALUE,
-    /// fwmark=N[/MASK], pass, shape.
-    #[arg(long)]
-    pub action: Option<String>,
-    /// RFC 2697 srTCM meter: excess burst size (with --rate as CIR, --burst as CBS).
-    #[arg(long, value_name = "SIZE")]
-    pub excess_burst: Option<String>,
-    /// RFC 2698 trTCM meter: peak information rate (>= --rate, the CIR).
-    #[arg(long, value_name = "RATE")]
-    pub peak_rate: Option<String>,
-    /// RFC 2698 trTCM meter: peak burst size (default: as --burst for the peak rate).
-    #[arg(long, value_name = "SIZE")]
-    pub peak_burst: Option<String>,
-    /// Meters: action on yellow packets (default pass).
-    #[arg(long, value_name = "ACTION")]
-    pub exceed: Option<String>,
-    /// Meters: action on red packets (default drop).
-    #[arg(long, value_name = "ACTION")]
-    pub violate: Option<String>,
     #[command(flatten)]
-    pub codel: CodelArgs,
-    /// A class on the same interface and direction that this one is charged to as well:
-    /// its rate is guaranteed within the parent, and it may borrow up to --ceil.
-    #[arg(long, value_name = "CLASS")]
-    pub parent: Option<String>,
-    /// With --parent: the rate this class may reach by borrowing what its parent has
-    /// spare (default: its --rate, no borrowing).
-    #[arg(long, value_name = "RATE")]
-    pub ceil: Option<String>,
-    /// With --parent: the burst at the ceiling (default: as --burst).
-    #[arg(long, value_name = "SIZE")]
-    pub cburst: Option<String>,
-    /// A limit across hosts: --rate is for all hosts with this key together, and
-    /// `shaper daemon` with `[coordination]` sets this host's share (it starts at --floor).
-    #[arg(long, value_name = "KEY")]
-    pub global: Option<String>,
-    /// With --global, when Redis cannot be reached: static (keep the share, then the limit
-    /// over the last host count), open (the whole --rate) or closed (--floor).
-    #[arg(long, value_name = "MODE")]
-    pub on_coordinator_loss: Option<String>,
-    /// With --global: the least this host keeps (default: 1 % of --rate, at least 64kbit).
-    #[arg(long, value_name = "RATE")]
-    pub floor: Option<String>,
-}
-
-/// CoDel's knobs on a shape class (`class add` and `class change`).
-#[derive(Args, Debug)]
-pub struct CodelArgs {
-    /// Shape: CoDel's target, the standing queue delay to keep (default 5ms; raised to
-    /// 1.5 frame times at low rates). A larger one keeps the class's bulk packets queued
-    /// longer (sparse flows such as pings and DNS skip that queue), and on a long path it
-    /// makes back-to-back cuts of a sender's window more frequent.
-    #[arg(long, value_name = "DURATION")]
-    pub target: Option<String>,
-    /// Shape: CoDel's interval, how long the delay may stay above target before drops
-    /// start, and the spacing of the first drops (default 100ms). Set it to about the
-    /// path's RTT plus the time a sender's answer takes to drain the queue: a single bulk
-    /// flow over a long path fills the rate better with a longer one (80 ms RTT,
-    /// 20 Mbit/s: median 0.92 with 200ms, 0.90 with 100ms). The standing queue stays at
-    /// the target; the hard cap and the bfifo grow with the interval.
-    #[arg(long, value_name = "DURATION")]
-    pub interval: Option<String>,
-    /// Shape: `on` (default) CE-marks ECN-capable packets where CoDel would drop them;
-    /// `off` drops them too.
-    #[arg(long, value_name = "on|off")]
-    pub ecn: Option<String>,
+    pub fields: ClassFields<false>,
 }
 
 #[derive(Args, Debug)]
@@ -312,29 +220,11 @@ pub struct ClassChangeArgs {
     /// Needed only when the name exists in both directions.
     #[arg(long, value_enum)]
     pub direction: Option<SingleDirection>,
-    /// A new rate, as in tc (10mbit); buckets carry on at the new rate.
-    #[arg(long)]
-    pub rate: Option<String>,
-    /// A new burst, as in tc (64k).
-    #[arg(long)]
-    pub burst: Option<String>,
-    /// A new action over the rate (as `class add --action`).
-    #[arg(long)]
-    pub action: Option<String>,
     #[command(flatten)]
-    pub codel: CodelArgs,
-    /// Move the class under another parent (same interface and direction).
-    #[arg(long, value_name = "CLASS", conflicts_with = "no_parent")]
-    pub parent: Option<String>,
-    /// Move the class to the top level (no parent).
-    #[arg(long)]
+    pub fields: ClassFields<true>,
+    /// Move the class to the top level (no parent, ceiling or cburst).
+    #[arg(long, conflicts_with = "parent")]
     pub no_parent: bool,
-    /// A new ceiling (`rate`: back to the class's rate).
-    #[arg(long, value_name = "RATE")]
-    pub ceil: Option<String>,
-    /// A new burst at the ceiling (`burst`: back to the class's burst).
-    #[arg(long, value_name = "SIZE")]
-    pub cburst: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -388,32 +278,9 @@ pub struct StatusArgs {
 impl From<&ClassAddArgs> for shaper::class_input::ClassInput {
     fn from(args: &ClassAddArgs) -> Self {
         Self {
-            name: args.name.clone(),
+            name: Some(args.name.clone()),
             direction: Some(shaper::state::Direction::from(args.direction).name().into()),
-            rate: args.rate.clone(),
-            burst: args.burst.clone(),
-            per: Some(args.per.clone()),
-            proto: Some(args.proto.clone()),
-            src: args.src.clone(),
-            dst: args.dst.clone(),
-            sport: args.sport.clone(),
-            dport: args.dport.clone(),
-            prio: Some(args.prio.to_string()),
-            action: args.action.clone(),
-            excess_burst: args.excess_burst.clone(),
-            peak_rate: args.peak_rate.clone(),
-            peak_burst: args.peak_burst.clone(),
-            exceed: args.exceed.clone(),
-            violate: args.violate.clone(),
-            target: args.codel.target.clone(),
-            interval: args.codel.interval.clone(),
-            ecn: args.codel.ecn.clone(),
-            parent: args.parent.clone(),
-            ceil: args.ceil.clone(),
-            cburst: args.cburst.clone(),
-            global: args.global.clone(),
-            on_coordinator_loss: args.on_coordinator_loss.clone(),
-            floor: args.floor.clone(),
+            ..args.fields.0.clone()
         }
     }
 }

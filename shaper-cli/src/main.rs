@@ -1,6 +1,7 @@
 //! The `shaper` command: argument definitions (`cli`), one small module per command that
 //! turns arguments into calls of the `shaper` library (`commands`), and output.
 
+mod class_args;
 mod cli;
 mod commands;
 mod config_file;

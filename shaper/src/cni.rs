@@ -186,9 +186,9 @@ fn class(
     action: Action,
 ) -> Result<(Direction, ClassSpec)> {
     ClassInput {
-        name: name.into(),
+        name: Some(name.into()),
         direction: Some(direction.name().into()),
-        rate: format!("{rate}bit"),
+        rate: Some(format!("{rate}bit")),
         burst: Some(burst.to_string()),
         action: Some(action.name().into()),
         ..ClassInput::default()

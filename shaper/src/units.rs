@@ -165,6 +165,20 @@ pub fn parse_switch(text: &str) -> Result<bool, String> {
     }
 }
 
+/// A rate in the shortest tc spelling that is exact.
+pub fn exact_rate(bits: u64) -> String {
+    for (unit, factor) in [
+        ("gbit", 1_000_000_000),
+        ("mbit", 1_000_000),
+        ("kbit", 1_000),
+    ] {
+        if bits >= factor && bits.is_multiple_of(factor) {
+            return format!("{}{unit}", bits / factor);
+        }
+    }
+    format!("{bits}bit")
+}
+
 /// The spelling [`parse_duration_ns`] reads back: `5ms`, `1s 500ms`.
 pub fn format_duration_ns(ns: u64) -> String {
     humantime::format_duration(std::time::Duration::from_nanos(ns)).to_string()

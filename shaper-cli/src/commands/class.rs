@@ -1,20 +1,16 @@
 use super::{prepare, print_rows, text};
+use crate::class_args::ClassFields;
 use crate::cli::{
     ClassAddArgs, ClassChangeArgs, ClassCommand, ClassDelArgs, ListArgs, SingleDirection,
 };
 use anyhow::Result;
 use shaper::{
-    actions::ActionSpec,
     class_input::ClassInput,
     classes::{self, ClassSpec},
     error::{runtime, usage},
     state::{self, Attachment, Direction, Location},
-    units::{
-        format_duration_ns, format_rate, format_size, parse_duration_ns, parse_rate, parse_size,
-        parse_switch,
-    },
+    units::{format_duration_ns, format_rate, format_size},
 };
-use std::str::FromStr as _;
 
 pub fn run(netns: Option<String>, command: ClassCommand) -> Result<()> {
     match command {
@@ -117,79 +113,28 @@ fn locate(
     }
 }
 
+/// The class as it would be after the change, checked by the one validator, then changed
+/// in place.
 fn change(netns: Option<String>, args: ClassChangeArgs) -> Result<()> {
-    let rate = args
-        .rate
-        .as_deref()
-        .map(parse_rate)
-        .transpose()
-        .map_err(usage)?;
-    let burst = args
-        .burst
-        .as_deref()
-        .map(parse_size)
-        .transpose()
-        .map_err(usage)?;
-    let action = args
-        .action
-        .as_deref()
-        .map(ActionSpec::from_str)
-        .transpose()
-        .map_err(usage)?;
-    let duration = |text: &Option<String>| {
-        text.as_deref()
-            .map(parse_duration_ns)
-            .transpose()
-            .map_err(usage)
-    };
-    let (codel_target_ns, codel_interval_ns) = (
-        duration(&args.codel.target)?,
-        duration(&args.codel.interval)?,
-    );
-    let codel_ecn = args
-        .codel
-        .ecn
-        .as_deref()
-        .map(parse_switch)
-        .transpose()
-        .map_err(usage)?;
-    // `--ceil rate` and `--cburst burst` go back to the class's own rate and burst.
-    let ceil_bits_per_sec = match args.ceil.as_deref() {
-        None => None,
-        Some("rate") => Some(None),
-        Some(text) => Some(Some(parse_rate(text).map_err(usage)?)),
-    };
-    let cburst_bytes = match args.cburst.as_deref() {
-        None => None,
-        Some("burst") => Some(None),
-        Some(text) => Some(Some(parse_size(text).map_err(usage)?)),
-    };
-    let parent = match (&args.parent, args.no_parent) {
-        (Some(parent), _) => Some(Some(parent.clone())),
-        (None, true) => Some(None),
-        (None, false) => None,
-    };
-    let change = classes::Change {
-        rate_bits_per_sec: rate,
-        burst_bytes: burst,
-        action,
-        codel_target_ns,
-        codel_interval_ns,
-        codel_ecn,
-        parent,
-        ceil_bits_per_sec,
-        cburst_bytes,
-    };
-    if change == classes::Change::default() {
-        return Err(usage(
-            "class change needs --rate, --burst, --action, --target, --interval, --ecn, \
-             --parent, --no-parent, --ceil and/or --cburst",
-        ));
+    if args.fields.0 == ClassInput::default() && !args.no_parent {
+        let mut flags = ClassFields::<true>::flags();
+        flags.push("--no-parent".into());
+        return Err(usage(format!(
+            "class change needs {}",
+            classes::expected(flags.iter().map(String::as_str)).replace(" or ", " and/or ")
+        )));
     }
     prepare(&netns)?;
     let _lock = state::lock()?;
     let attachment = locate(&netns, &args.dev, &args.name, args.direction)?;
-    classes::change(&attachment, &args.name, change)?;
+    let (_, current) = classes::read_class(&attachment, &args.name)?
+        .ok_or_else(|| runtime(format!("no class '{}' on {}", args.name, args.dev)))?;
+    let after = ClassInput::from_spec(attachment.location.direction, &current)
+        .changed_by(&args.fields.0, args.no_parent);
+    let (_, wanted) = after
+        .check()
+        .map_err(|errors| usage(errors[0].message.clone()))?;
+    classes::change(&attachment, &wanted)?;
     println!(
         "class {} changed on {}",
         args.name,

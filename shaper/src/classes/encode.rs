@@ -240,20 +240,12 @@ pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
         .iter()
         .map(|(id, meta)| (*id, decode_name(&meta.name)))
         .collect();
-    let shares = attachment.shares()?;
     let mut views = Vec::new();
     for (id, meta) in list {
         let config = configs.get(&id, 0)?;
-        let mut spec = ClassSpec::from_meta(&meta, &config);
-        if config.global != 0 {
-            spec.global = Some(super::share::global_of(&shares.get(&id, 0)?));
-        }
-        if let Some(tree) = &mut spec.tree {
-            tree.parent = names
-                .get(&(config.parent as u32 - 1))
-                .cloned()
-                .unwrap_or_default();
-        }
+        let spec = stored_spec(attachment, id, &meta, &config, |parent| {
+            Ok(names.get(&parent).cloned().unwrap_or_default())
+        })?;
         views.push(ClassView {
             id,
             spec,
@@ -262,4 +254,35 @@ pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
         });
     }
     Ok(views)
+}
+
+/// One class's spec as stored (its parent's name and its global key filled in), by name.
+pub fn read_class(attachment: &Attachment, name: &str) -> Result<Option<(u32, ClassSpec)>> {
+    let Some((id, meta)) = attachment.find_class(name)? else {
+        return Ok(None);
+    };
+    let config = attachment.classes()?.get(&id, 0)?;
+    let meta_map = attachment.meta()?;
+    let spec = stored_spec(attachment, id, &meta, &config, |parent| {
+        Ok(decode_name(&meta_map.get(&parent, 0)?.name))
+    })?;
+    Ok(Some((id, spec)))
+}
+
+/// A class's spec from its maps; `parent_name` names a parent by its id.
+fn stored_spec(
+    attachment: &Attachment,
+    id: u32,
+    meta: &ClassMeta,
+    config: &ClassConfig,
+    parent_name: impl Fn(u32) -> Result<String>,
+) -> Result<ClassSpec> {
+    let mut spec = ClassSpec::from_meta(meta, config);
+    if config.global != 0 {
+        spec.global = Some(super::share::global_of(&attachment.shares()?.get(&id, 0)?));
+    }
+    if let Some(tree) = &mut spec.tree {
+        tree.parent = parent_name(config.parent as u32 - 1)?;
+    }
+    Ok(spec)
 }

@@ -10,16 +10,20 @@ use shaper_common::{
     ByteCost, ClassMeta, ClassStats, Scope,
 };
 
+mod change;
 mod encode;
 mod shapes;
 mod share;
 mod table;
+mod tree;
 
+pub(crate) use change::same_class;
+pub use change::{change, Change};
 pub(crate) use encode::bucket_cost;
-pub use encode::read_classes;
+pub use encode::{read_class, read_classes};
 pub(crate) use shapes::rank;
 pub use share::{renew_share, set_share, share_of, ShareUpdate};
-pub use table::{add, add_many, change, delete, find, Change};
+pub use table::{add, add_many, delete, find};
 
 /// Everything that defines a class.
 #[derive(Clone, Debug, PartialEq, Eq)]

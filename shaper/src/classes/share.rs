@@ -162,7 +162,7 @@ pub fn set_share(attachment: &Attachment, name: &str, update: ShareUpdate) -> Re
         share.expires_ns = 0;
         shares.set(id, share, 0)?;
         // Rates, HTB class and CoDel follow the share (see `change`).
-        change(attachment, name, Change::default())?;
+        super::change::apply(attachment, name, super::Change::default())?;
     }
     let config = configs.get(&id, 0)?;
     let mut spec = ClassSpec::from_meta(&meta, &config);

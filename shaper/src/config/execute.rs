@@ -48,13 +48,10 @@ pub fn execute(plan: &Plan) -> Result<()> {
             }
             Step::Forget(location) => state::forget(location)?,
             Step::Change {
-                location,
-                name,
-                change,
-                ..
+                location, wanted, ..
             } => {
                 netns::in_namespace(&netns_of(location), || {
-                    classes::change(&Attachment::open(location)?, name, change.clone())
+                    classes::change(&Attachment::open(location)?, wanted)
                 })?;
             }
             Step::Replace(location, spec) => {

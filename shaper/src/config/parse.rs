@@ -1,8 +1,8 @@
 //! Parsing and checking a file: every problem comes back with its line and field.
 
-use super::schema::{ClassEntry, CoordinationEntry, Field, FileConfig, InterfaceEntry, Scalar};
+use super::schema::{ClassEntry, CoordinationEntry, FileConfig, InterfaceEntry, Scalar};
 use crate::{
-    class_input::ClassInput,
+    class_input::{ClassInput, FIELDS},
     classes::ClassSpec,
     state::{AttachMode, Direction},
 };
@@ -141,7 +141,7 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
     };
     if desired.coordination.is_none() && config.coordination.is_none() {
         for entry in config.interface.iter().flat_map(|i| &i.class) {
-            if let Some(key) = &entry.global {
+            if let Some(key) = class_field(entry, "global") {
                 checker.report(
                     key.span(),
                     "global",
@@ -321,10 +321,7 @@ impl FileChecker<'_> {
                 }
             };
             if !directions.contains(&direction) {
-                let span = class
-                    .direction
-                    .as_ref()
-                    .map_or(class.name.span(), |d| d.span());
+                let span = field_span(class, "direction");
                 let attached: Vec<&str> = directions.iter().map(|d| d.name()).collect();
                 let message = format!(
                     "class '{}' is on {} but interface {dev} attaches only {}",
@@ -334,7 +331,7 @@ impl FileChecker<'_> {
                 );
                 self.report(span, "direction", message);
             }
-            if let (Some(global), Some(field)) = (&spec.global, &class.global) {
+            if let (Some(global), Some(field)) = (&spec.global, class_field(class, "global")) {
                 let line = self.line(field.span());
                 if let Some(first) = self.global_keys.get(&global.key) {
                     let message = format!(
@@ -354,10 +351,10 @@ impl FileChecker<'_> {
                         spec.name,
                         direction.name()
                     );
-                    self.report(class.name.span(), "name", message);
+                    self.report(field_span(class, "name"), "name", message);
                 }
                 None => {
-                    names.insert(key, self.line(class.name.span()));
+                    names.insert(key, self.line(field_span(class, "name")));
                 }
             }
             classes.push((direction, spec));
@@ -369,36 +366,25 @@ impl FileChecker<'_> {
 /// One class, checked by the validator every front end uses; each problem is reported at
 /// the line of its field.
 fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), Vec<Problem>> {
-    let string = |f: &Field<String>| f.as_ref().map(|s| s.get_ref().clone());
-    let scalar = |f: &Field<Scalar>| f.as_ref().map(|s| s.get_ref().text());
-    let input = ClassInput {
-        name: entry.name.get_ref().clone(),
-        direction: string(&entry.direction),
-        rate: entry.rate.get_ref().text(),
-        burst: scalar(&entry.burst),
-        per: string(&entry.per),
-        proto: string(&entry.proto),
-        src: string(&entry.src),
-        dst: string(&entry.dst),
-        sport: scalar(&entry.sport),
-        dport: scalar(&entry.dport),
-        prio: entry.prio.as_ref().map(|p| p.get_ref().to_string()),
-        action: string(&entry.action),
-        excess_burst: scalar(&entry.excess_burst),
-        peak_rate: scalar(&entry.peak_rate),
-        peak_burst: scalar(&entry.peak_burst),
-        exceed: string(&entry.exceed),
-        violate: string(&entry.violate),
-        target: string(&entry.target),
-        interval: string(&entry.interval),
-        ecn: entry.ecn.as_ref().map(|ecn| ecn.get_ref().to_string()),
-        parent: string(&entry.parent),
-        ceil: scalar(&entry.ceil),
-        cburst: scalar(&entry.cburst),
-        global: string(&entry.global),
-        on_coordinator_loss: string(&entry.on_coordinator_loss),
-        floor: scalar(&entry.floor),
-    };
+    let mut input = ClassInput::default();
+    let mut unknown = Vec::new();
+    for (key, value) in entry.get_ref() {
+        match input.get_mut(key.get_ref()) {
+            Some(slot) => *slot = Some(value.get_ref().text()),
+            None => unknown.push(Problem {
+                line: line_of(text, key.span()),
+                field: key.get_ref().clone(),
+                message: format!(
+                    "unknown class field `{}`, expected one of {}",
+                    key.get_ref(),
+                    crate::classes::expected(FIELDS.iter().map(|field| field.name))
+                ),
+            }),
+        }
+    }
+    if !unknown.is_empty() {
+        return Err(unknown);
+    }
     input.check().map_err(|errors| {
         errors
             .into_iter()
@@ -411,40 +397,21 @@ fn class_spec(entry: &ClassEntry, text: &str) -> Result<(Direction, ClassSpec), 
     })
 }
 
+/// A class field as the file gives it, with its place.
+fn class_field<'a>(entry: &'a ClassEntry, field: &str) -> Option<&'a toml::Spanned<Scalar>> {
+    let mut fields = entry.get_ref().iter();
+    fields
+        .find(|(key, _)| key.get_ref() == field)
+        .map(|(_, value)| value)
+}
+
 /// Where a class field stands in the file; the class's name when the field is absent
-/// (a problem of a combination names the field that must change).
+/// (a problem of a combination names the field that must change), the class's table
+/// when the name is too.
 fn field_span(entry: &ClassEntry, field: &str) -> Range<usize> {
-    let text = |f: &Field<String>| f.as_ref().map(|s| s.span());
-    let scalar = |f: &Field<Scalar>| f.as_ref().map(|s| s.span());
-    let span = match field {
-        "direction" => text(&entry.direction),
-        "rate" => Some(entry.rate.span()),
-        "burst" => scalar(&entry.burst),
-        "per" => text(&entry.per),
-        "proto" => text(&entry.proto),
-        "src" => text(&entry.src),
-        "dst" => text(&entry.dst),
-        "sport" => scalar(&entry.sport),
-        "dport" => scalar(&entry.dport),
-        "prio" => entry.prio.as_ref().map(|p| p.span()),
-        "action" => text(&entry.action),
-        "excess_burst" => scalar(&entry.excess_burst),
-        "peak_rate" => scalar(&entry.peak_rate),
-        "peak_burst" => scalar(&entry.peak_burst),
-        "exceed" => text(&entry.exceed),
-        "violate" => text(&entry.violate),
-        "target" => text(&entry.target),
-        "interval" => text(&entry.interval),
-        "ecn" => entry.ecn.as_ref().map(|ecn| ecn.span()),
-        "global" => text(&entry.global),
-        "on_coordinator_loss" => text(&entry.on_coordinator_loss),
-        "floor" => scalar(&entry.floor),
-        "parent" => text(&entry.parent),
-        "ceil" => scalar(&entry.ceil),
-        "cburst" => scalar(&entry.cburst),
-        _ => None,
-    };
-    span.unwrap_or(entry.name.span())
+    class_field(entry, field)
+        .or_else(|| class_field(entry, "name"))
+        .map_or(entry.span(), |value| value.span())
 }
 
 #[cfg(test)]

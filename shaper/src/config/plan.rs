@@ -3,14 +3,12 @@
 
 use super::parse::{Desired, DesiredInterface};
 use crate::{
-    actions::ActionSpec,
-    classes::{self, ClassSpec, Meter},
+    classes::{self, ClassSpec},
     netns,
     state::{self, AttachMode, Attachment, Direction, Location},
-    units::{format_duration_ns, format_rate, format_size},
+    units::{format_rate, format_size},
 };
 use anyhow::Result;
-use shaper_common::Action;
 use std::fmt;
 
 /// One change the plan makes.
@@ -27,11 +25,10 @@ pub enum Step {
     /// Pins of a namespace or interface that is gone.
     Forget(Location),
     Add(Location, ClassSpec),
-    /// Rate, burst or action only: bucket state and counters are kept.
+    /// Rate, burst, action, CoDel or place only: bucket state and counters are kept.
     Change {
         location: Location,
-        name: String,
-        change: classes::Change,
+        wanted: ClassSpec,
         what: String,
     },
     /// The rule, scope, priority or meter differs: delete and add again.
@@ -67,10 +64,14 @@ impl fmt::Display for Step {
             }
             Step::Change {
                 location,
-                name,
+                wanted,
                 what,
-                ..
-            } => write!(f, "change  class {name} on {}: {what}", location.describe()),
+            } => write!(
+                f,
+                "change  class {} on {}: {what}",
+                wanted.name,
+                location.describe()
+            ),
             Step::Replace(location, spec) => write!(
                 f,
                 "replace class {} on {}: {} (rule, scope, prio or meter changed; counters restart)",
@@ -95,125 +96,8 @@ fn summary(spec: &ClassSpec) -> String {
     )
 }
 
-/// Two specs are the same class when everything that reaches the kernel is equal
-/// (the yellow action of a class without a meter is never used).
-fn same_class(a: &ClassSpec, b: &ClassSpec) -> bool {
-    let normal = |s: &ClassSpec| {
-        let mut s = s.clone();
-        if s.meter == Meter::None {
-            s.exceed = ActionSpec::PASS;
-        }
-        s.action = as_written(s.action);
-        s
-    };
-    normal(a) == normal(b)
-}
-
-/// An action as a file writes it: a shape class's argument is the HTB leaf shaper picked,
-/// never part of the file.
-fn as_written(action: ActionSpec) -> ActionSpec {
-    if action.action == Action::Shape {
-        ActionSpec::plain(Action::Shape)
-    } else {
-        action
-    }
-}
-
-/// What differs, when only rate, burst and action differ.
-fn in_place_change(current: &ClassSpec, wanted: &ClassSpec) -> Option<(classes::Change, String)> {
-    let mut probe = wanted.clone();
-    probe.rate_bits_per_sec = current.rate_bits_per_sec;
-    probe.burst_bytes = current.burst_bytes;
-    probe.action = current.action;
-    probe.codel = current.codel;
-    probe.tree = current.tree.clone();
-    let shaping = |s: &ClassSpec| s.action.action == Action::Shape;
-    if !same_class(&probe, current) || shaping(current) != shaping(wanted) {
-        return None;
-    }
-    let change = classes::Change {
-        rate_bits_per_sec: changed(current.rate_bits_per_sec, wanted.rate_bits_per_sec),
-        burst_bytes: changed(current.burst_bytes, wanted.burst_bytes),
-        action: (as_written(current.action) != as_written(wanted.action)).then_some(wanted.action),
-        codel_target_ns: current
-            .codel
-            .zip(wanted.codel)
-            .and_then(|(c, w)| changed(c.target_ns, w.target_ns)),
-        codel_interval_ns: current
-            .codel
-            .zip(wanted.codel)
-            .and_then(|(c, w)| changed(c.interval_ns, w.interval_ns)),
-        codel_ecn: current
-            .codel
-            .zip(wanted.codel)
-            .and_then(|(c, w)| (c.ecn != w.ecn).then_some(w.ecn)),
-        parent: changed(parent_of(current), parent_of(wanted)),
-        ceil_bits_per_sec: changed(ceil_of(current), ceil_of(wanted)),
-        cburst_bytes: changed(cburst_of(current), cburst_of(wanted)),
-    };
-    let mut what = Vec::new();
-    if let Some(rate) = change.rate_bits_per_sec {
-        let before = format_rate(current.rate_bits_per_sec);
-        what.push(format!("rate {before} -> {}", format_rate(rate)));
-    }
-    if let Some(burst) = change.burst_bytes {
-        let before = format_size(current.burst_bytes);
-        what.push(format!("burst {before} -> {}", format_size(burst)));
-    }
-    if let Some(action) = change.action {
-        what.push(format!("action {} -> {action}", current.action));
-    }
-    if let (Some(before), Some(after)) = (current.codel, wanted.codel) {
-        if before != after {
-            let ecn = |on: bool| if on { "" } else { " noecn" };
-            what.push(format!(
-                "codel {}/{}{} -> {}/{}{}",
-                format_duration_ns(before.target_ns),
-                format_duration_ns(before.interval_ns),
-                ecn(before.ecn),
-                format_duration_ns(after.target_ns),
-                format_duration_ns(after.interval_ns),
-                ecn(after.ecn)
-            ));
-        }
-    }
-    if let Some(parent) = &change.parent {
-        let name = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".to_string());
-        what.push(format!(
-            "parent {} -> {}",
-            name(&parent_of(current)),
-            name(parent)
-        ));
-    }
-    if let Some(ceil) = change.ceil_bits_per_sec {
-        let text = |c: Option<u64>| c.map_or_else(|| "rate".to_string(), format_rate);
-        what.push(format!("ceil {} -> {}", text(ceil_of(current)), text(ceil)));
-    }
-    if let Some(cburst) = change.cburst_bytes {
-        let text = |c: Option<u64>| c.map_or_else(|| "burst".to_string(), format_size);
-        what.push(format!(
-            "cburst {} -> {}",
-            text(cburst_of(current)),
-            text(cburst)
-        ));
-    }
-    Some((change, what.join(", ")))
-}
-
-fn changed<T: PartialEq>(before: T, after: T) -> Option<T> {
-    (before != after).then_some(after)
-}
-
 fn parent_of(spec: &ClassSpec) -> Option<String> {
     spec.tree.as_ref().map(|tree| tree.parent.clone())
-}
-
-fn ceil_of(spec: &ClassSpec) -> Option<u64> {
-    spec.tree.as_ref().and_then(|tree| tree.ceil_bits_per_sec)
-}
-
-fn cburst_of(spec: &ClassSpec) -> Option<u64> {
-    spec.tree.as_ref().and_then(|tree| tree.cburst_bytes)
 }
 
 /// The plan, plus what could not be planned yet.
@@ -362,15 +246,14 @@ fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
         for spec in wanted {
             match current.iter().find(|c| c.name == spec.name) {
                 None => plan.steps.push(Step::Add(location.clone(), spec.clone())),
-                Some(existing) if same_class(existing, spec) => plan.unchanged += 1,
-                Some(existing) => match in_place_change(existing, spec) {
-                    Some((change, what)) => plan.steps.push(Step::Change {
+                Some(existing) if classes::same_class(existing, spec) => plan.unchanged += 1,
+                Some(existing) => match classes::Change::between(existing, spec) {
+                    Ok(change) => plan.steps.push(Step::Change {
                         location: location.clone(),
-                        name: spec.name.clone(),
-                        change,
-                        what,
+                        wanted: spec.clone(),
+                        what: change.describe(existing),
                     }),
-                    None => plan
+                    Err(_) => plan
                         .steps
                         .push(Step::Replace(location.clone(), spec.clone())),
                 },
@@ -425,13 +308,13 @@ mod tests {
         let current = desired.interfaces[0].classes[0].1.clone();
         let mut faster = current.clone();
         faster.rate_bits_per_sec *= 2;
-        let (change, what) = in_place_change(&current, &faster).unwrap();
+        let change = classes::Change::between(&current, &faster).unwrap();
         assert_eq!(change.rate_bits_per_sec, Some(20_000_000));
-        assert_eq!(what, "rate 10Mbit -> 20Mbit");
+        assert_eq!(change.describe(&current), "rate 10Mbit -> 20Mbit");
         let mut other_port = current.clone();
         other_port.rule.dport = PortRange { lo: 1, hi: 1 };
-        assert!(in_place_change(&current, &other_port).is_none());
-        assert!(same_class(&current, &current.clone()));
+        assert!(classes::Change::between(&current, &other_port).is_err());
+        assert!(classes::same_class(&current, &current.clone()));
     }
 
     #[test]
@@ -442,10 +325,10 @@ mod tests {
         let mut current = wanted.clone();
         // What `class add` stored: the class's bulk HTB leaf.
         current.action.arg = 0x1_0002;
-        assert!(same_class(&current, &wanted));
+        assert!(classes::same_class(&current, &wanted));
         let mut faster = wanted.clone();
         faster.rate_bits_per_sec *= 2;
-        let (change, _) = in_place_change(&current, &faster).unwrap();
+        let change = classes::Change::between(&current, &faster).unwrap();
         assert_eq!(change.action, None, "the leaf is not an action change");
     }
 

@@ -1,7 +1,9 @@
 //! The file's schema: what `apply` and the daemon read (with spans, for line numbers)
 //! and what `export` writes, side by side so the two stay one format.
 
+use crate::class_input::ClassInput;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use toml::Spanned;
 
 // ---- read
@@ -11,6 +13,7 @@ use toml::Spanned;
 #[serde(untagged)]
 pub(crate) enum Scalar {
     Number(i64),
+    Switch(bool),
     Text(String),
 }
 
@@ -18,6 +21,7 @@ impl Scalar {
     pub(super) fn text(&self) -> String {
         match self {
             Scalar::Number(n) => n.to_string(),
+            Scalar::Switch(on) => on.to_string(),
             Scalar::Text(t) => t.clone(),
         }
     }
@@ -54,36 +58,9 @@ pub(super) struct InterfaceEntry {
     pub(super) class: Vec<ClassEntry>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ClassEntry {
-    pub(super) name: Spanned<String>,
-    pub(super) direction: Field<String>,
-    pub(super) rate: Spanned<Scalar>,
-    pub(super) burst: Field<Scalar>,
-    pub(super) per: Field<String>,
-    pub(super) proto: Field<String>,
-    pub(super) src: Field<String>,
-    pub(super) dst: Field<String>,
-    pub(super) sport: Field<Scalar>,
-    pub(super) dport: Field<Scalar>,
-    pub(super) prio: Field<i64>,
-    pub(super) action: Field<String>,
-    pub(super) excess_burst: Field<Scalar>,
-    pub(super) peak_rate: Field<Scalar>,
-    pub(super) peak_burst: Field<Scalar>,
-    pub(super) exceed: Field<String>,
-    pub(super) violate: Field<String>,
-    pub(super) target: Field<String>,
-    pub(super) interval: Field<String>,
-    pub(super) ecn: Field<bool>,
-    pub(super) parent: Field<String>,
-    pub(super) ceil: Field<Scalar>,
-    pub(super) cburst: Field<Scalar>,
-    pub(super) global: Field<String>,
-    pub(super) on_coordinator_loss: Field<String>,
-    pub(super) floor: Field<Scalar>,
-}
+/// A class table: its fields by name (each with its place in the file), checked against
+/// the one declaration of a class's fields (`class_input::FIELDS`) when the file is.
+pub(super) type ClassEntry = Spanned<BTreeMap<Spanned<String>, Spanned<Scalar>>>;
 
 // ---- written
 
@@ -100,56 +77,5 @@ pub(super) struct ExportInterface {
     pub(super) direction: String,
     pub(super) flow_table_size: u32,
     pub(super) attach_mode: String,
-    pub(super) class: Vec<ExportClass>,
-}
-
-#[derive(Serialize)]
-pub(super) struct ExportClass {
-    pub(super) name: String,
-    pub(super) direction: String,
-    pub(super) rate: String,
-    pub(super) burst: u64,
-    pub(super) per: String,
-    pub(super) prio: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) proto: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) src: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) dst: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) sport: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) dport: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) action: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) excess_burst: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) peak_rate: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) peak_burst: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) exceed: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) violate: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) target: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) interval: Option<String>,
-    /// Written only when off (on is the default).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) ecn: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) parent: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) ceil: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) cburst: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) global: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) on_coordinator_loss: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) floor: Option<String>,
+    pub(super) class: Vec<ClassInput>,
 }

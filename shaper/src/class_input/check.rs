@@ -1,8 +1,6 @@
-//! The one class validator. Every front end (the command line, a TOML file, a `batch`
-//! line) fills the same [`ClassInput`], every option as the user spelled it, and
-//! [`ClassInput::check`] turns it into a checked [`ClassSpec`] or the list of every
-//! problem, each tied to its field (a TOML file maps the field back to its line).
-//! Adding a class option means one field here and its check below.
+//! The one class validator: [`ClassInput::check`] turns a class as written into a
+//! checked [`ClassSpec`] or the list of every problem, each tied to its field (a TOML
+//! file maps the field back to its line).
 
 use crate::{
     actions::ActionSpec,
@@ -19,43 +17,7 @@ use crate::{
 use shaper_common::{Action, Scope};
 use std::str::FromStr as _;
 
-/// A class as written: every option text, `None` where left out.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClassInput {
-    pub name: String,
-    pub direction: Option<String>,
-    pub rate: String,
-    pub burst: Option<String>,
-    pub per: Option<String>,
-    pub proto: Option<String>,
-    pub src: Option<String>,
-    pub dst: Option<String>,
-    pub sport: Option<String>,
-    pub dport: Option<String>,
-    pub prio: Option<String>,
-    pub action: Option<String>,
-    pub excess_burst: Option<String>,
-    pub peak_rate: Option<String>,
-    pub peak_burst: Option<String>,
-    pub exceed: Option<String>,
-    pub violate: Option<String>,
-    /// Shape classes: CoDel's target and interval (humantime: `5ms`, `100ms`).
-    pub target: Option<String>,
-    pub interval: Option<String>,
-    /// Shape classes: `on` (default) CE-marks ECN-capable packets, `off` drops them.
-    pub ecn: Option<String>,
-    /// The parent class's name (same interface and direction).
-    pub parent: Option<String>,
-    /// The ceiling a class with a parent may borrow up to, and its burst.
-    pub ceil: Option<String>,
-    pub cburst: Option<String>,
-    /// The key of a limit shared with other hosts (`rate` is then the limit for all).
-    pub global: Option<String>,
-    /// A global class without Redis: `static`, `open` or `closed`.
-    pub on_coordinator_loss: Option<String>,
-    /// The least a global class keeps on this host.
-    pub floor: Option<String>,
-}
+use super::ClassInput;
 
 /// One problem with one field (named as in the TOML file: `peak_rate`, `dport`, ...).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +55,22 @@ impl Checker {
         }
     }
 
+    /// A field that must be given.
+    fn required<T>(
+        &mut self,
+        field: &'static str,
+        text: &Option<String>,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        match text {
+            None => {
+                self.fail(field, format!("a class needs a {field}"));
+                None
+            }
+            Some(text) => self.field(field, parse(text)),
+        }
+    }
+
     fn fail(&mut self, field: &'static str, message: impl Into<String>) {
         self.errors.push(FieldError {
             field,
@@ -103,6 +81,7 @@ impl Checker {
 
 /// Every field of a class, parsed on its own.
 struct Fields {
+    name: String,
     direction: Direction,
     rate: u64,
     burst: Option<u64>,
@@ -145,9 +124,13 @@ impl ClassInput {
     }
 
     fn fields(&self, c: &mut Checker) -> Option<Fields> {
-        let name = c.field("name", check_name(&self.name).map_err(|e| format!("{e:#}")));
+        let name = c.required("name", &self.name, |name| {
+            check_name(name)
+                .map(|_| name.to_string())
+                .map_err(|e| format!("{e:#}"))
+        });
         let direction = c.optional("direction", &self.direction, Direction::from_str);
-        let rate = c.field("rate", parse_rate(&self.rate));
+        let rate = c.required("rate", &self.rate, parse_rate);
         let burst = c.optional("burst", &self.burst, parse_size);
         let scope = c.optional("per", &self.per, parse_scope);
         let proto = c.optional("proto", &self.proto, Proto::from_str);
@@ -179,8 +162,8 @@ impl ClassInput {
             OnLoss::from_name,
         );
         let floor = c.optional("floor", &self.floor, parse_rate);
-        name?;
         Some(Fields {
+            name: name?,
             direction: direction?.unwrap_or(Direction::Egress),
             rate: rate?,
             burst: burst?,
@@ -268,7 +251,7 @@ impl ClassInput {
             global,
             tree,
             codel,
-            name: self.name.clone(),
+            name: f.name.clone(),
             rule: f.rule,
             rate_bits_per_sec: f.rate,
             burst_bytes: burst,
@@ -291,7 +274,7 @@ impl ClassInput {
         c: &mut Checker,
     ) -> Option<Option<Tree>> {
         let problem = tree_problem(
-            &self.name,
+            &f.name,
             f.parent.as_deref(),
             (f.ceil, f.cburst),
             f.rate,
@@ -428,7 +411,7 @@ impl ClassInput {
                         format!(
                             "--peak-rate {} is below --rate {} (RFC 2698 needs PIR >= CIR)",
                             self.peak_rate.as_deref().unwrap_or_default(),
-                            self.rate
+                            self.rate.as_deref().unwrap_or_default()
                         ),
                     );
                     return None;
@@ -465,7 +448,7 @@ pub(crate) const GLOBAL_IN_A_TREE: &str =
 /// and `class change` alike: `--ceil`/`--cburst` need a parent, a class is not its own
 /// parent, meters stay top-level, a shape class in a tree is class-wide, a per-key class
 /// has no ceiling of its own, and a ceiling is at least the rate.
-pub(crate) fn tree_problem(
+fn tree_problem(
     name: &str,
     parent: Option<&str>,
     (ceil, cburst): (Option<u64>, Option<u64>),
@@ -531,8 +514,8 @@ mod tests {
 
     fn input(name: &str, rate: &str) -> ClassInput {
         ClassInput {
-            name: name.into(),
-            rate: rate.into(),
+            name: Some(name.into()),
+            rate: Some(rate.into()),
             ..ClassInput::default()
         }
     }
