@@ -28,7 +28,9 @@ pub const PASSES: &[Pass] = &[
             "shaper-common/src/bucket.rs",
             "shaper-common/src/codel.rs",
             "shaper-common/src/hierarchy.rs",
-            "shaper-common/src/layout.rs",
+            "shaper-common/src/layout/class.rs",
+            "shaper-common/src/layout/global.rs",
+            "shaper-common/src/layout/verdict.rs",
         ],
         targets: &[
             "--lib",

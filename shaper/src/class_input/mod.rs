@@ -2,6 +2,7 @@
 //! and the one validator that checks it (`check.rs`).
 
 mod check;
+mod combine;
 mod fields;
 
 pub use check::FieldError;
