@@ -17,6 +17,7 @@ pub mod global;
 pub mod metrics;
 pub mod netns;
 pub mod qdisc;
+pub mod report;
 pub mod rules;
 pub mod state;
 pub mod units;

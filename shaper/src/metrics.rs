@@ -3,7 +3,7 @@
 //! own health.
 
 use crate::{
-    classes::{self, Meter},
+    report::{attachment_rows, ClassRow, Detail},
     state::{self, Attachment, Location},
 };
 use anyhow::Result;
@@ -12,7 +12,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-use shaper_common::{Scope, MAX_CLASSES};
+use shaper_common::MAX_CLASSES;
 use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(String, String)>;
@@ -78,104 +78,99 @@ fn attachment_metrics(location: &Location, families: &Families) -> Result<()> {
     let live = crate::netns::in_namespace(&location.netns, || Ok(attachment.status()?.live))
         .unwrap_or(false);
     families.up.get_or_create(&labels).set(i64::from(live));
-    let views = classes::read_classes(&attachment)?;
-    // One walk of the flow table (O(entries)) for every class's keys and the total.
-    let census = attachment.key_census()?;
-    for view in &views {
-        let spec = &view.spec;
+    let detail = Detail {
+        keys: true,
+        level: true,
+    };
+    let report = attachment_rows(&attachment, location, detail)?;
+    for row in &report.rows {
         // `parent`: the class's parent in a tree, empty at the top level (one label set).
-        let parent = spec.tree.as_ref().map_or("", |tree| tree.parent.as_str());
-        let class = with(&labels, &[("class", &spec.name), ("parent", parent)]);
-        let stats = &view.stats;
-        for (verdict, packets, bytes) in [
-            ("passed", stats.passed_packets, stats.passed_bytes),
-            ("dropped", stats.dropped_packets, stats.dropped_bytes),
-            ("marked", stats.marked_packets, stats.marked_bytes),
-        ] {
-            let verdict = with(&class, &[("verdict", verdict)]);
-            families.packets.get_or_create(&verdict).inc_by(packets);
-            families.bytes.get_or_create(&verdict).inc_by(bytes);
-        }
-        if spec.meter != Meter::None {
-            for (colour, packets, bytes) in [
-                ("green", stats.green_packets, stats.green_bytes),
-                ("yellow", stats.yellow_packets, stats.yellow_bytes),
-                ("red", stats.red_packets, stats.red_bytes),
-            ] {
-                let colour = with(&class, &[("color", colour)]);
-                families
-                    .colour_packets
-                    .get_or_create(&colour)
-                    .inc_by(packets);
-                families.colour_bytes.get_or_create(&colour).inc_by(bytes);
-            }
-        }
-        families
-            .rate
-            .get_or_create(&class)
-            .set(spec.rate_bits_per_sec as f64 / 8.0);
-        families
-            .burst
-            .get_or_create(&class)
-            .set(spec.burst_bytes as i64);
-        if let Some(tree) = &spec.tree {
-            let ceil = tree.ceil(spec.rate_bits_per_sec);
-            families.ceil.get_or_create(&class).set(ceil as f64 / 8.0);
-            let cburst = tree.cburst(spec.burst_bytes);
-            families.cburst.get_or_create(&class).set(cburst as i64);
-        }
-        if let Some(global) = &spec.global {
-            let share = crate::global::ShareView::of(&classes::share_of(&attachment, view.id)?);
-            let keyed = with(&class, &[("global", &global.key)]);
-            families
-                .global_share
-                .get_or_create(&keyed)
-                .set(share.share_bits_per_sec as f64 / 8.0);
-            families
-                .global_hosts
-                .get_or_create(&keyed)
-                .set(share.hosts as i64);
-            if let Some(age) = share.age_seconds {
-                families.global_age.get_or_create(&keyed).set(age);
-            }
-            families
-                .global_expired
-                .get_or_create(&keyed)
-                .set(i64::from(share.expired));
-        }
-        if spec.scope != Scope::Class {
-            let keys = attachment.key_pressure(&census, view.id, view.seq as u32)?;
-            families.keys.get_or_create(&class).set(keys.held as i64);
-            families
-                .keys_live
-                .get_or_create(&class)
-                .set(keys.live as i64);
-            // A gauge, though it only grows: read beside a moving table, it may step
-            // back by the keys created during the scrape, which a counter must never do.
-            families
-                .evicted
-                .get_or_create(&class)
-                .set(keys.evicted as i64);
-        }
-        if spec.scope == Scope::Class {
-            // The word's own rate and burst (a shape class's in a tree drains at its ceil).
-            let (rate, burst) = spec.drain();
-            let level = attachment.bucket_level(view.id, rate, burst)?;
-            families.level.get_or_create(&class).set(level as i64);
-        }
+        let parent = row.parent.as_deref().unwrap_or_default();
+        let class = with(&labels, &[("class", &row.name), ("parent", parent)]);
+        class_metrics(row, &class, families);
     }
-    let keys: u64 = census.values().map(|owner| owner.held).sum();
     let capacity = attachment.flow_table_size()?;
-    families.keyed.get_or_create(&labels).set(keys as i64);
+    families
+        .keyed
+        .get_or_create(&labels)
+        .set(report.keys_held as i64);
     families
         .fill
         .get_or_create(&with(&labels, &[("map", "keyed_buckets")]))
-        .set(keys as f64 / f64::from(capacity.max(1)));
+        .set(report.keys_held as f64 / f64::from(capacity.max(1)));
     families
         .fill
         .get_or_create(&with(&labels, &[("map", "classes")]))
-        .set(views.len() as f64 / f64::from(MAX_CLASSES));
+        .set(report.rows.len() as f64 / f64::from(MAX_CLASSES));
     Ok(())
+}
+
+/// One class's series, labelled `class`.
+fn class_metrics(row: &ClassRow, class: &Labels, families: &Families) {
+    for (verdict, packets, bytes) in [
+        ("passed", row.passed_packets, row.passed_bytes),
+        ("dropped", row.dropped_packets, row.dropped_bytes),
+        ("marked", row.marked_packets, row.marked_bytes),
+    ] {
+        let verdict = with(class, &[("verdict", verdict)]);
+        families.packets.get_or_create(&verdict).inc_by(packets);
+        families.bytes.get_or_create(&verdict).inc_by(bytes);
+    }
+    if let Some(meter) = &row.meter {
+        for (colour, packets, bytes) in [
+            ("green", meter.green_packets, meter.green_bytes),
+            ("yellow", meter.yellow_packets, meter.yellow_bytes),
+            ("red", meter.red_packets, meter.red_bytes),
+        ] {
+            let colour = with(class, &[("color", colour)]);
+            families
+                .colour_packets
+                .get_or_create(&colour)
+                .inc_by(packets);
+            families.colour_bytes.get_or_create(&colour).inc_by(bytes);
+        }
+    }
+    let bytes_per_sec = |bits: u64| bits as f64 / 8.0;
+    families
+        .rate
+        .get_or_create(class)
+        .set(bytes_per_sec(row.rate_bps));
+    families
+        .burst
+        .get_or_create(class)
+        .set(row.burst_bytes as i64);
+    if let (Some(ceil), Some(cburst)) = (row.ceil_bps, row.cburst_bytes) {
+        families.ceil.get_or_create(class).set(bytes_per_sec(ceil));
+        families.cburst.get_or_create(class).set(cburst as i64);
+    }
+    if let Some(global) = &row.global {
+        let keyed = with(class, &[("global", &global.global)]);
+        let share = bytes_per_sec(global.share_bps);
+        families.global_share.get_or_create(&keyed).set(share);
+        families
+            .global_hosts
+            .get_or_create(&keyed)
+            .set(i64::from(global.hosts));
+        if let Some(age) = global.share_age_seconds {
+            families.global_age.get_or_create(&keyed).set(age);
+        }
+        let expired = i64::from(global.share_expired);
+        families.global_expired.get_or_create(&keyed).set(expired);
+    }
+    if let Some(keys) = &row.keys {
+        families.keys.get_or_create(class).set(keys.keys as i64);
+        families
+            .keys_live
+            .get_or_create(class)
+            .set(keys.keys_live as i64);
+        // A gauge, though it only grows: read beside a moving table, it may step back by
+        // the keys created during the scrape, which a counter must never do.
+        let evicted = keys.evicted_keys as i64;
+        families.evicted.get_or_create(class).set(evicted);
+    }
+    if let Some(level) = row.level_bytes {
+        families.level.get_or_create(class).set(level as i64);
+    }
 }
 
 /// The exposition text: every attachment under the pin root, and `health` when given.
