@@ -230,102 +230,35 @@ fn float_gauge(value: f64) -> FloatGauge {
     gauge
 }
 
+/// Registers each family under its name and help, listed once.
+macro_rules! register_families {
+    ($registry:expr, $families:expr, [$(($field:ident, $name:literal, $help:literal),)*]) => {
+        $( $registry.register($name, $help, $families.$field); )*
+    };
+}
+
 fn register_attachment_families(registry: &mut Registry, families: Families) {
-    registry.register(
-        "shaper_class_packets",
-        "Packets seen by a class, by verdict (marked packets are also passed)",
-        families.packets,
-    );
-    registry.register(
-        "shaper_class_bytes",
-        "Bytes (as on the wire) seen by a class, by verdict",
-        families.bytes,
-    );
-    registry.register(
-        "shaper_class_color_packets",
-        "Packets of a metered class by RFC 2697/2698 colour",
-        families.colour_packets,
-    );
-    registry.register(
-        "shaper_class_color_bytes",
-        "Bytes of a metered class by RFC 2697/2698 colour",
-        families.colour_bytes,
-    );
-    registry.register(
-        "shaper_class_rate_bytes_per_second",
-        "Configured rate of a class",
-        families.rate,
-    );
-    registry.register(
-        "shaper_class_burst_bytes",
-        "Configured burst of a class",
-        families.burst,
-    );
-    registry.register(
-        "shaper_class_ceil_bytes_per_second",
-        "Ceiling of a class in a tree: what it may borrow up to (its rate when it does not)",
-        families.ceil,
-    );
-    registry.register(
-        "shaper_class_cburst_bytes",
-        "Burst at the ceiling of a class in a tree",
-        families.cburst,
-    );
-    registry.register(
-        "shaper_class_bucket_level_bytes",
-        "Tokens in a class-scoped bucket now (burst when idle, 0 when exhausted)",
-        families.level,
-    );
-    registry.register(
-        "shaper_class_keys",
-        "Keys (flows, sources or destinations) a --per class holds in the flow table",
-        families.keys,
-    );
-    registry.register(
-        "shaper_class_keys_live",
-        "Keys of a --per class whose bucket is still refilling (evicted, one would return with a full burst)",
-        families.keys_live,
-    );
-    registry.register(
-        "shaper_class_keys_evicted",
-        "Keys a --per class created that the flow table's LRU has since evicted",
-        families.evicted,
-    );
-    registry.register(
-        "shaper_keyed_buckets",
-        "Live per-flow/source/destination buckets of an attachment",
-        families.keyed,
-    );
-    registry.register(
-        "shaper_map_fill_ratio",
-        "Used fraction of an attachment's map",
-        families.fill,
-    );
-    registry.register(
-        "shaper_attachment_up",
-        "1 when the attachment's program is hooked to its interface, 0 when stale",
-        families.up,
-    );
-    registry.register(
-        "shaper_class_global_share_bytes_per_second",
-        "A global class's share of its limit on this host now (its rate is the limit for all hosts)",
-        families.global_share,
-    );
-    registry.register(
-        "shaper_class_global_hosts",
-        "Hosts sharing a global class's limit at Redis's last answer",
-        families.global_hosts,
-    );
-    registry.register(
-        "shaper_class_global_share_age_seconds",
-        "Seconds since Redis last answered for a global class",
-        families.global_age,
-    );
-    registry.register(
-        "shaper_class_global_share_expired",
-        "1 when a global class's share expired and the packet path holds it at its floor",
-        families.global_expired,
-    );
+    register_families!(registry, families, [
+        (packets, "shaper_class_packets", "Packets seen by a class, by verdict (marked packets are also passed)"),
+        (bytes, "shaper_class_bytes", "Bytes (as on the wire) seen by a class, by verdict"),
+        (colour_packets, "shaper_class_color_packets", "Packets of a metered class by RFC 2697/2698 colour"),
+        (colour_bytes, "shaper_class_color_bytes", "Bytes of a metered class by RFC 2697/2698 colour"),
+        (rate, "shaper_class_rate_bytes_per_second", "Configured rate of a class"),
+        (burst, "shaper_class_burst_bytes", "Configured burst of a class"),
+        (ceil, "shaper_class_ceil_bytes_per_second", "Ceiling of a class in a tree: what it may borrow up to (its rate when it does not)"),
+        (cburst, "shaper_class_cburst_bytes", "Burst at the ceiling of a class in a tree"),
+        (level, "shaper_class_bucket_level_bytes", "Tokens in a class-scoped bucket now (burst when idle, 0 when exhausted)"),
+        (keys, "shaper_class_keys", "Keys (flows, sources or destinations) a --per class holds in the flow table"),
+        (keys_live, "shaper_class_keys_live", "Keys of a --per class whose bucket is still refilling (evicted, one would return with a full burst)"),
+        (evicted, "shaper_class_keys_evicted", "Keys a --per class created that the flow table's LRU has since evicted"),
+        (keyed, "shaper_keyed_buckets", "Live per-flow/source/destination buckets of an attachment"),
+        (fill, "shaper_map_fill_ratio", "Used fraction of an attachment's map"),
+        (up, "shaper_attachment_up", "1 when the attachment's program is hooked to its interface, 0 when stale"),
+        (global_share, "shaper_class_global_share_bytes_per_second", "A global class's share of its limit on this host now (its rate is the limit for all hosts)"),
+        (global_hosts, "shaper_class_global_hosts", "Hosts sharing a global class's limit at Redis's last answer"),
+        (global_age, "shaper_class_global_share_age_seconds", "Seconds since Redis last answered for a global class"),
+        (global_expired, "shaper_class_global_share_expired", "1 when a global class's share expired and the packet path holds it at its floor"),
+    ]);
 }
 
 fn register_daemon_health(registry: &mut Registry, health: &Health) {

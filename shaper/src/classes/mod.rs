@@ -10,6 +10,7 @@ use shaper_common::{
     ByteCost, ClassMeta, ClassStats, Scope,
 };
 
+mod add;
 mod change;
 mod encode;
 mod shapes;
@@ -17,13 +18,14 @@ mod share;
 mod table;
 mod tree;
 
+pub use add::{add, add_many};
 pub(crate) use change::same_class;
 pub use change::{change, Change};
 pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
 pub(crate) use shapes::rank;
 pub use share::{renew_share, set_share, share_of, ShareUpdate};
-pub use table::{add, add_many, delete, find};
+pub use table::{delete, find};
 
 /// Everything that defines a class.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,13 +1,11 @@
-//! The class table: adding, changing and deleting classes in an attachment's maps.
+//! The class table's classifier entries, and deleting a class.
 //!
-//! Write order keeps the packet path consistent at every instant: a class's config,
-//! bucket and counters exist before any classifier entry points to it, and its entries
-//! are gone (or re-pointed at the next-best class) before its config is cleared.
+//! Write order keeps the packet path consistent at every instant: a deleted class's
+//! entries are gone (or re-pointed at the next-best class) before its config is cleared.
 
 use super::{
     shapes::*,
-    share::{at_share, new_share, next_version},
-    tree::{ranked, refresh_htb, TreeNode, TreeView},
+    tree::{ranked, refresh_htb, TreeView},
     *,
 };
 use crate::{
@@ -16,167 +14,11 @@ use crate::{
     state::{decode_name, Attachment},
 };
 use anyhow::Result;
-use aya::maps::{MapError, PerCpuValues};
+use aya::maps::MapError;
 use shaper_common::{
-    codel::{CodelState, FlowCensus},
-    Action, Bucket, ClassConfig, ClassMeta, ClassStats, KeyStats, RuleKey, RuleValue, Shape,
-    MAX_CLASSES, MAX_RULES, MAX_SHAPES,
+    Action, ClassConfig, ClassMeta, RuleKey, RuleValue, Shape, MAX_RULES, MAX_SHAPES,
 };
 use std::collections::BTreeMap;
-
-fn zero_stats(attachment: &Attachment, id: u32) -> Result<()> {
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-    let zeros = PerCpuValues::try_from(vec![ClassStats::default(); cpus])?;
-    attachment.stats()?.set(id, zeros, 0)?;
-    let zeros = PerCpuValues::try_from(vec![KeyStats::default(); cpus])?;
-    attachment.key_stats()?.set(id, zeros, 0)?;
-    Ok(())
-}
-
-/// Adds a class; all or nothing.
-pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
-    Ok(add_many(attachment, std::slice::from_ref(spec))?[0])
-}
-
-/// Adds classes in order, reading the attachment's state once (the batch path: ten
-/// thousand classes take a fraction of a second). Each class is all or nothing; on the
-/// first error the classes before it stay and the error is returned.
-pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>> {
-    let existing = attachment.class_list()?;
-    let mut names: std::collections::HashSet<String> =
-        existing.iter().map(|(_, m)| decode_name(&m.name)).collect();
-    let mut used: std::collections::HashSet<u32> = existing.iter().map(|(id, _)| *id).collect();
-    let mut kernel_shapes = ShapeTable::read(attachment)?;
-    let mut globals = attachment.globals()?;
-    let (mut configs, mut metas, mut buckets, mut codel, mut rules) = (
-        attachment.classes()?,
-        attachment.meta()?,
-        attachment.class_buckets()?,
-        attachment.codel()?,
-        attachment.rules()?,
-    );
-    let mut shares = attachment.shares()?;
-    let mut flow_census = attachment.codel_flows()?;
-    let mut index = attachment.class_index()?;
-    let mut tree = TreeView::read(attachment, &existing)?;
-    let dev = attachment.location.dev.clone();
-    let mut next_free = 0;
-    let mut ids = Vec::with_capacity(specs.len());
-    for spec in specs {
-        if names.contains(&spec.name) {
-            return Err(runtime(format!(
-                "class '{}' already exists on {}; use 'shaper class change'",
-                spec.name,
-                attachment.location.describe()
-            )));
-        }
-        while used.contains(&next_free) {
-            next_free += 1;
-        }
-        let id = next_free;
-        if id >= MAX_CLASSES {
-            return Err(runtime(format!(
-                "no room for another class (the limit is {MAX_CLASSES})"
-            )));
-        }
-        let parent = tree.place(attachment, spec, None)?;
-        let mut shapes = ShapeTable {
-            slots: kernel_shapes.slots.clone(),
-        };
-        let keys = class_entries(&spec.rule, &mut shapes)?;
-        let mut spec = spec.clone();
-        // A global class starts at its floor: this host holds no share until the hosts
-        // agree on one (a new host never pushes the sum above the limit).
-        let share = spec
-            .global
-            .as_ref()
-            .map(|global| new_share(&spec, global, global.floor_bits_per_sec));
-        let rated = match &share {
-            Some(share) => at_share(&spec, share),
-            None => spec.clone(),
-        };
-        if spec.action.action == Action::Shape {
-            // The HTB class exists before anything steers packets into it; under fq the
-            // program paces by departure time (action_arg 0).
-            spec.action.arg = match qdisc::ensure_root(&dev)? {
-                qdisc::Backend::Htb => {
-                    let htb = qdisc::htb_class(&rated, parent, 0);
-                    qdisc::set_class(&dev, id, &htb, true)?;
-                    if let Some(parent) = parent {
-                        // The parent's own leaves give up the guarantee the child takes.
-                        let joining = TreeNode::of_spec(&spec, Some(parent)).guaranteed();
-                        if let Err(error) = refresh_htb(attachment, &tree, parent, joining) {
-                            let _ = qdisc::delete_class(&dev, id);
-                            return Err(error);
-                        }
-                    }
-                    qdisc::bulk_leaf(id)
-                }
-                qdisc::Backend::EdtFq => 0,
-            };
-        }
-        let seq = globals.next_seq;
-        let meta = spec.to_meta(seq)?;
-        globals.next_seq += 1;
-        attachment.set_globals(globals)?;
-
-        // Config, bucket and counters first; nothing points at the id yet.
-        zero_stats(attachment, id)?;
-        buckets.set(id, Bucket::default(), 0)?;
-        codel.set(id, CodelState::default(), 0)?;
-        // A reused id must not inherit the deleted class's flow count.
-        flow_census.set(id, FlowCensus::default(), 0)?;
-        let mut rated = rated;
-        rated.action = spec.action;
-        let mut config = rated.config(seq as u32, parent);
-        if spec.action.action == Action::Shape && spec.action.arg != 0 {
-            config.sparse_priority = qdisc::sparse_leaf(id);
-        }
-        if let Some(mut share) = share {
-            config.global = 1;
-            share.floor_version = next_version(&config);
-            shares.set(id, share, 0)?;
-        }
-        configs.set(id, config, 0)?;
-        metas.set(id, meta, 0)?;
-        index.insert(meta.name, id, 0)?;
-        write_shapes(attachment, &shapes, &kernel_shapes)?;
-
-        let value = RuleValue {
-            class_id: id,
-            _pad: 0,
-            rank: rank(spec.prio, tree.depth_of(parent), seq),
-        };
-        if let Err(error) = write_entries(&mut rules, keys, value) {
-            // Roll this class back to exactly the previous state.
-            let _ = metas.set(id, ClassMeta::default(), 0);
-            let _ = index.remove(&meta.name);
-            let _ = configs.set(id, ClassConfig::default(), 0);
-            let _ = write_shapes(attachment, &kernel_shapes, &shapes);
-            // Entries written before the failure were live for a moment.
-            globals.rules_changed();
-            let _ = attachment.set_globals(globals);
-            if spec.action.action == Action::Shape && spec.action.arg != 0 {
-                let _ = qdisc::delete_class(&dev, id);
-                if let Some(parent) = parent {
-                    let _ = refresh_htb(attachment, &tree, parent, 0);
-                }
-            }
-            return Err(error);
-        }
-        // New shapes become visible to the packet path last, with their entries in place,
-        // and cached verdicts expire with the same write.
-        globals.shape_count = shapes.count();
-        globals.rules_changed();
-        attachment.set_globals(globals)?;
-        kernel_shapes = shapes;
-        names.insert(spec.name.clone());
-        used.insert(id);
-        ids.push(id);
-        tree.insert(id, &spec, parent);
-    }
-    Ok(ids)
-}
 
 /// Why a classifier entry could not be written, in the user's terms.
 fn rule_insert_error(error: &MapError) -> String {
@@ -206,11 +48,15 @@ fn root_cause(error: &dyn std::error::Error) -> String {
 }
 
 /// The classifier map of an attachment.
-type RulesMap = aya::maps::HashMap<aya::maps::MapData, RuleKey, RuleValue>;
+pub(super) type RulesMap = aya::maps::HashMap<aya::maps::MapData, RuleKey, RuleValue>;
 
 /// Writes a class's classifier entries, skipping keys an older or higher-priority class
 /// owns; on failure every entry already written gets its previous value back.
-fn write_entries(rules: &mut RulesMap, keys: Vec<RuleKey>, value: RuleValue) -> Result<()> {
+pub(super) fn write_entries(
+    rules: &mut RulesMap,
+    keys: Vec<RuleKey>,
+    value: RuleValue,
+) -> Result<()> {
     let mut written: Vec<(RuleKey, Option<RuleValue>)> = Vec::new();
     let mut outcome = Ok(());
     for key in keys {

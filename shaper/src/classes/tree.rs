@@ -94,30 +94,7 @@ impl TreeView {
                     attachment.location.describe()
                 ))
             })?;
-        if parent.metered {
-            return Err(runtime(format!(
-                "class '{}' cannot be a parent: meters stay leaves so far",
-                tree.parent
-            )));
-        }
-        if parent.global {
-            return Err(runtime(format!(
-                "class '{}' cannot be a parent: a global class's share is one rate on this host, a leaf so far",
-                tree.parent
-            )));
-        }
-        let shapes = spec.action.action == Action::Shape;
-        if parent.shapes != shapes {
-            let (what, other) = if shapes {
-                ("shapes", "polices or marks")
-            } else {
-                ("polices or marks", "shapes")
-            };
-            return Err(runtime(format!(
-                "class '{}' {what} and its parent '{}' {other}: a shape tree is an htb tree, shaping throughout",
-                spec.name, tree.parent
-            )));
-        }
+        parent.can_parent(&tree.parent, spec)?;
         let mut depth = 2;
         let mut above = parent.parent;
         while let Some(id) = above {
@@ -211,6 +188,36 @@ impl TreeNode {
             shapes: spec.action.action == Action::Shape,
             global: spec.global.is_some(),
         }
+    }
+
+    /// Whether this class, `parent_name`, can be `spec`'s parent: meters and global
+    /// classes stay leaves, and a shape tree is an htb tree, shaping throughout.
+    fn can_parent(&self, parent_name: &str, spec: &ClassSpec) -> Result<()> {
+        if self.metered {
+            return Err(runtime(format!(
+                "class '{}' cannot be a parent: meters stay leaves so far",
+                parent_name
+            )));
+        }
+        if self.global {
+            return Err(runtime(format!(
+                "class '{}' cannot be a parent: a global class's share is one rate on this host, a leaf so far",
+                parent_name
+            )));
+        }
+        let shapes = spec.action.action == Action::Shape;
+        if self.shapes != shapes {
+            let (what, other) = if shapes {
+                ("shapes", "polices or marks")
+            } else {
+                ("polices or marks", "shapes")
+            };
+            return Err(runtime(format!(
+                "class '{}' {what} and its parent '{}' {other}: a shape tree is an htb tree, shaping throughout",
+                spec.name, parent_name
+            )));
+        }
+        Ok(())
     }
 
     /// The rate the class is guaranteed within its parent.

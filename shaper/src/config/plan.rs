@@ -182,86 +182,102 @@ fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
             .filter(|(d, _)| *d == direction)
             .map(|(_, spec)| spec)
             .collect();
-        let attached = location.dir().exists();
         if !interface.directions.contains(&direction) {
-            if attached {
+            if location.dir().exists() {
                 plan.steps.push(Step::Detach(location));
             }
             continue;
         }
-        let mut current = Vec::new();
-        if attached {
-            let attachment = Attachment::open(&location)?;
-            let status = attachment.status()?;
-            let mode_differs = interface.attach_mode.is_some_and(|m| m != status.mode);
-            if status.flow_table_size != interface.flow_table_size || mode_differs {
-                // Map sizes and the hook are fixed at attach time: attach afresh.
-                plan.steps.push(Step::Detach(location.clone()));
-                plan.steps.push(Step::Attach {
-                    location: location.clone(),
-                    flow_table_size: interface.flow_table_size,
-                    mode: interface.attach_mode,
-                });
-            } else {
-                if !status.live {
-                    plan.steps.push(Step::Reattach(location.clone()));
-                }
-                current = classes::read_classes(&attachment)?
-                    .into_iter()
-                    .map(|view| view.spec)
-                    .collect();
-            }
-        } else {
-            plan.steps.push(Step::Attach {
-                location: location.clone(),
-                flow_table_size: interface.flow_table_size,
-                mode: interface.attach_mode,
-            });
-        }
-        // Children are deleted before their parents, and parents added before children.
-        // A parent whose children stay (moved elsewhere) is deleted once they have moved.
-        let stays = |name: &str| wanted.iter().any(|w| w.name == name);
-        let mut current_by_depth: Vec<&ClassSpec> = current.iter().collect();
-        sort_by_depth(&mut current_by_depth);
-        let (mut after_moves, mut deferred) = (Vec::new(), std::collections::HashSet::new());
-        for spec in current_by_depth.into_iter().rev() {
-            if stays(&spec.name) {
-                continue;
-            }
-            // Children come first here, so a deferred child has deferred its parent too.
-            let waits = current.iter().any(|child| {
-                parent_of(child).as_deref() == Some(spec.name.as_str())
-                    && (stays(&child.name) || deferred.contains(&child.name))
-            });
-            let delete = Step::Delete(location.clone(), spec.name.clone());
-            if waits {
-                deferred.insert(spec.name.clone());
-                after_moves.push(delete);
-            } else {
-                plan.steps.push(delete);
-            }
-        }
-        let mut wanted = wanted;
-        sort_by_depth(&mut wanted);
-        for spec in wanted {
-            match current.iter().find(|c| c.name == spec.name) {
-                None => plan.steps.push(Step::Add(location.clone(), spec.clone())),
-                Some(existing) if classes::same_class(existing, spec) => plan.unchanged += 1,
-                Some(existing) => match classes::Change::between(existing, spec) {
-                    Ok(change) => plan.steps.push(Step::Change {
-                        location: location.clone(),
-                        wanted: spec.clone(),
-                        what: change.describe(existing),
-                    }),
-                    Err(_) => plan
-                        .steps
-                        .push(Step::Replace(location.clone(), spec.clone())),
-                },
-            }
-        }
-        plan.steps.extend(after_moves);
+        let current = attachment_steps(interface, &location, plan)?;
+        class_steps(&location, &current, wanted, plan);
     }
     Ok(())
+}
+
+/// Attaches, re-attaches or attaches afresh where the interface needs it; the classes
+/// the attachment keeps (none when it starts afresh).
+fn attachment_steps(
+    interface: &DesiredInterface,
+    location: &Location,
+    plan: &mut Plan,
+) -> Result<Vec<ClassSpec>> {
+    let attach = Step::Attach {
+        location: location.clone(),
+        flow_table_size: interface.flow_table_size,
+        mode: interface.attach_mode,
+    };
+    if !location.dir().exists() {
+        plan.steps.push(attach);
+        return Ok(Vec::new());
+    }
+    let attachment = Attachment::open(location)?;
+    let status = attachment.status()?;
+    let mode_differs = interface.attach_mode.is_some_and(|m| m != status.mode);
+    if status.flow_table_size != interface.flow_table_size || mode_differs {
+        // Map sizes and the hook are fixed at attach time: attach afresh.
+        plan.steps.push(Step::Detach(location.clone()));
+        plan.steps.push(attach);
+        return Ok(Vec::new());
+    }
+    if !status.live {
+        plan.steps.push(Step::Reattach(location.clone()));
+    }
+    Ok(classes::read_classes(&attachment)?
+        .into_iter()
+        .map(|view| view.spec)
+        .collect())
+}
+
+/// The classes' steps on one attachment: children are deleted before their parents and
+/// parents added before children; a parent whose children stay (moved elsewhere) is
+/// deleted once they have moved.
+fn class_steps(
+    location: &Location,
+    current: &[ClassSpec],
+    mut wanted: Vec<&ClassSpec>,
+    plan: &mut Plan,
+) {
+    let stays = |name: &str| wanted.iter().any(|w| w.name == name);
+    let mut current_by_depth: Vec<&ClassSpec> = current.iter().collect();
+    sort_by_depth(&mut current_by_depth);
+    let (mut after_moves, mut deferred) = (Vec::new(), std::collections::HashSet::new());
+    for spec in current_by_depth.into_iter().rev() {
+        if stays(&spec.name) {
+            continue;
+        }
+        // Children come first here, so a deferred child has deferred its parent too.
+        let waits = current.iter().any(|child| {
+            parent_of(child).as_deref() == Some(spec.name.as_str())
+                && (stays(&child.name) || deferred.contains(&child.name))
+        });
+        let delete = Step::Delete(location.clone(), spec.name.clone());
+        if waits {
+            deferred.insert(spec.name.clone());
+            after_moves.push(delete);
+        } else {
+            plan.steps.push(delete);
+        }
+    }
+    sort_by_depth(&mut wanted);
+    for spec in wanted {
+        let step = match current.iter().find(|c| c.name == spec.name) {
+            None => Step::Add(location.clone(), spec.clone()),
+            Some(existing) if classes::same_class(existing, spec) => {
+                plan.unchanged += 1;
+                continue;
+            }
+            Some(existing) => match classes::Change::between(existing, spec) {
+                Ok(change) => Step::Change {
+                    location: location.clone(),
+                    wanted: spec.clone(),
+                    what: change.describe(existing),
+                },
+                Err(_) => Step::Replace(location.clone(), spec.clone()),
+            },
+        };
+        plan.steps.push(step);
+    }
+    plan.steps.extend(after_moves);
 }
 
 /// Orders classes top-level first, then by their depth in the tree `specs` make (a

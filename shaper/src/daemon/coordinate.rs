@@ -61,29 +61,11 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
             tokio::time::sleep(global::DEFAULT_INTERVAL).await;
             continue;
         };
-        if current.as_ref().map(|(known, _)| known) != Some(&settings) {
-            match Coordinator::new(&settings.redis, &settings.host_id, settings.interval) {
-                Ok(coordinator) => {
-                    log::info!(
-                        "coordinating global classes through {} as host '{}' every {}",
-                        redacted(&settings.redis),
-                        settings.host_id,
-                        humantime::format_duration(settings.interval)
-                    );
-                    current = Some((settings.clone(), coordinator));
-                }
-                Err(error) => {
-                    log::error!("coordination off: {error:#}");
-                    current = None;
-                    tokio::time::sleep(settings.interval).await;
-                    continue;
-                }
-            }
-        }
-        let Some((_, coordinator)) = current.as_mut() else {
+        let interval = settings.interval;
+        let Some(coordinator) = connected(&mut current, &settings) else {
+            tokio::time::sleep(interval).await;
             continue;
         };
-        let interval = settings.interval;
         let started = Instant::now();
         let desired = daemon.borrow().desired.clone();
         let classes = match global::host_classes(&desired) {
@@ -101,57 +83,9 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
                 .any(|c| &c.location == location && &c.name == name)
         });
         for class in &classes {
-            let id = (class.location.clone(), class.name.clone());
-            let entry = tracked.entry(id).or_insert_with(|| Tracked {
-                key: class.key.clone(),
-                tracker: Tracker::new(
-                    class.limit_bits_per_sec,
-                    class.floor_bits_per_sec,
-                    class.on_loss,
-                    class.share_bits_per_sec,
-                    interval,
-                ),
-                usage: class.usage,
-                at: Instant::now(),
-                answered_unix_ms: 0,
-            });
+            let entry = track(&mut tracked, class, interval);
             answered |= report(coordinator, &daemon, class, entry).await;
-            let update = global::update_for(
-                entry.tracker.applied,
-                entry.tracker.hosts,
-                entry.answered_unix_ms,
-                interval,
-            );
-            match global::renew(class, update) {
-                Ok(true) => continue,
-                Ok(false) => {}
-                Err(error) => {
-                    log::error!(
-                        "{} on {}: cannot renew its share: {error:#}",
-                        class.name,
-                        class.location.describe()
-                    );
-                    continue;
-                }
-            }
-            let Some(_lock) = lock_briefly().await else {
-                daemon.borrow_mut().health.lock_busy += 1;
-                continue;
-            };
-            match global::install(class, update) {
-                Ok(true) => log::debug!(
-                    "{} on {}: share {}",
-                    class.name,
-                    class.location.describe(),
-                    crate::units::format_rate(entry.tracker.applied)
-                ),
-                Ok(false) => {}
-                Err(error) => log::error!(
-                    "{} on {}: cannot install its share: {error:#}",
-                    class.name,
-                    class.location.describe()
-                ),
-            }
+            apply_share(&daemon, class, entry, interval).await;
         }
         // A connection that stays refused (Redis came back before its ACL users did, say)
         // is not retried forever: after a few silent ticks a new client starts afresh.
@@ -168,6 +102,92 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
             silent_ticks = 0;
         }
         tokio::time::sleep(interval.saturating_sub(started.elapsed())).await;
+    }
+}
+
+/// The Redis client for `settings`: the one running, or a new one when the settings
+/// changed (`None`, logged, when it cannot be made).
+fn connected<'c>(
+    current: &'c mut Option<(Coordination, Coordinator)>,
+    settings: &Coordination,
+) -> Option<&'c mut Coordinator> {
+    if current.as_ref().map(|(known, _)| known) != Some(settings) {
+        *current = match Coordinator::new(&settings.redis, &settings.host_id, settings.interval) {
+            Ok(coordinator) => {
+                log::info!(
+                    "coordinating global classes through {} as host '{}' every {}",
+                    redacted(&settings.redis),
+                    settings.host_id,
+                    humantime::format_duration(settings.interval)
+                );
+                Some((settings.clone(), coordinator))
+            }
+            Err(error) => {
+                log::error!("coordination off: {error:#}");
+                None
+            }
+        };
+    }
+    current.as_mut().map(|(_, coordinator)| coordinator)
+}
+
+/// The class's state between ticks, started at its share now.
+fn track<'t>(
+    tracked: &'t mut HashMap<(Location, String), Tracked>,
+    class: &HostClass,
+    interval: Duration,
+) -> &'t mut Tracked {
+    let id = (class.location.clone(), class.name.clone());
+    tracked.entry(id).or_insert_with(|| Tracked {
+        key: class.key.clone(),
+        tracker: Tracker::new(
+            class.limit_bits_per_sec,
+            class.floor_bits_per_sec,
+            class.on_loss,
+            class.share_bits_per_sec,
+            interval,
+        ),
+        usage: class.usage,
+        at: Instant::now(),
+        answered_unix_ms: 0,
+    })
+}
+
+/// Renews the share in force with its new expiry, or installs a changed one under the
+/// state lock (skipped this tick when another shaper holds it).
+async fn apply_share(
+    daemon: &Rc<RefCell<Daemon>>,
+    class: &HostClass,
+    entry: &Tracked,
+    interval: Duration,
+) {
+    let place = || format!("{} on {}", class.name, class.location.describe());
+    let update = global::update_for(
+        entry.tracker.applied,
+        entry.tracker.hosts,
+        entry.answered_unix_ms,
+        interval,
+    );
+    match global::renew(class, update) {
+        Ok(true) => return,
+        Ok(false) => {}
+        Err(error) => {
+            log::error!("{}: cannot renew its share: {error:#}", place());
+            return;
+        }
+    }
+    let Some(_lock) = lock_briefly().await else {
+        daemon.borrow_mut().health.lock_busy += 1;
+        return;
+    };
+    match global::install(class, update) {
+        Ok(true) => log::debug!(
+            "{}: share {}",
+            place(),
+            crate::units::format_rate(entry.tracker.applied)
+        ),
+        Ok(false) => {}
+        Err(error) => log::error!("{}: cannot install its share: {error:#}", place()),
     }
 }
 
