@@ -121,16 +121,8 @@ pub fn run(shaper: &Path) -> Result<()> {
     let mut rows = Vec::new();
 
     println!("[demo] without shaper, {SECONDS} s per run");
-    for traffic in [Traffic::Udp, Traffic::Tcp("cubic")] {
-        let (measured_bps, added_rtt) = measure(&mut lab, &traffic)?;
-        rows.push(Row {
-            setup: "no shaper".into(),
-            traffic: traffic.label(),
-            measured_bps,
-            added_rtt,
-            dropped: "-".into(),
-        });
-    }
+    let unshaped = [Traffic::Udp, Traffic::Tcp("cubic")];
+    rows.extend(without_shaper(&mut lab, "no shaper", &unshaped)?);
     let both = [Traffic::Udp, Traffic::Tcp("cubic"), Traffic::Tcp("bbr")];
     with_shaper(
         &mut lab,
@@ -171,6 +163,31 @@ pub fn run(shaper: &Path) -> Result<()> {
         &mut rows,
     )?;
 
+    rows.extend(with_tbf(&mut lab, &router, &both)?);
+
+    print_table(&rows);
+    println!("[demo] cleaning up the lab");
+    Ok(())
+}
+
+/// Runs of `traffics` without shaper (`setup` names what limits them, if anything).
+fn without_shaper(lab: &mut Lab, setup: &str, traffics: &[Traffic]) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for traffic in traffics {
+        let (measured_bps, added_rtt) = measure(lab, traffic)?;
+        rows.push(Row {
+            setup: setup.into(),
+            traffic: traffic.label(),
+            measured_bps,
+            added_rtt,
+            dropped: "-".into(),
+        });
+    }
+    Ok(rows)
+}
+
+/// The same runs through tc's tbf on the router, the reference.
+fn with_tbf(lab: &mut Lab, router: &Netns, traffics: &[Traffic]) -> Result<Vec<Row>> {
     println!(
         "[demo] tc qdisc add dev {ROUTER_TO_SERVER} root tbf rate 10mbit burst 32k latency 50ms"
     );
@@ -191,18 +208,13 @@ pub fn run(shaper: &Path) -> Result<()> {
             "50ms",
         ],
     )?;
-    for traffic in both {
-        let (measured_bps, added_rtt) = measure(&mut lab, &traffic)?;
-        rows.push(Row {
-            setup: "tc tbf (router)".into(),
-            traffic: traffic.label(),
-            measured_bps,
-            added_rtt,
-            dropped: "-".into(),
-        });
-    }
+    let rows = without_shaper(lab, "tc tbf (router)", traffics)?;
     router.run("tc", &["qdisc", "del", "dev", ROUTER_TO_SERVER, "root"])?;
+    Ok(rows)
+}
 
+/// The demo's table: each run's rate, its fraction of the class's and the added RTT.
+fn print_table(rows: &[Row]) {
     let mut table = Table::new();
     table.set_header([
         "setup (10 Mbit/s)",
@@ -212,7 +224,7 @@ pub fn run(shaper: &Path) -> Result<()> {
         "added RTT p50 / p99 ms",
         "packets dropped by shaper",
     ]);
-    for row in &rows {
+    for row in rows {
         let fraction = if row.setup == "no shaper" {
             "-".to_string()
         } else {
@@ -233,6 +245,4 @@ pub fn run(shaper: &Path) -> Result<()> {
         "Added RTT: a {PROBE_HZ:.0} Hz ping from the client to the server beside each run, minus the idle RTT measured just before, from {} s into the run.",
         PROBE_STEADY_FROM.as_secs()
     );
-    println!("[demo] cleaning up the lab");
-    Ok(())
 }

@@ -80,45 +80,10 @@ pub fn run(jobs: u32, only: Option<&str>, retest: bool) -> Result<()> {
     }
     let mut all = Outcomes::default();
     for pass in PASSES {
-        let dir = out.join(pass.name);
-        let retested = dir.join("retest");
         if only.is_none_or(|name| name == pass.name) {
-            if retest {
-                let missed = read_outcomes(&dir)
-                    .with_context(|| format!("pass {} has no full run to retest", pass.name))?
-                    .survivors;
-                if missed.is_empty() {
-                    let _ = std::fs::remove_dir_all(&retested);
-                } else {
-                    run_pass(pass, jobs, &retested, &missed)?;
-                }
-            } else {
-                // A full run supersedes an earlier retest.
-                let _ = std::fs::remove_dir_all(&retested);
-                run_pass(pass, jobs, &dir, &[])?;
-            }
+            run_or_retest(pass, jobs, &out, retest)?;
         }
-        let mut found = read_outcomes(&dir)
-            .with_context(|| format!("pass {} has no outcomes: run it", pass.name))?;
-        if let Ok(again) = read_outcomes(&retested) {
-            // A retest stopped halfway has judged only some survivors: its counts are not
-            // an outcome.
-            let judged = again.caught + again.missed + again.timeout + again.unviable;
-            if judged != found.missed {
-                bail!(
-                    "the retest of pass {} judged {judged} of its {} survivors (interrupted?): \
-                     run `cargo xtask mutants --retest` again",
-                    pass.name,
-                    found.missed
-                );
-            }
-            // The survivors judged again: caught now, or still survivors.
-            found.caught += again.caught;
-            found.timeout += again.timeout;
-            found.unviable += again.unviable;
-            found.missed = again.missed;
-            found.survivors = again.survivors;
-        }
+        let found = pass_outcomes(pass, &out)?;
         all.total += found.total;
         all.caught += found.caught;
         all.missed += found.missed;
@@ -162,6 +127,55 @@ pub fn run(jobs: u32, only: Option<&str>, retest: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Runs `pass` in full, or (`retest`) again on the survivors of its last full run.
+fn run_or_retest(pass: &Pass, jobs: u32, out: &Path, retest: bool) -> Result<()> {
+    let dir = out.join(pass.name);
+    let retested = dir.join("retest");
+    if retest {
+        let missed = read_outcomes(&dir)
+            .with_context(|| format!("pass {} has no full run to retest", pass.name))?
+            .survivors;
+        if missed.is_empty() {
+            let _ = std::fs::remove_dir_all(&retested);
+        } else {
+            run_pass(pass, jobs, &retested, &missed)?;
+        }
+    } else {
+        // A full run supersedes an earlier retest.
+        let _ = std::fs::remove_dir_all(&retested);
+        run_pass(pass, jobs, &dir, &[])?;
+    }
+    Ok(())
+}
+
+/// A pass's outcomes: its full run's, with the survivors a complete retest judged again.
+fn pass_outcomes(pass: &Pass, out: &Path) -> Result<Outcomes> {
+    let dir = out.join(pass.name);
+    let retested = dir.join("retest");
+    let mut found = read_outcomes(&dir)
+        .with_context(|| format!("pass {} has no outcomes: run it", pass.name))?;
+    if let Ok(again) = read_outcomes(&retested) {
+        // A retest stopped halfway has judged only some survivors: its counts are not
+        // an outcome.
+        let judged = again.caught + again.missed + again.timeout + again.unviable;
+        if judged != found.missed {
+            bail!(
+                "the retest of pass {} judged {judged} of its {} survivors (interrupted?): \
+                 run `cargo xtask mutants --retest` again",
+                pass.name,
+                found.missed
+            );
+        }
+        // The survivors judged again: caught now, or still survivors.
+        found.caught += again.caught;
+        found.timeout += again.timeout;
+        found.unviable += again.unviable;
+        found.missed = again.missed;
+        found.survivors = again.survivors;
+    }
+    Ok(found)
 }
 
 /// One cargo-mutants run of `pass` into `out`; of the mutants named in `only` alone when

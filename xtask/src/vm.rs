@@ -293,22 +293,7 @@ pub struct GuestOutcome {
 /// Boots each of `kernels` (the default set when empty) with `plan`; fails unless every
 /// guest ran its whole plan and passed. Returns what each guest did.
 pub fn vm_test(kernels: &[String], plan: Plan) -> Result<Vec<GuestOutcome>> {
-    let needed = [
-        ("qemu-system-x86_64", "qemu-system-x86"),
-        ("busybox", "busybox-static"),
-        ("modprobe", "kmod"),
-        ("depmod", "kmod"),
-        ("cpio", "cpio"),
-        ("dpkg-deb", "dpkg"),
-        ("apt-get", "apt"),
-        ("strip", "binutils"),
-    ];
-    for (command, package) in needed {
-        ensure!(
-            crate::setup::has_command(command),
-            "vm-test needs {command} (Debian package {package}; `cargo xtask setup` installs it)"
-        );
-    }
+    check_guest_tools()?;
     let kernels: Vec<String> = if !kernels.is_empty() {
         kernels.to_vec()
     } else if plan == Plan::Bench {
@@ -345,9 +330,39 @@ pub fn vm_test(kernels: &[String], plan: Plan) -> Result<Vec<GuestOutcome>> {
         "vm-test: no test of the {plan:?} plan is named like {:?} on these kernels",
         TEST_FILTER.get().map_or("", String::as_str)
     );
+    let failed = print_outcomes(&outcomes, plan);
+    if !failed.is_empty() {
+        bail!("vm-test failed: {}", failed.join("; "));
+    }
+    Ok(outcomes)
+}
+
+/// The host tools a guest is built and booted with.
+fn check_guest_tools() -> Result<()> {
+    let needed = [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("busybox", "busybox-static"),
+        ("modprobe", "kmod"),
+        ("depmod", "kmod"),
+        ("cpio", "cpio"),
+        ("dpkg-deb", "dpkg"),
+        ("apt-get", "apt"),
+        ("strip", "binutils"),
+    ];
+    for (command, package) in needed {
+        ensure!(
+            crate::setup::has_command(command),
+            "vm-test needs {command} (Debian package {package}; `cargo xtask setup` installs it)"
+        );
+    }
+    Ok(())
+}
+
+/// Each guest's groups and exit, printed; what failed.
+fn print_outcomes(outcomes: &[GuestOutcome], plan: Plan) -> Vec<String> {
     println!("== vm-test ({plan:?} plan)");
     let mut failed = Vec::new();
-    for outcome in &outcomes {
+    for outcome in outcomes {
         for (group, passed) in &outcome.groups {
             println!(
                 "{:>6} {:4} {:12} {}",
@@ -374,10 +389,7 @@ pub fn vm_test(kernels: &[String], plan: Plan) -> Result<Vec<GuestOutcome>> {
             ));
         }
     }
-    if !failed.is_empty() {
-        bail!("vm-test failed: {}", failed.join("; "));
-    }
-    Ok(outcomes)
+    failed
 }
 
 /// `vm-test --test NAME`: only the plan's tests whose name contains NAME run (set once,
@@ -706,6 +718,49 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries, plan: Plan) -> Result<Pa
         fs::create_dir_all(stage.join(dir))?;
     }
     std::os::unix::fs::symlink("/run", stage.join("var/run"))?;
+    stage_binaries(&stage, kernel, binaries, plan)?;
+    if Path::new(CNI_PLUGINS).is_dir() {
+        for entry in fs::read_dir(CNI_PLUGINS)? {
+            copy_into(&stage, &entry?.path())?;
+        }
+    }
+    // Name lookups the tools make.
+    // tcpdump drops its privileges to its own user.
+    fs::write(
+        stage.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\ntcpdump:x:104:110::/nonexistent:/bin/false\n",
+    )?;
+    fs::write(stage.join("etc/group"), "root:x:0:\ntcpdump:x:110:\n")?;
+    fs::write(stage.join("etc/hosts"), "127.0.0.1 localhost\n")?;
+    fs::write(stage.join("etc/nsswitch.conf"), "hosts: files\n")?;
+    stage_modules(&stage, kernel)?;
+    let init = stage.join("init");
+    fs::write(&init, init_script(&kernel.release, plan))?;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    let archive = workspace_root().join(format!(
+        "target/vm/initramfs-{}-{plan:?}.cpio",
+        kernel.release
+    ));
+    write_cpio(&stage, &archive)?;
+    let size = fs::metadata(&archive)?.len();
+    println!(
+        "[xtask] initramfs for {}: {} ({} MiB)",
+        kernel.release,
+        archive.display(),
+        size >> 20
+    );
+    let _ = fs::remove_dir_all(&stage);
+    Ok(archive)
+}
+
+/// Host tools at the paths the host has them, shaper's binaries and the planned test
+/// binaries (stripped), and every library they load.
+fn stage_binaries(
+    stage: &Path,
+    kernel: &Kernel,
+    binaries: &GuestBinaries,
+    plan: Plan,
+) -> Result<()> {
     // Host tools, at the paths the host has them, and their libraries.
     let mut libraries = BTreeSet::new();
     let busybox = which("busybox")?;
@@ -713,7 +768,7 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries, plan: Plan) -> Result<Pa
     libraries.extend(libraries_of(&busybox)?);
     for command in GUEST_COMMANDS {
         let path = which(command)?;
-        copy_into(&stage, &path)?;
+        copy_into(stage, &path)?;
         libraries.extend(libraries_of(&path)?);
     }
     let shaper = stage.join("usr/local/bin");
@@ -744,23 +799,14 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries, plan: Plan) -> Result<Pa
         }
     }
     for library in &libraries {
-        copy_into(&stage, library)?;
+        copy_into(stage, library)?;
     }
-    if Path::new(CNI_PLUGINS).is_dir() {
-        for entry in fs::read_dir(CNI_PLUGINS)? {
-            copy_into(&stage, &entry?.path())?;
-        }
-    }
-    // Name lookups the tools make.
-    // tcpdump drops its privileges to its own user.
-    fs::write(
-        stage.join("etc/passwd"),
-        "root:x:0:0:root:/root:/bin/sh\ntcpdump:x:104:110::/nonexistent:/bin/false\n",
-    )?;
-    fs::write(stage.join("etc/group"), "root:x:0:\ntcpdump:x:110:\n")?;
-    fs::write(stage.join("etc/hosts"), "127.0.0.1 localhost\n")?;
-    fs::write(stage.join("etc/nsswitch.conf"), "hosts: files\n")?;
-    // Modules, decompressed (busybox's insmod reads plain .ko files), in load order.
+    Ok(())
+}
+
+/// The kernel's modules the lab needs, decompressed (busybox's insmod reads plain .ko
+/// files), with their load order.
+fn stage_modules(stage: &Path, kernel: &Kernel) -> Result<()> {
     let mut order = String::new();
     for (index, module) in module_closure(kernel)?.iter().enumerate() {
         let name = module
@@ -785,23 +831,21 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries, plan: Plan) -> Result<Pa
         order.push_str(&format!("/modules/{plain}\n"));
     }
     fs::write(stage.join("modules/order"), order)?;
-    let init = stage.join("init");
-    fs::write(&init, init_script(&kernel.release, plan))?;
-    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
-    let archive = workspace_root().join(format!(
-        "target/vm/initramfs-{}-{plan:?}.cpio",
-        kernel.release
-    ));
+    Ok(())
+}
+
+/// The staged tree as a newc cpio archive, its files in a stable order.
+fn write_cpio(stage: &Path, archive: &Path) -> Result<()> {
     let list = output_bytes(
         Command::new("sh")
             .arg("-c")
             .arg("find . -mindepth 1 | LC_ALL=C sort")
-            .current_dir(&stage),
+            .current_dir(stage),
     )?;
     let mut cpio = Command::new("cpio")
         .args(["--quiet", "-o", "-H", "newc", "-O"])
-        .arg(&archive)
-        .current_dir(&stage)
+        .arg(archive)
+        .current_dir(stage)
         .stdin(Stdio::piped())
         .spawn()
         .context("cannot run cpio")?;
@@ -812,15 +856,7 @@ fn initramfs(kernel: &Kernel, binaries: &GuestBinaries, plan: Plan) -> Result<Pa
         "cpio failed to write {}",
         archive.display()
     );
-    let size = fs::metadata(&archive)?.len();
-    println!(
-        "[xtask] initramfs for {}: {} ({} MiB)",
-        kernel.release,
-        archive.display(),
-        size >> 20
-    );
-    let _ = fs::remove_dir_all(&stage);
-    Ok(archive)
+    Ok(())
 }
 
 /// The guest's init: mounts, modules, the lab's sysctls, then the test plan; prints a
