@@ -11,27 +11,11 @@ use nix::sched::{setns, CloneFlags};
 use std::fs::File;
 
 /// Named namespaces live here (`ip netns add`).
-const NETNS_RUN_DIR: &str = "/run/netns";
+pub(crate) const NETNS_RUN_DIR: &str = "/run/netns";
 
 /// Whether the named network namespace exists.
 pub fn netns_exists(name: &str) -> bool {
     check_netns_name(name).is_ok() && std::path::Path::new(NETNS_RUN_DIR).join(name).exists()
-}
-
-/// A namespace name a read command (`status`, `class list`, `stats`, `export`) was given
-/// must exist, or at least have pins left from when it did: a typo is an error, not "not
-/// attached anywhere".
-pub fn check_netns_known(netns: &Option<String>) -> Result<()> {
-    let Some(name) = netns else {
-        return Ok(());
-    };
-    check_netns_name(name)?;
-    if netns_exists(name) || !crate::state::list_locations(Some(netns))?.is_empty() {
-        return Ok(());
-    }
-    Err(runtime(format!(
-        "network namespace '{name}' not found (no {NETNS_RUN_DIR}/{name})"
-    )))
 }
 
 /// A name `ip netns` could have made: not empty, no `/`, not `.` or `..`.

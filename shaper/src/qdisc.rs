@@ -12,7 +12,7 @@
 //! aya and the rtnetlink crates have no HTB support; iproute2's `tc` is on every machine
 //! that has TC, so this module drives it.
 
-use crate::{classes::ClassSpec, error::runtime};
+use crate::error::runtime;
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 use shaper_common::codel::SPARSE_RATE_DIVISOR;
@@ -215,21 +215,6 @@ pub(crate) struct HtbClass {
     pub own_rate_bits_per_sec: u64,
     /// The leaf bfifo's limit (bytes): never the 1000-packet default.
     pub leaf_limit_bytes: u64,
-}
-
-/// The HTB class of a shape class under `parent`, whose children are guaranteed
-/// `children_rate` in all.
-pub(crate) fn htb_class(spec: &ClassSpec, parent: Option<u32>, children_rate: u64) -> HtbClass {
-    let (ceil, cburst) = spec.drain();
-    HtbClass {
-        parent,
-        rate_bits_per_sec: spec.rate_bits_per_sec,
-        burst_bytes: spec.burst_bytes,
-        ceil_bits_per_sec: ceil,
-        cburst_bytes: cburst,
-        own_rate_bits_per_sec: spec.rate_bits_per_sec.saturating_sub(children_rate),
-        leaf_limit_bytes: spec.codel.unwrap_or_default().leaf_limit_bytes(ceil),
-    }
 }
 
 /// Creates or changes the HTB classes of shaper class `class_id`: the inner class at the

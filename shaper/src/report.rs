@@ -238,7 +238,7 @@ pub fn class_rows(
     dev: Option<&str>,
     detail: Detail,
 ) -> Result<Vec<ClassRow>> {
-    crate::netns::check_netns_known(netns)?;
+    state::check_netns_known(netns)?;
     let filter = netns.as_ref().map(|n| Some(n.clone()));
     let locations = state::list_locations(filter.as_ref())?;
     let mut rows = Vec::new();

@@ -70,7 +70,7 @@ pub fn run(netns: Option<String>, args: ApplyArgs) -> Result<()> {
 
 pub fn export(netns: Option<String>, args: ExportArgs) -> Result<()> {
     prepare(&None)?;
-    shaper::netns::check_netns_known(&netns)?;
+    shaper::state::check_netns_known(&netns)?;
     let filter = netns.map(Some);
     print!("{}", config::export(filter.as_ref(), args.dev.as_deref())?);
     Ok(())

@@ -3,8 +3,8 @@ use crate::cli::StatusArgs;
 use anyhow::Result;
 use serde_json::json;
 use shaper::{
-    netns::{check_netns_known, netns_exists},
-    state::{list_locations, Attachment},
+    netns::netns_exists,
+    state::{check_netns_known, list_locations, Attachment},
 };
 
 pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {

@@ -3,7 +3,8 @@ use crate::cli::UpgradeArgs;
 use anyhow::Result;
 use shaper::{
     error::{one_line, runtime},
-    netns::{check_netns_known, in_namespace, netns_exists},
+    netns::{in_namespace, netns_exists},
+    state::check_netns_known,
     state::{self, list_locations, Direction},
 };
 

@@ -69,3 +69,11 @@ pub struct RuleValue {
     pub _pad: u32,
     pub rank: u64,
 }
+
+/// A `RuleValue::rank`: the lowest prio, then the deepest in a tree (a child before its
+/// ancestors: a catch-all parent takes what its children do not), then the oldest (the
+/// creation sequence's low 30 bits).
+pub fn rank(prio: u32, depth: usize, seq: u64) -> u64 {
+    let below_deepest = (crate::hierarchy::MAX_LEVELS - 1).saturating_sub(depth) as u64;
+    (u64::from(prio) << 32) | (below_deepest << 30) | (seq & 0x3fff_ffff)
+}

@@ -171,7 +171,7 @@ impl<'a> Batch<'a> {
         let dev = &self.attachment.location.dev;
         match qdisc::ensure_root(dev)? {
             qdisc::Backend::Htb => {
-                let htb = qdisc::htb_class(rated, parent, 0);
+                let htb = rated.htb_class(parent, 0);
                 qdisc::set_class(dev, id, &htb, true)?;
                 if let Some(parent) = parent {
                     // The parent's own leaves give up the guarantee the child takes.

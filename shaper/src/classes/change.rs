@@ -283,7 +283,7 @@ fn resync_shaping(
     if config.action_arg != 0 {
         let dev = &attachment.location.dev;
         let children = children_rate(&placement.tree, id);
-        let htb = qdisc::htb_class(rated, placement.new_parent, children);
+        let htb = rated.htb_class(placement.new_parent, children);
         if placement.moved() {
             // HTB cannot re-parent a class: it is made again under the new parent (the
             // few packets in its queues are dropped); if that fails, again under the old
@@ -293,7 +293,7 @@ fn resync_shaping(
                 // The maps still hold the class as it was.
                 let meta = attachment.meta()?.get(&id, 0)?;
                 let was = ClassSpec::from_meta(&meta, &attachment.classes()?.get(&id, 0)?);
-                let before = qdisc::htb_class(&was, placement.old_parent, children);
+                let before = was.htb_class(placement.old_parent, children);
                 let _ = qdisc::set_class(dev, id, &before, true);
                 return Err(error);
             }

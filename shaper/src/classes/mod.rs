@@ -23,7 +23,6 @@ pub(crate) use change::same_class;
 pub use change::{change, Change};
 pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
-pub(crate) use shapes::rank;
 pub use share::{renew_share, set_share, share_of, ShareUpdate};
 pub use table::{delete, find};
 

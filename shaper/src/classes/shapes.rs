@@ -3,15 +3,10 @@
 
 use crate::{error::runtime, rules::Rule, state::Attachment};
 use anyhow::Result;
-use shaper_common::{hierarchy::MAX_LEVELS, RuleKey, Shape, MAX_SHAPES};
+use shaper_common::{RuleKey, Shape, MAX_SHAPES};
 
-/// The order of classes matching one packet: the lowest prio, then the deepest in a
-/// tree (a child before its ancestors: a catch-all parent takes what its children do
-/// not), then the oldest.
-pub(crate) fn rank(prio: u32, depth: usize, seq: u64) -> u64 {
-    let below_deepest = (MAX_LEVELS - 1).saturating_sub(depth) as u64;
-    (u64::from(prio) << 32) | (below_deepest << 30) | (seq & 0x3fff_ffff)
-}
+/// The order of classes matching one packet (the classifier contract's).
+pub(crate) use shaper_common::rank;
 
 /// Shape slots: the kernel's current table, extended as new masks appear.
 pub(super) struct ShapeTable {

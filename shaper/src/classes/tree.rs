@@ -286,7 +286,7 @@ pub(super) fn refresh_htb(
     let meta = attachment.meta()?.get(&id, 0)?;
     let parent = tree.classes.get(&id).and_then(|node| node.parent);
     let spec = ClassSpec::from_meta(&meta, &config);
-    let htb = qdisc::htb_class(&spec, parent, children_rate(tree, id) + joining);
+    let htb = spec.htb_class(parent, children_rate(tree, id) + joining);
     qdisc::set_class(&attachment.location.dev, id, &htb, false)
 }
 
@@ -309,4 +309,21 @@ pub(super) fn check_guarantees(
         )));
     }
     tree.place(attachment, spec, Some(id))
+}
+
+impl ClassSpec {
+    /// The HTB class of a shape class under `parent`, whose children are guaranteed
+    /// `children_rate` in all.
+    pub(super) fn htb_class(&self, parent: Option<u32>, children_rate: u64) -> qdisc::HtbClass {
+        let (ceil, cburst) = self.drain();
+        qdisc::HtbClass {
+            parent,
+            rate_bits_per_sec: self.rate_bits_per_sec,
+            burst_bytes: self.burst_bytes,
+            ceil_bits_per_sec: ceil,
+            cburst_bytes: cburst,
+            own_rate_bits_per_sec: self.rate_bits_per_sec.saturating_sub(children_rate),
+            leaf_limit_bytes: self.codel.unwrap_or_default().leaf_limit_bytes(ceil),
+        }
+    }
 }

@@ -68,7 +68,17 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
         };
         let started = Instant::now();
         let desired = daemon.borrow().desired.clone();
-        let classes = match global::host_classes(&desired) {
+        let configured = desired.interfaces.iter().flat_map(|interface| {
+            interface.classes.iter().map(|(direction, spec)| {
+                let location = Location {
+                    netns: interface.netns.clone(),
+                    dev: interface.dev.clone(),
+                    direction: *direction,
+                };
+                (location, spec)
+            })
+        });
+        let classes = match global::host_classes(configured) {
             Ok(classes) => classes,
             Err(error) => {
                 log::error!("coordination: cannot read the global classes: {error:#}");

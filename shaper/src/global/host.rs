@@ -2,6 +2,7 @@
 //! counters read, their shares written into the maps.
 
 use super::*;
+use crate::classes::ClassSpec;
 
 /// A global class as this host runs it: where, which, and its counters now.
 #[derive(Clone, Debug)]
@@ -17,57 +18,53 @@ pub struct HostClass {
     pub usage: Usage,
 }
 
-/// Every global class `desired` names that is in place now, with its share and counters
-/// (hash lookups only: no scan of the class table, which a debug build takes tens of
-/// milliseconds over). Classes not applied yet are left out.
-pub fn host_classes(desired: &crate::config::Desired) -> anyhow::Result<Vec<HostClass>> {
+/// Every global class of `configured` (as a configuration names them, with where) that is
+/// in place now, with its share and counters (hash lookups only: no scan of the class
+/// table, which a debug build takes tens of milliseconds over). Classes not applied yet
+/// are left out.
+pub fn host_classes<'a>(
+    configured: impl IntoIterator<Item = (Location, &'a ClassSpec)>,
+) -> anyhow::Result<Vec<HostClass>> {
     let mut found = Vec::new();
-    for interface in &desired.interfaces {
-        for (direction, spec) in &interface.classes {
-            let Some(global) = &spec.global else {
-                continue;
-            };
-            let location = Location {
-                netns: interface.netns.clone(),
-                dev: interface.dev.clone(),
-                direction: *direction,
-            };
-            if !location.dir().exists() {
-                continue;
-            }
-            let Ok(attachment) = Attachment::open(&location) else {
-                continue;
-            };
-            let Some((id, _)) = attachment.find_class(&spec.name)? else {
-                continue;
-            };
-            let share = classes::share_of(&attachment, id)?;
-            if share.limit_bits_per_sec == 0 {
-                // Not (yet) a global class in the kernel.
-                continue;
-            }
-            let stats = attachment.class_stats(id)?;
-            let config = attachment.classes()?.get(&id, 0)?;
-            let backlogged = config.action == shaper_common::Action::Shape as u8 && {
-                let (delay_ns, dropping) = attachment.shape_queue(id)?;
-                dropping || delay_ns > config.codel.target_ns
-            };
-            found.push(HostClass {
-                location,
-                name: spec.name.clone(),
-                key: global.key.clone(),
-                limit_bits_per_sec: share.limit_bits_per_sec,
-                floor_bits_per_sec: share.floor_bits_per_sec,
-                on_loss: global.on_loss,
-                share_bits_per_sec: share.share_bits_per_sec,
-                usage: Usage {
-                    passed_bytes: stats.passed_bytes,
-                    dropped_bytes: stats.dropped_bytes,
-                    marked_bytes: stats.marked_bytes,
-                    backlogged,
-                },
-            });
+    for (location, spec) in configured {
+        let Some(global) = &spec.global else {
+            continue;
+        };
+        if !location.dir().exists() {
+            continue;
         }
+        let Ok(attachment) = Attachment::open(&location) else {
+            continue;
+        };
+        let Some((id, _)) = attachment.find_class(&spec.name)? else {
+            continue;
+        };
+        let share = classes::share_of(&attachment, id)?;
+        if share.limit_bits_per_sec == 0 {
+            // Not (yet) a global class in the kernel.
+            continue;
+        }
+        let stats = attachment.class_stats(id)?;
+        let config = attachment.classes()?.get(&id, 0)?;
+        let backlogged = config.action == shaper_common::Action::Shape as u8 && {
+            let (delay_ns, dropping) = attachment.shape_queue(id)?;
+            dropping || delay_ns > config.codel.target_ns
+        };
+        found.push(HostClass {
+            location,
+            name: spec.name.clone(),
+            key: global.key.clone(),
+            limit_bits_per_sec: share.limit_bits_per_sec,
+            floor_bits_per_sec: share.floor_bits_per_sec,
+            on_loss: global.on_loss,
+            share_bits_per_sec: share.share_bits_per_sec,
+            usage: Usage {
+                passed_bytes: stats.passed_bytes,
+                dropped_bytes: stats.dropped_bytes,
+                marked_bytes: stats.marked_bytes,
+                backlogged,
+            },
+        });
     }
     Ok(found)
 }

@@ -220,3 +220,20 @@ pub fn list_locations(netns_filter: Option<&Option<String>>) -> Result<Vec<Locat
 pub fn possible_cpus() -> u64 {
     aya::util::nr_cpus().map(|n| n as u64).unwrap_or(1).max(1)
 }
+
+/// A namespace name a read command (`status`, `class list`, `stats`, `export`) was given
+/// must exist, or at least have pins left from when it did: a typo is an error, not "not
+/// attached anywhere".
+pub fn check_netns_known(netns: &Option<String>) -> Result<()> {
+    let Some(name) = netns else {
+        return Ok(());
+    };
+    crate::netns::check_netns_name(name)?;
+    if crate::netns::netns_exists(name) || !list_locations(Some(netns))?.is_empty() {
+        return Ok(());
+    }
+    Err(crate::error::runtime(format!(
+        "network namespace '{name}' not found (no {}/{name})",
+        crate::netns::NETNS_RUN_DIR
+    )))
+}

@@ -172,7 +172,7 @@ fn migrate_to_trees(attachment: &Attachment) -> Result<()> {
     let entries: Vec<_> = rules.iter().collect::<Result<_, _>>()?;
     for (key, mut value) in entries {
         let meta = metas.get(&value.class_id, 0)?;
-        let ranked = crate::classes::rank(meta.prio, 0, meta.seq);
+        let ranked = shaper_common::rank(meta.prio, 0, meta.seq);
         if value.rank != ranked {
             value.rank = ranked;
             rules.insert(key, value, 0)?;
