@@ -1,5 +1,6 @@
-//! What shaper reports about each class, once: `class list`, `stats` (their tables and
-//! `--json`) and `/metrics` all read [`ClassRow`]s.
+//! What shaper reports, once: about each class ([`ClassRow`], read by `class list`,
+//! `stats` (their tables and `--json`) and `/metrics`) and each attachment
+//! ([`AttachmentRow`], read by `status`).
 
 use crate::{
     classes::{self, ClassView, Meter},
@@ -295,4 +296,57 @@ pub fn in_tree_order(rows: Vec<ClassRow>) -> Vec<ClassRow> {
             Some(row)
         })
         .collect()
+}
+
+/// One attachment as `status` reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttachmentRow {
+    pub dev: String,
+    pub netns: Option<String>,
+    pub direction: &'static str,
+    pub attach_mode: &'static str,
+    pub program_id: Option<u32>,
+    pub live: bool,
+    /// Why it is not live, or pins of another layout (then nothing else is read).
+    pub problem: Option<String>,
+    pub classes: Option<usize>,
+    pub flow_table_size: Option<u32>,
+}
+
+/// The attachment at `location`: pins of another shaper's layout are shown, not read (the
+/// command line says what to do with them); one whose namespace was deleted is stale.
+pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
+    let attachment = Attachment::open_any_layout(location)?;
+    let mut row = AttachmentRow {
+        dev: location.dev.clone(),
+        netns: location.netns.clone(),
+        direction: location.direction.name(),
+        attach_mode: attachment.mode_from_pins().name(),
+        program_id: attachment.program_id().ok(),
+        live: false,
+        problem: None,
+        classes: None,
+        flow_table_size: attachment.flow_table_size().ok(),
+    };
+    if let Some(problem) = attachment.layout_problem() {
+        row.problem = Some(problem.to_string());
+        return Ok(row);
+    }
+    // Interface lookups happen in the attachment's own namespace.
+    let status = if location
+        .netns
+        .as_ref()
+        .is_some_and(|ns| !crate::netns::netns_exists(ns))
+    {
+        attachment.status_without_namespace()?
+    } else {
+        crate::netns::in_namespace(&location.netns, || attachment.status())?
+    };
+    row.attach_mode = status.mode.name();
+    row.program_id = Some(status.program_id);
+    row.live = status.live;
+    row.problem = status.problem.map(str::to_string);
+    row.classes = Some(attachment.class_list()?.len());
+    row.flow_table_size = Some(status.flow_table_size);
+    Ok(row)
 }
