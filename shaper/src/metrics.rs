@@ -34,6 +34,8 @@ pub struct Health {
     /// Global classes' reports to Redis answered, and those that failed or timed out.
     pub coordination_ok: u64,
     pub coordination_failed: u64,
+    /// Connections to the metrics listener closed at accept (too many open).
+    pub metrics_connections_refused: u64,
 }
 
 struct Families {
@@ -305,6 +307,13 @@ fn register_daemon_health(registry: &mut Registry, health: &Health) {
         "shaper_daemon_apply_errors",
         "Plans that failed to apply",
         apply_errors,
+    );
+    let refused: Counter = Counter::default();
+    refused.inc_by(health.metrics_connections_refused);
+    registry.register(
+        "shaper_daemon_metrics_connections_refused",
+        "Connections to this listener closed at once because as many were open as it serves",
+        refused,
     );
     let lock_busy: Counter = Counter::default();
     lock_busy.inc_by(health.lock_busy);

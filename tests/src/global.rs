@@ -24,6 +24,7 @@ use crate::{
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use std::{
+    os::unix::fs::PermissionsExt as _,
     path::PathBuf,
     process::{Child, Command, Stdio},
     thread,
@@ -79,6 +80,9 @@ pub struct GlobalClass {
     pub global: bool,
     /// The daemons reach Redis by `rediss://` (TLS, a private CA: see [`GlobalLab::trust`]).
     pub tls: bool,
+    /// Global classes on each host: `tenant` (the lab's key), then `tenant-1` ... (keys
+    /// `KEY-1` ...), all matching every packet (`tenant` ranks first).
+    pub classes: usize,
 }
 
 impl Default for GlobalClass {
@@ -92,6 +96,7 @@ impl Default for GlobalClass {
             pods: false,
             global: true,
             tls: false,
+            classes: 1,
         }
     }
 }
@@ -108,6 +113,8 @@ pub struct GlobalLab {
     daemons: Vec<Option<DaemonProcess>>,
     /// Each host's Redis URL: its own ACL user, limited to the script.
     urls: Vec<String>,
+    /// Each host's `password_file` (the password is in the URL where there is none).
+    password_files: Vec<Option<PathBuf>>,
     files: Vec<PathBuf>,
     logs: Vec<PathBuf>,
     senders: Vec<Option<Child>>,
@@ -145,6 +152,7 @@ impl GlobalLab {
             key: format!("lab-{id}"),
             daemons: Vec::new(),
             urls: Vec::new(),
+            password_files: Vec::new(),
             files: Vec::new(),
             logs: Vec::new(),
             senders: (0..hosts).map(|_| None).collect(),
@@ -153,11 +161,20 @@ impl GlobalLab {
         lab.trust = lab.redis.tls().map(|tls| tls.ca());
         lab.build().context("building the global lab failed")?;
         for index in 0..hosts {
-            let url = lab.redis.host_user(
-                &format!("host-{index}"),
-                &format!("pw-{index}-{}", std::process::id()),
-            )?;
-            lab.urls.push(url);
+            let password = format!("pw-{index}-{}", std::process::id());
+            let url = lab.redis.host_user(&format!("host-{index}"), &password)?;
+            // Even hosts read their password from a file only root may read; odd ones
+            // keep it in the URL (both are documented).
+            if index % 2 == 0 {
+                let file = std::env::temp_dir().join(format!("{}.password", lab.hosts[index].name));
+                std::fs::write(&file, format!("{password}\n"))?;
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+                lab.urls.push(url.replace(&format!(":{password}@"), "@"));
+                lab.password_files.push(Some(file));
+            } else {
+                lab.urls.push(url);
+                lab.password_files.push(None);
+            }
         }
         for index in 0..hosts {
             lab.start_daemon(index)?;
@@ -287,12 +304,25 @@ impl GlobalLab {
         } else {
             String::new()
         };
-        format!(
-            "[coordination]\nredis = \"{}\"\nhost_id = \"host-{index}\"\ninterval = \"{}\"\n\n\
+        let password_file = match &self.password_files[index] {
+            Some(file) => format!("password_file = \"{}\"\n", file.display()),
+            None => String::new(),
+        };
+        let mut text = format!(
+            "[coordination]\nredis = \"{}\"\n{password_file}host_id = \"host-{index}\"\ninterval = \"{}\"\n\n\
              [[interface]]\ndev = \"{HOST_DEV}\"\nnetns = \"{}\"\n\n\
              [[interface.class]]\nname = \"tenant\"\nrate = \"{}\"\naction = \"{}\"\n{global}",
             self.urls[index], class.interval, self.hosts[index].name, class.limit, class.action,
-        )
+        );
+        for more in 1..class.classes {
+            text.push_str(&format!(
+                "\n[[interface.class]]\nname = \"tenant-{more}\"\nrate = \"{}\"\naction = \"{}\"\n{}",
+                class.limit,
+                class.action,
+                global.replace(&self.key, &format!("{}-{more}", self.key))
+            ));
+        }
+        text
     }
 
     /// Starts (or starts again) host `index`'s daemon.
@@ -337,6 +367,32 @@ impl GlobalLab {
     /// SIGKILLs host `index`'s daemon (what the kernel holds stays).
     pub fn kill_daemon(&mut self, index: usize) {
         self.daemons[index] = None;
+    }
+
+    /// Host `index`'s daemon: its pid and its metrics port, while it runs.
+    pub fn daemon_process(&self, index: usize) -> Option<(u32, u16)> {
+        let daemon = self.daemons.get(index)?.as_ref()?;
+        Some((daemon.child.id(), daemon.metrics_port))
+    }
+
+    /// Every class on host `index`, as `shaper stats --json` shows them.
+    pub fn class_rows(&self, index: usize) -> Result<Vec<Value>> {
+        let output = output_bounded(
+            Command::new(shaper_bin()).args([
+                "--netns",
+                &self.hosts[index].name,
+                "stats",
+                "--json",
+                "--dev",
+                HOST_DEV,
+            ]),
+            Duration::from_secs(10),
+        )?;
+        if !output.status.success() {
+            bail!("{}", String::from_utf8_lossy(&output.stderr));
+        }
+        let rows: Value = serde_json::from_slice(&output.stdout)?;
+        Ok(rows.as_array().cloned().unwrap_or_default())
     }
 
     pub fn daemon_log(&self, index: usize) -> String {
@@ -634,7 +690,12 @@ impl Drop for GlobalLab {
         {
             remove_namespace(&ns.name);
         }
-        for path in self.files.iter().chain(&self.logs) {
+        for path in self
+            .files
+            .iter()
+            .chain(&self.logs)
+            .chain(self.password_files.iter().flatten())
+        {
             let _ = std::fs::remove_file(path);
         }
     }

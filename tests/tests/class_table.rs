@@ -1,7 +1,8 @@
 //! The class table's limits and all-or-nothing promises, on a real attachment: `shaper
 //! batch` checks every line before it runs any, a class that would need a 33rd rule
-//! shape is refused, and a `class add` that fails half-way through writing its
-//! classifier entries leaves none of them behind.
+//! shape is refused (and `apply` replacing a class by one that would puts the old one
+//! back), and a `class add` that fails half-way through writing its classifier entries
+//! leaves none of them behind.
 
 use serde_json::Value;
 use shaper_tests::{stderr, Lab, ROUTER_TO_SERVER};
@@ -107,6 +108,29 @@ fn batch_checks_every_line_first_and_a_33rd_rule_shape_is_refused() {
             &["--rate", "1mbit", "--dst", "198.18.5.0/24"],
         )
         .unwrap();
+    assert_eq!(class_count(&lab), 33);
+
+    // `apply` replacing a class (a new rule) by one that needs a 33rd shape: no room
+    // beside it, and none once it is deleted (its /24 shape stays in use by dst24). The
+    // old class must come back as it was, not be lost.
+    let exported = lab.router.shaper(&["export"]).unwrap();
+    let wanted = exported.replace("198.18.5.0/24", "198.18.5.0/29");
+    assert_ne!(wanted, exported);
+    let file = BatchFile::new("replace", &[wanted]);
+    let output = shaper_tests::shaper(&["apply", "-f", file.path()]);
+    assert_refused(&output, 1, "too many distinct rule shapes");
+    let rows = class_list(&lab);
+    let kept = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["name"] == "another24")
+        .cloned();
+    assert_eq!(
+        kept.as_ref().map(|row| row["dst"].clone()),
+        Some(Value::from("198.18.5.0/24")),
+        "the class a failed replacement deleted was not put back: {rows}"
+    );
     assert_eq!(class_count(&lab), 33);
 }
 

@@ -5,7 +5,9 @@
 //!   limit held together, an app-limited host, a host that stops, Redis killed and
 //!   restarted empty, a daemon killed, one Redis call per class, host and interval;
 //! - TCP through a global shape class;
-//! - `rediss://` with a private CA, trusted and not.
+//! - `rediss://` with a private CA, trusted and not;
+//! - a bad day: Redis silent for seconds under eight global classes, and a flood of
+//!   connections to a daemon's metrics listener.
 
 use anyhow::Result;
 use shaper::global::{redis_keys, ALLOCATE, EXPIRY_INTERVALS, HEADROOM_PPM};
@@ -556,5 +558,130 @@ fn a_daemon_agrees_over_tls_and_refuses_a_server_it_cannot_verify() -> Result<()
             .find(|line| line.contains("UnknownIssuer"))
             .unwrap_or_default()
     );
+    Ok(())
+}
+
+/// Every class of host 0 has its share from Redis (one host: the limit less the headroom).
+fn wait_answered(lab: &GlobalLab, classes: usize) -> Result<Vec<serde_json::Value>> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let rows = lab.class_rows(0)?;
+        let answered = rows
+            .iter()
+            .filter(|row| row["hosts"] == 1 && row["share_bps"].as_f64() > Some(0.9 * LIMIT))
+            .count();
+        if answered == classes {
+            return Ok(rows);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{answered} of {classes} classes got their share within 15 s: {rows:?}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Redis stops answering (every client paused for 4 s: its calls time out at half the
+/// 250 ms interval) while one host runs eight global classes. The shares in force are
+/// renewed before Redis is asked and the eight reports wait on it together, so no share
+/// expires (`on_coordinator_loss = "static"` keeps them). Reports one after another, each
+/// renewed after its own, took 8 x 125 ms a tick, past the 750 ms expiry: the packet path
+/// fell to the floor.
+#[test]
+fn a_silent_redis_expires_no_share_of_eight_classes() -> Result<()> {
+    const CLASSES: usize = 8;
+    let lab = GlobalLab::new(
+        1,
+        GlobalClass {
+            classes: CLASSES,
+            ..GlobalClass::default()
+        },
+    )?;
+    let before = wait_answered(&lab, CLASSES)?;
+    let failed_before = lab.metrics(0)?;
+    lab.redis.cli(&["CLIENT", "PAUSE", "4000", "ALL"])?;
+    let paused = Instant::now();
+    let mut samples = 0;
+    while paused.elapsed() < Duration::from_millis(3800) {
+        for row in lab.class_rows(0)? {
+            let share = row["share_bps"].as_f64().unwrap_or(0.0);
+            assert!(
+                row["share_expired"] == false && share > 0.9 * LIMIT,
+                "{:.1} s into Redis's silence a share fell: {row}\n{}",
+                paused.elapsed().as_secs_f64(),
+                lab.daemon_log(0)
+            );
+        }
+        samples += 1;
+        thread::sleep(Duration::from_millis(100));
+    }
+    let failed = |text: &str| {
+        text.lines()
+            .find(|line| {
+                line.starts_with("shaper_daemon_coordination_reports_total{result=\"failed\"}")
+            })
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let failed_during = failed(&lab.metrics(0)?) - failed(&failed_before);
+    println!(
+        "Redis silent 4 s under {CLASSES} global classes: {samples} samples, no share expired; \
+         {failed_during} reports failed meanwhile"
+    );
+    assert!(
+        failed_during >= CLASSES as f64,
+        "Redis was silent: the reports must have failed ({failed_during})"
+    );
+    assert_eq!(before.len(), CLASSES);
+    Ok(())
+}
+
+/// A local flood of idle connections to a daemon's metrics listener: it serves at most
+/// 32 at once (the rest closed at accept), closes one that sends no request within 5 s,
+/// and answers `/metrics` again once they are gone; meanwhile its descriptors stay
+/// bounded and its global class keeps its share.
+#[test]
+fn a_connection_flood_costs_the_daemon_few_descriptors() -> Result<()> {
+    use std::io::Read as _;
+    let lab = GlobalLab::new(1, GlobalClass::default())?;
+    wait_answered(&lab, 1)?;
+    let (pid, port) = lab.daemon_process(0).expect("the daemon runs");
+    let descriptors =
+        || -> Result<usize> { Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count()) };
+    let idle = descriptors()?;
+    let flood: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)))
+        .collect::<std::io::Result<_>>()?;
+    thread::sleep(Duration::from_millis(500));
+    let during = descriptors()?;
+    let row = lab.class_row(0)?;
+    assert!(
+        during <= idle + 32 + 4,
+        "{during} descriptors with 300 connections open (idle: {idle})"
+    );
+    assert!(row["share_expired"] == false, "{row}");
+    // The listener closes the idle ones it served after the header timeout.
+    thread::sleep(Duration::from_secs(6));
+    let mut closed = 0;
+    for mut stream in flood {
+        stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let mut byte = [0u8; 1];
+        if matches!(stream.read(&mut byte), Ok(0) | Err(_)) {
+            closed += 1;
+        }
+    }
+    let metrics = lab.metrics(0)?;
+    let refused = metrics
+        .lines()
+        .find(|line| line.starts_with("shaper_daemon_metrics_connections_refused_total"))
+        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    println!(
+        "300 idle connections: {during} descriptors (idle {idle}), {refused} refused at accept, \
+         {closed} closed by the daemon within 6.5 s"
+    );
+    assert!(metrics.contains("shaper_class_global_share"), "{metrics}");
+    assert!(refused >= 268.0, "refused at accept: {refused}");
+    assert_eq!(closed, 300, "every flood connection closed by the daemon");
     Ok(())
 }

@@ -101,6 +101,15 @@ fn the_package_holds_every_file_and_lintian_finds_no_error() {
     assert!(fields.contains("Suggests: redis-server"), "{fields}");
     let conffiles = checked("dpkg-deb", &["--info", deb, "conffiles"]);
     assert_eq!(conffiles.trim(), CONFFILE);
+    // Root's alone to write, root's group's to read: it may hold a Redis password.
+    let conffile_line = contents
+        .lines()
+        .find(|line| line.ends_with(&format!(".{CONFFILE}")))
+        .expect("the conffile in the contents");
+    assert!(
+        conffile_line.starts_with("-rw-r----- root/root"),
+        "{conffile_line}"
+    );
 
     let lintian = run("lintian", &["--fail-on", "error", deb]);
     println!("lintian: {}", text(&lintian));

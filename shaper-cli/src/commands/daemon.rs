@@ -7,15 +7,16 @@ use crate::cli::DaemonArgs;
 use anyhow::Result;
 use http_body_util::Full;
 use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use shaper::{
-    daemon::{coordinate, retry_pause, Daemon},
+    daemon::{coordinate, respond, retry_pause, Daemon},
     error::{runtime, usage},
 };
-use std::{cell::RefCell, convert::Infallible, net::SocketAddr, rc::Rc, time::Duration};
+use std::{cell::RefCell, convert::Infallible, net::SocketAddr, rc::Rc, sync::Arc, time::Duration};
 use tokio::{
     net::TcpListener,
     signal::unix::{signal, SignalKind},
+    sync::Semaphore,
 };
 
 pub fn run(netns: Option<String>, args: DaemonArgs) -> Result<()> {
@@ -88,33 +89,61 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
     Ok(())
 }
 
+/// Connections the metrics listener serves at once; more are closed at accept, so a
+/// flood of local connections costs the daemon at most this many descriptors.
+const METRICS_CONNECTIONS: usize = 32;
+/// How long a client may take to send a request's headers, and to be served in all.
+const METRICS_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+const METRICS_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `/metrics` and `/healthz`: one request per connection, at most
+/// `METRICS_CONNECTIONS` at once, each answered off the daemon's thread.
 async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
+    let slots = Arc::new(Semaphore::new(METRICS_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
                 log::warn!("metrics: accept failed: {error}");
+                // Out of descriptors, say: the next accept a moment later.
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            log::debug!("metrics: {METRICS_CONNECTIONS} connections open; one more closed");
+            daemon.borrow_mut().count_refused_connection();
+            continue;
+        };
         let daemon = daemon.clone();
         let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-            let response = respond(&daemon.borrow(), request.uri().path());
-            async move { Ok::<_, Infallible>(response) }
+            let path = request.uri().path().to_string();
+            let health = daemon.borrow().health();
+            async move {
+                let answer = tokio::task::spawn_blocking(move || respond(&health, &path)).await;
+                let (status, content_type, body) = answer.unwrap_or_else(|error| {
+                    (500, "text/plain", format!("metrics failed: {error}\n"))
+                });
+                Ok::<_, Infallible>(response(status, content_type, body))
+            }
         });
         tokio::task::spawn_local(async move {
-            if let Err(error) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                log::debug!("metrics connection: {error}");
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(METRICS_HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(METRICS_CONNECTION_TIMEOUT, connection).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => log::debug!("metrics connection: {error}"),
+                Err(_) => log::debug!("metrics connection: served too slowly; closed"),
             }
+            drop(slot);
         });
     }
 }
 
-fn respond(daemon: &Daemon, path: &str) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = daemon.respond(path);
+fn response(status: u16, content_type: &str, body: String) -> Response<Full<Bytes>> {
     Response::builder()
         .status(status)
         .header("content-type", content_type)

@@ -13,6 +13,7 @@ use shaper_common::{
 mod add;
 mod change;
 mod encode;
+mod replace;
 mod shapes;
 mod share;
 mod table;
@@ -23,6 +24,7 @@ pub(crate) use change::same_class;
 pub use change::{change, Change};
 pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
+pub use replace::replace;
 pub use share::{renew_share, set_share, share_of, ShareUpdate};
 pub use table::{delete, find};
 

@@ -56,9 +56,7 @@ pub fn execute(plan: &Plan) -> Result<()> {
             }
             Step::Replace(location, spec) => {
                 netns::in_namespace(&netns_of(location), || {
-                    let attachment = Attachment::open(location)?;
-                    classes::delete(&attachment, &spec.name)?;
-                    classes::add(&attachment, spec).map(|_| ())
+                    classes::replace(&Attachment::open(location)?, spec)
                 })?;
             }
             Step::Delete(location, name) => {

@@ -73,8 +73,11 @@ pub struct Desired {
 /// `[coordination]`: where global classes agree on their shares.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Coordination {
-    /// `redis://[user:password@]host:port/db` (or `rediss://`).
+    /// `redis://[user[:password]@]host:port/db` (or `rediss://`).
     pub redis: String,
+    /// A root-only file holding the password (instead of the URL's); relative: a systemd
+    /// credential in `$CREDENTIALS_DIRECTORY`.
+    pub password_file: Option<std::path::PathBuf>,
     /// This host's name among the hosts sharing a limit.
     pub host_id: String,
     /// How often each host reports its demand and reads its share.
@@ -193,14 +196,34 @@ impl FileChecker<'_> {
             self.report(entry.redis.span(), "redis", error);
             ok = false;
         }
+        let password_file = entry.password_file.as_ref().map(|path| {
+            let problem = if crate::global::url_has_password(url) {
+                Some("the password is in the URL already: keep it in password_file alone".into())
+            } else {
+                crate::global::read_password(std::path::Path::new(path.get_ref()))
+                    .err()
+                    .map(|error| format!("{error:#}"))
+            };
+            if let Some(message) = problem {
+                self.report(path.span(), "password_file", message);
+                ok = false;
+            }
+            std::path::PathBuf::from(path.get_ref())
+        });
         let host_id = match &entry.host_id {
             None => host_name(),
             Some(id) => {
                 let text = id.get_ref();
+                // Fields of the allocator's hashes that are not hosts start with '.'.
                 let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
-                if text.is_empty() || text.len() > 64 || !text.chars().all(allowed) {
+                let first = text
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphanumeric());
+                if !first || text.len() > 64 || !text.chars().all(allowed) {
                     let message = format!(
-                        "bad host_id '{text}' (1 to 64 letters, digits, '-', '_', '.' or ':')"
+                        "bad host_id '{text}' (1 to 64 letters, digits, '-', '_', '.' or ':', \
+                         starting with a letter or digit)"
                     );
                     self.report(id.span(), "host_id", message);
                     ok = false;
@@ -228,6 +251,7 @@ impl FileChecker<'_> {
         };
         ok.then(|| Coordination {
             redis: url.clone(),
+            password_file,
             host_id,
             interval,
         })
@@ -494,6 +518,54 @@ on_coordinator_loss = "open"
             problems.contains("a global class needs [coordination]"),
             "{problems}"
         );
+        let dotted = file.replace("host_id = \"node-a\"", "host_id = \".hosts\"");
+        let problems = parse("dotted.toml", &dotted).unwrap_err().to_string();
+        assert!(
+            problems.contains("dotted.toml:4: host_id: bad host_id '.hosts'"),
+            "{problems}"
+        );
+    }
+
+    #[test]
+    fn a_password_comes_from_a_file_only_its_owner_reads_never_echoed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("shaper-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("redis.password");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let text = |url: &str| {
+            format!(
+                "[coordination]\nredis = \"{url}\"\npassword_file = \"{}\"\n",
+                file.display()
+            )
+        };
+        let desired = parse("pw.toml", &text("redis://node-a@127.0.0.1:6379")).unwrap();
+        let coordination = desired.coordination.unwrap();
+        assert_eq!(coordination.password_file.as_deref(), Some(file.as_path()));
+        assert_eq!(crate::global::read_password(&file).unwrap(), "s3cret");
+        // Readable by the group: refused, with the fix.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let problems = parse("pw.toml", &text("redis://node-a@127.0.0.1:6379"))
+            .unwrap_err()
+            .to_string();
+        assert!(problems.contains("pw.toml:3: password_file:"), "{problems}");
+        assert!(problems.contains("chmod 600"), "{problems}");
+        // A password in the URL as well: one place only. A bad URL's message hides it.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let problems = parse("pw.toml", &text("redis://node-a:hunter2@127.0.0.1:6379"))
+            .unwrap_err()
+            .to_string();
+        assert!(problems.contains("in the URL already"), "{problems}");
+        let problems = parse("pw.toml", &text("http://node-a:hunter2@127.0.0.1:6379"))
+            .unwrap_err()
+            .to_string();
+        assert!(!problems.contains("hunter2"), "{problems}");
+        assert!(
+            problems.contains("http://node-a:***@127.0.0.1:6379"),
+            "{problems}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub(super) struct FileConfig {
 #[serde(deny_unknown_fields)]
 pub(super) struct CoordinationEntry {
     pub(super) redis: Spanned<String>,
+    pub(super) password_file: Field<String>,
     pub(super) host_id: Field<String>,
     pub(super) interval: Field<String>,
 }

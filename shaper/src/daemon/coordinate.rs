@@ -6,7 +6,7 @@
 use super::Daemon;
 use crate::{
     config::Coordination,
-    global::{self, Coordinator, Event, HostClass, Tracker, Usage},
+    global::{self, Coordinator, Event, HostClass, Report, Tracker, Usage},
     state::{self, Location},
 };
 use std::{
@@ -86,15 +86,25 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
                 continue;
             }
         };
-        let mut answered = false;
         tracked.retain(|(location, name), _| {
             classes
                 .iter()
                 .any(|c| &c.location == location && &c.name == name)
         });
+        // The shares in force are renewed before Redis is asked: however slow its answers,
+        // no share expires while this daemon runs.
         for class in &classes {
+            renew_first(class, track(&mut tracked, class, interval), interval);
+        }
+        let reports: Vec<Report> = classes
+            .iter()
+            .map(|class| demand_of(class, track(&mut tracked, class, interval)))
+            .collect();
+        let replies = coordinator.report_all(&reports).await;
+        let mut answered = false;
+        for (class, reply) in classes.iter().zip(replies) {
             let entry = track(&mut tracked, class, interval);
-            answered |= report(coordinator, &daemon, class, entry).await;
+            answered |= decide(&daemon, class, entry, reply);
             apply_share(&daemon, class, entry, interval).await;
         }
         // A connection that stays refused (Redis came back before its ACL users did, say)
@@ -122,11 +132,26 @@ fn connected<'c>(
     settings: &Coordination,
 ) -> Option<&'c mut Coordinator> {
     if current.as_ref().map(|(known, _)| known) != Some(settings) {
-        *current = match Coordinator::new(&settings.redis, &settings.host_id, settings.interval) {
+        // The password file is read afresh for every new client: a rotated password is
+        // picked up at the next reconnect.
+        let made = settings
+            .password_file
+            .as_deref()
+            .map(global::read_password)
+            .transpose()
+            .and_then(|password| {
+                Coordinator::new(
+                    &settings.redis,
+                    password.as_deref(),
+                    &settings.host_id,
+                    settings.interval,
+                )
+            });
+        *current = match made {
             Ok(coordinator) => {
                 log::info!(
                     "coordinating global classes through {} as host '{}' every {}",
-                    redacted(&settings.redis),
+                    global::redacted(&settings.redis),
                     settings.host_id,
                     humantime::format_duration(settings.interval)
                 );
@@ -204,14 +229,24 @@ async fn apply_share(
 /// Ticks without any answer after which the Redis client is made afresh.
 const RECONNECT_AFTER_TICKS: u32 = 4;
 
-/// One report: the demand since the last tick, Redis's answer (or its absence) decided
-/// into the tracker's share. Whether Redis answered.
-async fn report(
-    coordinator: &mut Coordinator,
-    daemon: &Rc<RefCell<Daemon>>,
-    class: &HostClass,
-    entry: &mut Tracked,
-) -> bool {
+/// Renews the share in force with a new expiry, before this tick's reports (a share
+/// that changed meanwhile, a floor the packet path installed, waits for `apply_share`).
+fn renew_first(class: &HostClass, entry: &Tracked, interval: Duration) {
+    let update = global::update_for(
+        entry.tracker.applied,
+        entry.tracker.hosts,
+        entry.answered_unix_ms,
+        interval,
+    );
+    if let Err(error) = global::renew(class, update) {
+        let place = format!("{} on {}", class.name, class.location.describe());
+        log::error!("{place}: cannot renew its share: {error:#}");
+    }
+}
+
+/// This tick's report of `class`: its demand since the last tick, and the tracker's
+/// parameters as the configuration now says.
+fn demand_of(class: &HostClass, entry: &mut Tracked) -> Report {
     let tracker = &mut entry.tracker;
     tracker.limit_bits_per_sec = class.limit_bits_per_sec;
     tracker.floor_bits_per_sec = class.floor_bits_per_sec;
@@ -230,7 +265,24 @@ async fn report(
     ));
     entry.usage = class.usage;
     entry.at = now;
-    let reply = coordinator.report(&class.key, demand, tracker).await;
+    Report {
+        key: class.key.clone(),
+        demand,
+        applied: tracker.applied,
+        limit_bits_per_sec: tracker.limit_bits_per_sec,
+        floor_bits_per_sec: tracker.floor_bits_per_sec,
+    }
+}
+
+/// Redis's answer (or its absence) decided into the tracker's share. Whether Redis
+/// answered.
+fn decide(
+    daemon: &Rc<RefCell<Daemon>>,
+    class: &HostClass,
+    entry: &mut Tracked,
+    reply: redis::RedisResult<global::Answer>,
+) -> bool {
+    let tracker = &mut entry.tracker;
     let answered = reply.is_ok();
     let event = match reply {
         Ok(answer) => {
@@ -267,15 +319,4 @@ async fn report(
         Event::Lost | Event::Steady => {}
     }
     answered
-}
-
-/// A Redis URL without its password, for the log.
-fn redacted(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((_, host)) => format!("{scheme}://***@{host}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
-    }
 }

@@ -7,7 +7,7 @@
 //! - every [`Daemon::tick`], re-checks the kernel against the last good configuration,
 //!   which re-attaches an interface that was re-created (a container restarted, a VM's
 //!   tap came back) and attaches one that appeared late;
-//! - answers `/metrics` and `/healthz` ([`Daemon::respond`]);
+//! - answers `/metrics` and `/healthz` ([`respond`], off the daemon's thread);
 //! - coordinates global classes through Redis ([`coordinate::run`]);
 //! - forwards the eBPF program's own log records (aya-log: CoDel starting to drop on a
 //!   shape class, a full flow table) of every attachment into its log;
@@ -102,26 +102,15 @@ impl Daemon {
         self.retry_soon
     }
 
-    /// The HTTP answer (status, content type, body) to a GET of `path`: `/metrics`
-    /// (OpenMetrics) or `/healthz` (200 while the file on disk is applied, else 503).
-    pub fn respond(&self, path: &str) -> (u16, &'static str, String) {
-        match path {
-            "/metrics" => match metrics::render(Some(&self.health)) {
-                Ok(text) => (
-                    200,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    text,
-                ),
-                Err(error) => (500, "text/plain", format!("{error:#}\n")),
-            },
-            "/healthz" if self.health.config_valid => (200, "text/plain", "ok\n".to_string()),
-            "/healthz" => (
-                503,
-                "text/plain",
-                "the configuration on disk is not applied (see the daemon's log)\n".to_string(),
-            ),
-            _ => (404, "text/plain", "try /metrics or /healthz\n".to_string()),
-        }
+    /// What `/metrics` and `/healthz` need of the daemon, taken on its thread so the
+    /// answer can be rendered off it.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
+    /// A connection to the metrics listener closed at accept.
+    pub fn count_refused_connection(&mut self) {
+        self.health.metrics_connections_refused += 1;
     }
 
     fn interfaces(desired: &Desired) -> Vec<(Option<String>, String)> {
@@ -252,7 +241,14 @@ impl Daemon {
                         self.health.last_success_unix = unix_now();
                     }
                     Err(error) => {
-                        log::error!("{why}: applying failed: {error:#}");
+                        // The last good configuration stays the one to keep, and the
+                        // next tick tries this file again (with its interfaces to detach).
+                        log::error!(
+                            "{why}: applying failed: {error:#}; keeping the last good configuration"
+                        );
+                        self.desired = previous;
+                        self.health.interfaces_configured = self.desired.interfaces.len();
+                        self.last_text = None;
                         self.health.reloads_failed += 1;
                         self.health.config_valid = false;
                     }
@@ -324,4 +320,29 @@ impl Daemon {
 pub fn retry_pause(attempt: u64) -> Duration {
     let spread = (u64::from(std::process::id()) * 7919 + attempt * 104_729) % 100;
     Duration::from_millis(20 + spread)
+}
+
+/// The HTTP answer (status, content type, body) to a GET of `path` for a daemon whose
+/// health is `health`: `/metrics` (OpenMetrics) or `/healthz` (200 while the file on disk
+/// is applied, else 503). `/metrics` reads every attachment's maps (a walk of each
+/// flow table): the HTTP listener renders it off the daemon's thread, so a scrape never
+/// delays a tick or a share's renewal.
+pub fn respond(health: &Health, path: &str) -> (u16, &'static str, String) {
+    match path {
+        "/metrics" => match metrics::render(Some(health)) {
+            Ok(text) => (
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                text,
+            ),
+            Err(error) => (500, "text/plain", format!("{error:#}\n")),
+        },
+        "/healthz" if health.config_valid => (200, "text/plain", "ok\n".to_string()),
+        "/healthz" => (
+            503,
+            "text/plain",
+            "the configuration on disk is not applied (see the daemon's log)\n".to_string(),
+        ),
+        _ => (404, "text/plain", "try /metrics or /healthz\n".to_string()),
+    }
 }

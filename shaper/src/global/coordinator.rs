@@ -15,9 +15,23 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// Never waits for Redis: the connection is made at the first report.
-    pub fn new(url: &str, host_id: &str, interval: Duration) -> anyhow::Result<Self> {
-        let client = redis::Client::open(url)?;
+    /// Never waits for Redis: the connection is made at the first report. `password`
+    /// (from a `password_file`) is used instead of one in the URL.
+    pub fn new(
+        url: &str,
+        password: Option<&str>,
+        host_id: &str,
+        interval: Duration,
+    ) -> anyhow::Result<Self> {
+        use redis::IntoConnectionInfo as _;
+        let mut info = url
+            .into_connection_info()
+            .map_err(|error| anyhow::anyhow!("bad Redis URL '{}': {error}", redacted(url)))?;
+        if let Some(password) = password {
+            let settings = info.redis_settings().clone().set_password(password);
+            info = info.set_redis_settings(settings);
+        }
+        let client = redis::Client::open(info)?;
         // A report must answer within the interval or count as lost. The manager makes one
         // attempt per reconnect: the daemon's next tick is the retry, and a pending backoff
         // would hold the tick that finds Redis back.
@@ -35,53 +49,71 @@ impl Coordinator {
         })
     }
 
-    /// Reports this host's demand for `key` and returns its share. A call that finds the
-    /// connection gone (Redis restarted, say) is made once more at once on the connection
-    /// the manager has just started, so the tick that finds Redis back is answered. A
-    /// refused login (Redis back before its ACL users) is never retried by the manager:
-    /// the connection is made afresh for the next tick.
-    pub async fn report(
-        &mut self,
-        key: &str,
-        demand: u64,
-        tracker: &Tracker,
-    ) -> redis::RedisResult<Answer> {
-        match self.call(key, demand, tracker).await {
-            Err(error) if error.is_connection_dropped() => self.call(key, demand, tracker).await,
-            Err(error) if error.kind() == redis::ErrorKind::AuthenticationFailed => {
-                self.connection = self
-                    .client
-                    .get_connection_manager_lazy(self.config.clone())?;
-                Err(error)
+    /// Reports this host's demand for every class at once and returns each share (in
+    /// `reports`' order). The calls share the multiplexed connection, so a slow or silent
+    /// Redis costs a tick one response timeout, not one per class. Calls that find the
+    /// connection gone (Redis restarted, say) are made once more at once on the
+    /// connection the manager has just started, so the tick that finds Redis back is
+    /// answered. A refused login (Redis back before its ACL users) is never retried by
+    /// the manager: the connection is made afresh for the next tick.
+    pub async fn report_all(&mut self, reports: &[Report]) -> Vec<redis::RedisResult<Answer>> {
+        let all: Vec<&Report> = reports.iter().collect();
+        let mut answers = self.call_all(&all).await;
+        let dropped: Vec<usize> = (0..answers.len())
+            .filter(|&i| matches!(&answers[i], Err(error) if error.is_connection_dropped()))
+            .collect();
+        if !dropped.is_empty() {
+            let again: Vec<&Report> = dropped.iter().map(|&i| &reports[i]).collect();
+            for (i, answer) in dropped.into_iter().zip(self.call_all(&again).await) {
+                answers[i] = answer;
             }
-            reply => reply,
         }
+        let refused = |answer: &redis::RedisResult<Answer>| matches!(answer, Err(error) if error.kind() == redis::ErrorKind::AuthenticationFailed);
+        if answers.iter().any(refused) {
+            match self.client.get_connection_manager_lazy(self.config.clone()) {
+                Ok(connection) => self.connection = connection,
+                Err(error) => log::warn!("coordination: cannot make a new connection: {error}"),
+            }
+        }
+        answers
     }
 
-    async fn call(
-        &mut self,
-        key: &str,
-        demand: u64,
-        tracker: &Tracker,
-    ) -> redis::RedisResult<Answer> {
-        let [hosts_key, shares_key] = redis_keys(key);
-        let (share, hosts, epoch): (u64, u32, u64) = self
-            .script
-            .key(hosts_key)
-            .key(shares_key)
-            .arg(&self.host_id)
-            .arg(demand)
-            .arg(tracker.applied)
-            .arg(tracker.limit_bits_per_sec)
-            .arg(tracker.floor_bits_per_sec)
-            .arg(self.interval.as_millis() as u64)
-            .arg(HEADROOM_PPM)
-            .invoke_async(&mut self.connection)
-            .await?;
-        Ok(Answer {
-            share_bits_per_sec: share,
-            hosts,
-            epoch_ms: epoch,
-        })
+    async fn call_all(&self, reports: &[&Report]) -> Vec<redis::RedisResult<Answer>> {
+        let calls = reports.iter().map(|report| {
+            let mut connection = self.connection.clone();
+            let [hosts_key, shares_key] = redis_keys(&report.key);
+            let mut invocation = self.script.key(hosts_key);
+            invocation
+                .key(shares_key)
+                .arg(&self.host_id)
+                .arg(report.demand)
+                .arg(report.applied)
+                .arg(report.limit_bits_per_sec)
+                .arg(report.floor_bits_per_sec)
+                .arg(self.interval.as_millis() as u64)
+                .arg(HEADROOM_PPM);
+            async move {
+                let (share, hosts, epoch): (u64, u32, u64) =
+                    invocation.invoke_async(&mut connection).await?;
+                Ok(Answer {
+                    share_bits_per_sec: share,
+                    hosts,
+                    epoch_ms: epoch,
+                })
+            }
+        });
+        futures_util::future::join_all(calls).await
     }
+}
+
+/// One class's report: its key, this host's demand, and what the allocator needs from
+/// its tracker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub key: String,
+    pub demand: u64,
+    /// The share this host applies now.
+    pub applied: u64,
+    pub limit_bits_per_sec: u64,
+    pub floor_bits_per_sec: u64,
 }

@@ -21,7 +21,7 @@ mod coordinator;
 mod host;
 mod tracker;
 
-pub use coordinator::Coordinator;
+pub use coordinator::{Coordinator, Report};
 pub use host::{host_classes, install, renew, update_for, HostClass, ShareView};
 pub use tracker::{demand, Answer, Event, Tracker, Usage};
 
@@ -58,9 +58,66 @@ pub fn redis_keys(key: &str) -> [String; 2] {
     ]
 }
 
-/// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`).
+/// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`);
+/// the message names the URL without its password.
 pub fn check_url(url: &str) -> Result<(), String> {
     redis::Client::open(url)
         .map(|_| ())
-        .map_err(|error| format!("bad Redis URL '{url}': {error}"))
+        .map_err(|error| format!("bad Redis URL '{}': {error}", redacted(url)))
+}
+
+/// A Redis URL without its password, for messages and the log.
+pub fn redacted(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((login, host)) => match login.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => format!("{scheme}://{login}@{host}"),
+            },
+            None => url.to_string(),
+        },
+        None => "(not a URL)".to_string(),
+    }
+}
+
+/// Whether `url` carries a password (`redis://user:password@host`).
+pub fn url_has_password(url: &str) -> bool {
+    url.split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .is_some_and(|(login, _)| login.contains(':'))
+}
+
+/// The Redis password in `path`: its first line. A relative path names a systemd
+/// credential (the file `LoadCredential=` put in `$CREDENTIALS_DIRECTORY`). Refused when
+/// anyone but its owner may read it.
+pub fn read_password(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = if path.is_relative() {
+        let dir = std::env::var_os("CREDENTIALS_DIRECTORY").with_context(|| {
+            format!(
+                "password_file '{}' is relative, so a systemd credential, but $CREDENTIALS_DIRECTORY is not set (LoadCredential=)",
+                path.display()
+            )
+        })?;
+        std::path::PathBuf::from(dir).join(path)
+    } else {
+        path.to_path_buf()
+    };
+    let metadata = std::fs::metadata(&path)
+        .with_context(|| format!("cannot read password_file {}", path.display()))?;
+    anyhow::ensure!(
+        metadata.permissions().mode() & 0o077 == 0,
+        "password_file {} may be read by others than its owner: chmod 600 it",
+        path.display()
+    );
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read password_file {}", path.display()))?;
+    let password = text.lines().next().unwrap_or_default();
+    anyhow::ensure!(
+        !password.is_empty(),
+        "password_file {} is empty",
+        path.display()
+    );
+    Ok(password.to_string())
 }
