@@ -112,6 +112,60 @@ fn the_allocation_script_fills_max_min_and_forgets_silent_hosts() {
         let ttl: i64 = redis.cli(&["PTTL", &key]).unwrap().trim().parse().unwrap();
         assert!(ttl > 0 && ttl <= 40 * interval as i64, "{key}: ttl {ttl}");
     }
+    // What a host with a bug, or another client with the hosts' ACL, could send: refused
+    // before anything is written (a negative limit, a floor above it, a host id that is a
+    // field of the hashes), and a host field that does not parse is dropped at the next
+    // fill instead of failing it for everyone.
+    let [hosts_key, _] = redis_keys("t");
+    let eval = |host: &str, limit: &str, floor: &str| {
+        redis
+            .cli(&[
+                "EVAL",
+                ALLOCATE,
+                "2",
+                &hosts_key,
+                &redis_keys("t")[1],
+                host,
+                "1000000",
+                "300000",
+                limit,
+                floor,
+                "1000",
+                "20000",
+            ])
+            .unwrap_or_else(|error| format!("{error:#}"))
+    };
+    for (host, limit, floor) in [
+        ("d", "-5", "0"),
+        ("d", "30000000", "40000000"),
+        (".hosts", "30000000", "300000"),
+        ("d", "thirty", "300000"),
+    ] {
+        let reply = eval(host, limit, floor);
+        assert!(
+            reply.contains("shaper: bad"),
+            "{host} {limit} {floor}: {reply}"
+        );
+    }
+    assert_eq!(
+        redis.cli(&["HEXISTS", &hosts_key, "h:d"]).unwrap().trim(),
+        "0"
+    );
+    redis.cli(&["HSET", &hosts_key, "h:evil", "a b"]).unwrap();
+    refill();
+    let (share, hosts) = allocate(&redis, "t", "c", 30 * MBIT, 29_400_000, interval);
+    assert_eq!(
+        (share, hosts),
+        (29_400_000, 1),
+        "a bad field broke the fill"
+    );
+    assert_eq!(
+        redis
+            .cli(&["HEXISTS", &hosts_key, "h:evil"])
+            .unwrap()
+            .trim(),
+        "0"
+    );
 }
 
 /// Sums of each window.

@@ -25,7 +25,7 @@ pub use change::{change, Change};
 pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
 pub use replace::replace;
-pub use share::{renew_share, set_share, share_of, ShareUpdate};
+pub use share::{renew_share, set_share, share_of, Renewal, ShareUpdate};
 pub use table::{delete, find};
 
 /// Everything that defines a class.

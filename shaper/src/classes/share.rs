@@ -102,25 +102,64 @@ pub fn share_of(attachment: &Attachment, id: u32) -> Result<GlobalShare> {
 
 /// Renews a global class's share as it is: when `update` keeps the share in force (and
 /// the packet path has not fallen to the floor), its hosts, answer time and expiry are
-/// written and `true` returned; otherwise nothing is written and the share must be
-/// installed with [`set_share`] (under the state lock). One map entry of the daemon's
-/// own: no lock needed.
+/// written and `true` returned; otherwise the share must be installed with
+/// [`set_share`] (under the state lock). One map entry of the daemon's own: no lock
+/// needed.
 pub fn renew_share(attachment: &Attachment, name: &str, update: ShareUpdate) -> Result<bool> {
-    let Some((id, _)) = find(attachment, name)? else {
-        return Ok(false);
-    };
-    let config = attachment.classes()?.get(&id, 0)?;
-    let mut shares = attachment.shares()?;
-    let mut share = shares.get(&id, 0)?;
-    if config.global == 0 || needs_install(&config, &share, update.share_bits_per_sec) {
-        return Ok(false);
+    match Renewal::read(attachment, name, update)? {
+        Some(renewal) => renewal.write(attachment),
+        None => Ok(false),
     }
-    share.hosts = update.hosts;
-    share.answered_unix_ms = update.answered_unix_ms;
-    share.floor_version = next_version(&config);
-    share.expires_ns = update.expires_ns;
-    shares.set(id, share, 0)?;
-    Ok(true)
+}
+
+/// A renewal read but not written yet ([`renew_share`]'s two steps: apart, a test can
+/// put the packet path's floor install between them).
+pub struct Renewal {
+    id: u32,
+    /// The class's cost version when the share was read.
+    version: u32,
+    share: GlobalShare,
+}
+
+impl Renewal {
+    /// Class `name`'s share renewed by `update`; `None` when `update` does not keep the
+    /// share in force or the packet path has fallen to the floor.
+    pub fn read(attachment: &Attachment, name: &str, update: ShareUpdate) -> Result<Option<Self>> {
+        let Some((id, _)) = find(attachment, name)? else {
+            return Ok(None);
+        };
+        let config = attachment.classes()?.get(&id, 0)?;
+        let mut share = attachment.shares()?.get(&id, 0)?;
+        if config.global == 0 || needs_install(&config, &share, update.share_bits_per_sec) {
+            return Ok(None);
+        }
+        share.hosts = update.hosts;
+        share.answered_unix_ms = update.answered_unix_ms;
+        share.floor_version = next_version(&config);
+        share.expires_ns = update.expires_ns;
+        Ok(Some(Self {
+            id,
+            version: config.version,
+            share,
+        }))
+    }
+
+    /// Writes the renewal. The entry is written whole, so a floor the packet path
+    /// installed since [`Renewal::read`] (the share expired meanwhile) would be covered
+    /// by a live-looking entry while the class runs at its floor: seen by the class's cost
+    /// version having moved, the entry is marked expired again and `false` returned, so
+    /// the share is installed with [`set_share`].
+    pub fn write(mut self, attachment: &Attachment) -> Result<bool> {
+        let mut shares = attachment.shares()?;
+        shares.set(self.id, self.share, 0)?;
+        let now = attachment.classes()?.get(&self.id, 0)?;
+        if now.version != self.version {
+            self.share.expires_ns = 0;
+            shares.set(self.id, self.share, 0)?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
 }
 
 /// Whether `wanted` differs from the share in force, or the packet path installed the

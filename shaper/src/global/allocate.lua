@@ -12,12 +12,28 @@
 -- hosts, O(n log n)) runs again only when it is half an interval old. So n hosts cost
 -- O(n log n) per interval, not O(n^2).
 local hosts_key, shares_key = KEYS[1], KEYS[2]
+
+-- A caller's arguments are checked before anything is written: a host with a bug (or
+-- another client with the hosts' ACL) cannot store what would break the fill for all.
+local function whole(i, lo, hi)
+  local v = tonumber(ARGV[i])
+  if v and v == math.floor(v) and v >= lo and v <= hi then return v end
+  return nil
+end
 local host = ARGV[1]
-local current = tonumber(ARGV[3])
-local limit = tonumber(ARGV[4])
-local floor = tonumber(ARGV[5])
-local interval = tonumber(ARGV[6])
-local headroom = tonumber(ARGV[7])
+if type(host) ~= 'string' or #host > 64 or not string.match(host, '^[%w][%w%-_.:]*$') then
+  return redis.error_reply('shaper: bad host id (1 to 64 letters, digits, -_.:, first a letter or digit)')
+end
+local most = 9007199254740992 -- 2^53: exact in a Lua number
+local demand = whole(2, 0, most)
+local current = whole(3, 0, most)
+local limit = whole(4, 1, most)
+local floor = limit and whole(5, 0, limit)
+local interval = whole(6, 50, 10000)
+local headroom = whole(7, 0, 999999)
+if not (demand and current and limit and floor and interval and headroom) then
+  return redis.error_reply('shaper: bad arguments (demand, share, limit >= 1, floor <= limit, interval 50..10000 ms, headroom < 1000000 ppm)')
+end
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -28,7 +44,7 @@ if not epoch then
   redis.call('DEL', shares_key)
   redis.call('HSET', hosts_key, '.epoch', epoch)
 end
-redis.call('HSET', hosts_key, 'h:' .. host, ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. now)
+redis.call('HSET', hosts_key, 'h:' .. host, string.format('%d %d %d', demand, current, now))
 redis.call('PEXPIRE', hosts_key, 40 * interval)
 
 -- A host the last fill does not know yet keeps what it holds until the next fill (a
@@ -42,8 +58,10 @@ if now - filled >= interval / 2 then
   for i = 1, #fields, 2 do
     local field = fields[i]
     if string.sub(field, 1, 2) == 'h:' then
-      local d, c, at = string.match(fields[i + 1], '(%S+) (%S+) (%S+)')
-      if now - tonumber(at) > 3 * interval then
+      local d, c, at = string.match(fields[i + 1], '^(%d+) (%d+) (%d+)$')
+      -- A field that does not parse (no host of this script wrote it) is dropped, as a
+      -- host silent for three intervals is.
+      if not at or now - tonumber(at) > 3 * interval then
         redis.call('HDEL', hosts_key, field)
       else
         names[#names + 1] = string.sub(field, 3)

@@ -86,3 +86,53 @@ fn an_expired_share_falls_to_the_floor_in_the_packet_path() {
         shaper_common::ByteCost::new(5_000_000, config.cost.burst_bytes)
     );
 }
+
+/// The daemon's renewal races the packet path's floor install: the share is read while
+/// it is in force, then the floor goes in (the share expired) before the renewal is
+/// written. The entry is written whole, so the write must not leave a live-looking share
+/// over a floored class: it says so, the entry is marked expired again, renewing refuses,
+/// and installing brings the share back. Catches a renewal that trusts what it read.
+#[test]
+fn a_renewal_that_loses_the_race_to_the_floor_leaves_the_share_to_install() {
+    let class: &[&str] = &[
+        "global", "--proto", "udp", "--dport", "9000", "--rate", "30mbit", "--global", "tenant",
+        "--floor", "400kbit",
+    ];
+    let mut harness = Harness::new(&[class]);
+    let id = harness.class_id("global");
+    let expiry = 2_000 * MS;
+    let update = ShareUpdate {
+        share_bits_per_sec: 10_000_000,
+        hosts: 3,
+        answered_unix_ms: 1,
+        expires_ns: expiry,
+    };
+    assert!(classes::set_share(&harness.attachment, "global", update).unwrap());
+    let renewed = ShareUpdate {
+        expires_ns: 3_000 * MS,
+        ..update
+    };
+    let renewal = classes::Renewal::read(&harness.attachment, "global", renewed)
+        .unwrap()
+        .expect("the share is in force");
+    // The packet path passes the expiry between the read and the write.
+    send(&mut harness, expiry + MS, 10);
+    let config = harness.attachment.classes().unwrap().get(&id, 0).unwrap();
+    let floored = classes::share_of(&harness.attachment, id).unwrap();
+    assert_eq!(config.cost, floored.floor.cost, "the floor went in");
+    assert!(
+        !renewal.write(&harness.attachment).unwrap(),
+        "a renewal written over a floor said it renewed"
+    );
+    let share = classes::share_of(&harness.attachment, id).unwrap();
+    assert_eq!(share.expires_ns, 0, "the entry is marked expired again");
+    assert!(!classes::renew_share(&harness.attachment, "global", renewed).unwrap());
+    let installed = ShareUpdate {
+        expires_ns: 10_000 * MS,
+        ..update
+    };
+    assert!(classes::set_share(&harness.attachment, "global", installed).unwrap());
+    let frame_len = ipv4(V4::default(), udp(9000, 958)).len() as u64;
+    let back = send(&mut harness, 4_000 * MS, 1000);
+    assert_eq!(back, 1000 * frame_len, "the share holds again");
+}
