@@ -166,6 +166,30 @@ fn the_allocation_script_fills_max_min_and_forgets_silent_hosts() {
             .trim(),
         "0"
     );
+    // Redis's clock stepped back an hour (TIME is the wall clock): the stamps it wrote are
+    // in the future. Fills go on, and the state is not held in re-learning.
+    let hour_ahead = |field: &str| {
+        let stamp: u64 = redis
+            .cli(&["HGET", &hosts_key, field])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        redis
+            .cli(&["HSET", &hosts_key, field, &(stamp + 3_600_000).to_string()])
+            .unwrap();
+    };
+    hour_ahead(".epoch");
+    hour_ahead(".filled");
+    allocate(&redis, "t", "a", 10 * MBIT, 300_000, interval);
+    refill();
+    let (share, hosts) = allocate(&redis, "t", "a", 10 * MBIT, 300_000, interval);
+    assert_eq!(hosts, 2, "the fill after the step counts both hosts");
+    assert_eq!(
+        share,
+        10 * MBIT,
+        "a rises to its demand: not held in re-learning"
+    );
 }
 
 /// Sums of each window.

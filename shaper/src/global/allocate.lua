@@ -39,6 +39,13 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- A missing epoch is a new state: first use, or a Redis that restarted empty.
 local epoch = tonumber(redis.call('HGET', hosts_key, '.epoch'))
+-- TIME is the wall clock: stepped back (NTP, a VM restored), an epoch or fill "in the
+-- future" would hold the hosts in re-learning and stop the fills until the clock caught
+-- up. Past stamps are taken as now instead.
+if epoch and epoch > now then
+  epoch = now - 2 * interval
+  redis.call('HSET', hosts_key, '.epoch', epoch)
+end
 if not epoch then
   epoch = now
   redis.call('DEL', shares_key)
@@ -51,7 +58,7 @@ redis.call('PEXPIRE', hosts_key, 40 * interval)
 -- thousand hosts joining at once must not fill a thousand times).
 local mine = tonumber(redis.call('HGET', shares_key, host)) or current
 local filled = tonumber(redis.call('HGET', hosts_key, '.filled')) or 0
-if now - filled >= interval / 2 then
+if now - filled >= interval / 2 or filled > now then
   -- Live hosts; those silent for three intervals are forgotten.
   local fields = redis.call('HGETALL', hosts_key)
   local names, wants = {}, {}
@@ -60,8 +67,9 @@ if now - filled >= interval / 2 then
     if string.sub(field, 1, 2) == 'h:' then
       local d, c, at = string.match(fields[i + 1], '^(%d+) (%d+) (%d+)$')
       -- A field that does not parse (no host of this script wrote it) is dropped, as a
-      -- host silent for three intervals is.
-      if not at or now - tonumber(at) > 3 * interval then
+      -- host silent for three intervals is (or stamped that far ahead: the clock stepped
+      -- back; a live host is back at its next report).
+      if not at or math.abs(now - tonumber(at)) > 3 * interval then
         redis.call('HDEL', hosts_key, field)
       else
         names[#names + 1] = string.sub(field, 3)
