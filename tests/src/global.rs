@@ -369,6 +369,11 @@ impl GlobalLab {
         self.daemons[index] = None;
     }
 
+    /// Host `index`'s `password_file`, if it has one.
+    pub fn password_file(&self, index: usize) -> Option<&PathBuf> {
+        self.password_files.get(index)?.as_ref()
+    }
+
     /// Host `index`'s daemon: its pid and its metrics port, while it runs.
     pub fn daemon_process(&self, index: usize) -> Option<(u32, u16)> {
         let daemon = self.daemons.get(index)?.as_ref()?;

@@ -763,3 +763,49 @@ fn a_connection_flood_costs_the_daemon_few_descriptors() -> Result<()> {
     assert_eq!(closed, 300, "every flood connection closed by the daemon");
     Ok(())
 }
+
+/// Redis gone, and the daemon unable to make a new client (its password file removed
+/// meanwhile): every report counts as unanswered, so `on_coordinator_loss` still decides
+/// and the share in force keeps being renewed. With `open`, the host takes the whole
+/// limit; a daemon that skipped its ticks without a client let the share expire to the
+/// floor.
+#[test]
+fn without_a_redis_client_on_coordinator_loss_still_decides() -> Result<()> {
+    let mut lab = GlobalLab::new(
+        1,
+        GlobalClass {
+            on_loss: "open",
+            ..GlobalClass::default()
+        },
+    )?;
+    wait_answered(&lab, 1)?;
+    let file = lab
+        .password_file(0)
+        .expect("host 0 reads a password file")
+        .clone();
+    std::fs::remove_file(&file)?;
+    lab.redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = lab.daemon_log(0);
+        if log.contains("coordination off") && log.contains("password_file") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failed client in the log:\n{log}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    // Past the expiry (3 intervals) several times over.
+    thread::sleep(Duration::from_secs(3));
+    let row = lab.class_row(0)?;
+    println!("no Redis client, on_coordinator_loss = open: {row}");
+    assert!(row["share_expired"] == false, "{row}");
+    assert_eq!(
+        row["share_bps"].as_f64(),
+        Some(LIMIT),
+        "open takes the limit: {row}"
+    );
+    Ok(())
+}

@@ -62,10 +62,6 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
             continue;
         };
         let interval = settings.interval;
-        let Some(coordinator) = connected(&mut current, &settings) else {
-            tokio::time::sleep(interval).await;
-            continue;
-        };
         let started = Instant::now();
         let desired = daemon.borrow().desired.clone();
         let configured = desired.interfaces.iter().flat_map(|interface| {
@@ -92,7 +88,7 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
                 .any(|c| &c.location == location && &c.name == name)
         });
         // The shares in force are renewed before Redis is asked: however slow its answers,
-        // no share expires while this daemon runs.
+        // and with no client at all, no share expires while this daemon runs.
         for class in &classes {
             renew_first(class, track(&mut tracked, class, interval), interval);
         }
@@ -100,7 +96,15 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
             .iter()
             .map(|class| demand_of(class, track(&mut tracked, class, interval)))
             .collect();
-        let replies = coordinator.report_all(&reports).await;
+        // Without a client (one that cannot be made: a password file gone unreadable,
+        // say), every report counts as unanswered: `on_coordinator_loss` decides.
+        let replies = match connected(&mut current, &settings) {
+            Some(coordinator) => coordinator.report_all(&reports).await,
+            None => reports
+                .iter()
+                .map(|_| Err((redis::ErrorKind::Client, "no Redis client (see the log)").into()))
+                .collect(),
+        };
         let mut answered = false;
         for (class, reply) in classes.iter().zip(replies) {
             let entry = track(&mut tracked, class, interval);
