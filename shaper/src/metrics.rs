@@ -36,6 +36,8 @@ pub struct Health {
     pub coordination_failed: u64,
     /// Connections to the metrics listener closed at accept (too many open).
     pub metrics_connections_refused: u64,
+    /// Reports Redis refused because another daemon holds this host's id.
+    pub host_id_taken: u64,
 }
 
 struct Families {
@@ -307,6 +309,13 @@ fn register_daemon_health(registry: &mut Registry, health: &Health) {
         "shaper_daemon_apply_errors",
         "Plans that failed to apply",
         apply_errors,
+    );
+    let taken: Counter = Counter::default();
+    taken.inc_by(health.host_id_taken);
+    registry.register(
+        "shaper_daemon_host_id_taken",
+        "Reports Redis refused because another daemon reports with this host_id",
+        taken,
     );
     let refused: Counter = Counter::default();
     refused.inc_by(health.metrics_connections_refused);

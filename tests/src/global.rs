@@ -80,6 +80,8 @@ pub struct GlobalClass {
     pub global: bool,
     /// The daemons reach Redis by `rediss://` (TLS, a private CA: see [`GlobalLab::trust`]).
     pub tls: bool,
+    /// Every host's daemon reports as `host-0` (hosts cloned with one id).
+    pub one_host_id: bool,
     /// Global classes on each host: `tenant` (the lab's key), then `tenant-1` ... (keys
     /// `KEY-1` ...), all matching every packet (`tenant` ranks first).
     pub classes: usize,
@@ -97,6 +99,7 @@ impl Default for GlobalClass {
             global: true,
             tls: false,
             classes: 1,
+            one_host_id: false,
         }
     }
 }
@@ -309,10 +312,15 @@ impl GlobalLab {
             None => String::new(),
         };
         let mut text = format!(
-            "[coordination]\nredis = \"{}\"\n{password_file}host_id = \"host-{index}\"\ninterval = \"{}\"\n\n\
+            "[coordination]\nredis = \"{}\"\n{password_file}host_id = \"host-{}\"\ninterval = \"{}\"\n\n\
              [[interface]]\ndev = \"{HOST_DEV}\"\nnetns = \"{}\"\n\n\
              [[interface.class]]\nname = \"tenant\"\nrate = \"{}\"\naction = \"{}\"\n{global}",
-            self.urls[index], class.interval, self.hosts[index].name, class.limit, class.action,
+            self.urls[index],
+            if class.one_host_id { 0 } else { index },
+            class.interval,
+            self.hosts[index].name,
+            class.limit,
+            class.action,
         );
         for more in 1..class.classes {
             text.push_str(&format!(

@@ -809,3 +809,54 @@ fn without_a_redis_client_on_coordinator_loss_still_decides() -> Result<()> {
     );
     Ok(())
 }
+
+/// Two hosts cloned with one host_id: the allocator keeps the id with the daemon that
+/// reported first and refuses the other's reports, which says so in its log and its
+/// metrics and holds the floor. Before, both counted as one host and each enforced the
+/// share of a host alone: twice the limit.
+#[test]
+fn two_daemons_with_one_host_id_do_not_merge_into_one_host() -> Result<()> {
+    let lab = GlobalLab::new(
+        2,
+        GlobalClass {
+            one_host_id: true,
+            ..GlobalClass::default()
+        },
+    )?;
+    let message = "another daemon reports with this host_id";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (winner, loser) = loop {
+        let logs = [lab.daemon_log(0), lab.daemon_log(1)];
+        match (logs[0].contains(message), logs[1].contains(message)) {
+            (false, true) => break (0, 1),
+            (true, false) => break (1, 0),
+            (true, true) => panic!("both daemons were refused:\n{}\n{}", logs[0], logs[1]),
+            (false, false) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no daemon was refused the shared id"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    // A few intervals on: still one of them refused, the other the only host.
+    thread::sleep(Duration::from_secs(2));
+    let (kept, refused) = (lab.class_row(winner)?, lab.class_row(loser)?);
+    println!("one host_id on two hosts: kept {kept}\nrefused {refused}");
+    assert_eq!(kept["hosts"], 1, "{kept}");
+    assert!(kept["share_bps"].as_f64() > Some(0.9 * LIMIT), "{kept}");
+    assert_eq!(refused["share_bps"], refused["floor_bps"], "{refused}");
+    assert!(!lab.daemon_log(winner).contains(message));
+    let taken = lab
+        .metrics(loser)?
+        .lines()
+        .find(|line| line.starts_with("shaper_daemon_host_id_taken_total"))
+        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(taken >= 4.0, "refused reports counted: {taken}");
+    let [hosts_key, _] = redis_keys(&lab.key);
+    let fields = lab.redis.cli(&["HKEYS", &hosts_key])?;
+    let hosts: Vec<&str> = fields.lines().filter(|f| f.starts_with("h:")).collect();
+    assert_eq!(hosts, ["h:host-0"], "{fields}");
+    Ok(())
+}

@@ -6,7 +6,7 @@
 use super::Daemon;
 use crate::{
     config::Coordination,
-    global::{self, Coordinator, Event, HostClass, Report, Tracker, Usage},
+    global::{self, Coordinator, Event, HostClass, Reply, Report, Tracker, Usage},
     state::{self, Location},
 };
 use std::{
@@ -284,15 +284,30 @@ fn decide(
     daemon: &Rc<RefCell<Daemon>>,
     class: &HostClass,
     entry: &mut Tracked,
-    reply: redis::RedisResult<global::Answer>,
+    reply: redis::RedisResult<Reply>,
 ) -> bool {
     let tracker = &mut entry.tracker;
     let answered = reply.is_ok();
     let event = match reply {
-        Ok(answer) => {
+        Ok(Reply::Share(answer)) => {
             daemon.borrow_mut().health.coordination_ok += 1;
             entry.answered_unix_ms = unix_ms();
             tracker.answered(answer)
+        }
+        Ok(Reply::HostIdTaken) => {
+            daemon.borrow_mut().health.host_id_taken += 1;
+            // A configuration error, with the other daemon counted for this id: the
+            // floor, whatever on_coordinator_loss says (which would take the limit).
+            let event = tracker.lost();
+            tracker.applied = tracker.floor_bits_per_sec;
+            if event == Event::Lost {
+                log::error!(
+                    "{} (global '{}'): another daemon reports with this host_id (a cloned host?); Redis refuses this one's reports while it does; holding the floor",
+                    class.name,
+                    class.key
+                );
+            }
+            event
         }
         Err(error) => {
             daemon.borrow_mut().health.coordination_failed += 1;

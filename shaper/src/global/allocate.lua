@@ -5,8 +5,10 @@
 -- KEYS[2]  the last fill's shares: field HOST -> bit/s, ".hosts" -> live hosts. Same hash
 --          tag as KEYS[1], so a Redis Cluster keeps both in one slot.
 -- ARGV     host, demand, current share, limit, floor (bit/s), interval (ms),
---          headroom (parts per million of the limit kept free).
--- Returns  {share (bit/s), live hosts, epoch (ms)}.
+--          headroom (parts per million of the limit kept free), the calling daemon's
+--          instance (chosen at its start; optional).
+-- Returns  {share (bit/s), live hosts, epoch (ms), 0}, or {0, 0, epoch, 1} when another
+--          daemon holds the host id.
 --
 -- A call records its host's demand and reads its share from the last fill; the fill (all
 -- hosts, O(n log n)) runs again only when it is half an interval old. So n hosts cost
@@ -31,6 +33,10 @@ local limit = whole(4, 1, most)
 local floor = limit and whole(5, 0, limit)
 local interval = whole(6, 50, 10000)
 local headroom = whole(7, 0, 999999)
+local instance = ARGV[8] or ''
+if #instance > 32 or not string.match(instance, '^%w*$') then
+  return redis.error_reply('shaper: bad daemon instance')
+end
 if not (demand and current and limit and floor and interval and headroom) then
   return redis.error_reply('shaper: bad arguments (demand, share, limit >= 1, floor <= limit, interval 50..10000 ms, headroom < 1000000 ppm)')
 end
@@ -51,7 +57,17 @@ if not epoch then
   redis.call('DEL', shares_key)
   redis.call('HSET', hosts_key, '.epoch', epoch)
 end
-redis.call('HSET', hosts_key, 'h:' .. host, string.format('%d %d %d', demand, current, now))
+-- One daemon per host id: the field names the daemon that holds it, and another
+-- daemon's call while that one reports (its stamp within 3 intervals) is refused, so
+-- two hosts cloned with one id do not merge into one host that both enforce.
+local held = redis.call('HGET', hosts_key, 'h:' .. host)
+if held and instance ~= '' then
+  local at, owner = string.match(held, '^%d+ %d+ (%d+) ?(%w*)$')
+  if at and owner ~= '' and owner ~= instance and math.abs(now - tonumber(at)) <= 3 * interval then
+    return {0, 0, epoch, 1}
+  end
+end
+redis.call('HSET', hosts_key, 'h:' .. host, string.format('%d %d %d %s', demand, current, now, instance))
 redis.call('PEXPIRE', hosts_key, 40 * interval)
 
 -- A host the last fill does not know yet keeps what it holds until the next fill (a
@@ -65,7 +81,7 @@ if now - filled >= interval / 2 or filled > now then
   for i = 1, #fields, 2 do
     local field = fields[i]
     if string.sub(field, 1, 2) == 'h:' then
-      local d, c, at = string.match(fields[i + 1], '^(%d+) (%d+) (%d+)$')
+      local d, c, at = string.match(fields[i + 1], '^(%d+) (%d+) (%d+) ?%w*$')
       -- A field that does not parse (no host of this script wrote it) is dropped, as a
       -- host silent for three intervals is (or stamped that far ahead: the clock stepped
       -- back; a live host is back at its next report).
@@ -119,4 +135,4 @@ local n = tonumber(redis.call('HGET', shares_key, '.hosts')) or 1
 if now - epoch < 2 * interval then
   mine = math.min(mine, current)
 end
-return {math.floor(mine), n, epoch}
+return {math.floor(mine), n, epoch, 0}

@@ -56,7 +56,7 @@ impl Coordinator {
     /// connection the manager has just started, so the tick that finds Redis back is
     /// answered. A refused login (Redis back before its ACL users) is never retried by
     /// the manager: the connection is made afresh for the next tick.
-    pub async fn report_all(&mut self, reports: &[Report]) -> Vec<redis::RedisResult<Answer>> {
+    pub async fn report_all(&mut self, reports: &[Report]) -> Vec<redis::RedisResult<Reply>> {
         let all: Vec<&Report> = reports.iter().collect();
         let mut answers = self.call_all(&all).await;
         let dropped: Vec<usize> = (0..answers.len())
@@ -68,7 +68,7 @@ impl Coordinator {
                 answers[i] = answer;
             }
         }
-        let refused = |answer: &redis::RedisResult<Answer>| matches!(answer, Err(error) if error.kind() == redis::ErrorKind::AuthenticationFailed);
+        let refused = |answer: &redis::RedisResult<Reply>| matches!(answer, Err(error) if error.kind() == redis::ErrorKind::AuthenticationFailed);
         if answers.iter().any(refused) {
             match self.client.get_connection_manager_lazy(self.config.clone()) {
                 Ok(connection) => self.connection = connection,
@@ -78,7 +78,7 @@ impl Coordinator {
         answers
     }
 
-    async fn call_all(&self, reports: &[&Report]) -> Vec<redis::RedisResult<Answer>> {
+    async fn call_all(&self, reports: &[&Report]) -> Vec<redis::RedisResult<Reply>> {
         let calls = reports.iter().map(|report| {
             let mut connection = self.connection.clone();
             let [hosts_key, shares_key] = redis_keys(&report.key);
@@ -91,19 +91,46 @@ impl Coordinator {
                 .arg(report.limit_bits_per_sec)
                 .arg(report.floor_bits_per_sec)
                 .arg(self.interval.as_millis() as u64)
-                .arg(HEADROOM_PPM);
+                .arg(HEADROOM_PPM)
+                .arg(instance());
             async move {
-                let (share, hosts, epoch): (u64, u32, u64) =
+                let (share, hosts, epoch, taken): (u64, u32, u64, u8) =
                     invocation.invoke_async(&mut connection).await?;
-                Ok(Answer {
-                    share_bits_per_sec: share,
-                    hosts,
-                    epoch_ms: epoch,
+                Ok(if taken != 0 {
+                    Reply::HostIdTaken
+                } else {
+                    Reply::Share(Answer {
+                        share_bits_per_sec: share,
+                        hosts,
+                        epoch_ms: epoch,
+                    })
                 })
             }
         });
         futures_util::future::join_all(calls).await
     }
+}
+
+/// Redis's answer to one report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Share(Answer),
+    /// Another daemon holds this host id (it reported within 3 intervals): this one's
+    /// report was refused.
+    HostIdTaken,
+}
+
+/// This daemon among those that report to Redis (its pid and start time, in hex): the
+/// allocator keeps one daemon per host id.
+pub fn instance() -> &'static str {
+    static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        format!("{:x}{:x}", std::process::id(), started)
+    })
 }
 
 /// One class's report: its key, this host's demand, and what the allocator needs from

@@ -21,7 +21,7 @@ mod coordinator;
 mod host;
 mod tracker;
 
-pub use coordinator::{Coordinator, Report};
+pub use coordinator::{instance, Coordinator, Reply, Report};
 pub use host::{host_classes, install, renew, update_for, HostClass, ShareView};
 pub use tracker::{demand, Answer, Event, Tracker, Usage};
 
