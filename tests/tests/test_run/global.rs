@@ -6,6 +6,12 @@ use shaper::classes::{self, ShareUpdate};
 
 const MS: u64 = 1_000_000;
 
+/// A global class of UDP to port 9000: a 30 Mbit/s limit, its floor 400 kbit/s.
+const GLOBAL_CLASS: &[&str] = &[
+    "global", "--proto", "udp", "--dport", "9000", "--rate", "30mbit", "--global", "tenant",
+    "--floor", "400kbit",
+];
+
 /// 1000-byte frames every millisecond (8 Mbit/s) from `from` for `count` ms: the bytes
 /// admitted.
 fn send(harness: &mut Harness, from: u64, count: u64) -> u64 {
@@ -23,11 +29,7 @@ fn send(harness: &mut Harness, from: u64, count: u64) -> u64 {
 
 #[test]
 fn an_expired_share_falls_to_the_floor_in_the_packet_path() {
-    let class: &[&str] = &[
-        "global", "--proto", "udp", "--dport", "9000", "--rate", "30mbit", "--global", "tenant",
-        "--floor", "400kbit",
-    ];
-    let mut harness = Harness::new(&[class]);
+    let mut harness = Harness::new(&[GLOBAL_CLASS]);
     let id = harness.class_id("global");
     let share = classes::share_of(&harness.attachment, id).unwrap();
     assert_eq!(
@@ -94,11 +96,7 @@ fn an_expired_share_falls_to_the_floor_in_the_packet_path() {
 /// and installing brings the share back. Catches a renewal that trusts what it read.
 #[test]
 fn a_renewal_that_loses_the_race_to_the_floor_leaves_the_share_to_install() {
-    let class: &[&str] = &[
-        "global", "--proto", "udp", "--dport", "9000", "--rate", "30mbit", "--global", "tenant",
-        "--floor", "400kbit",
-    ];
-    let mut harness = Harness::new(&[class]);
+    let mut harness = Harness::new(&[GLOBAL_CLASS]);
     let id = harness.class_id("global");
     let expiry = 2_000 * MS;
     let update = ShareUpdate {
