@@ -99,7 +99,7 @@ fn simulate(hosts: u32, intervals: u32) -> Result<Value> {
                 .arg(interval.as_millis() as u64)
                 .arg(HEADROOM_PPM);
         }
-        let replies: Vec<(u64, u32, u64)> = pipe
+        let replies: Vec<(u64, u32, u64, u8)> = pipe
             .query(connection)
             .context("the allocation script failed")?;
         anyhow::ensure!(replies.len() == hosts as usize, "{} replies", replies.len());
