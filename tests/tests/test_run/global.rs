@@ -12,6 +12,19 @@ const GLOBAL_CLASS: &[&str] = &[
     "--floor", "400kbit",
 ];
 
+/// The daemon's share installed: 10 Mbit/s of 3 hosts until `expiry` on the program's
+/// clock; the update, for renewals.
+fn install_share(harness: &Harness, expiry: u64) -> ShareUpdate {
+    let update = ShareUpdate {
+        share_bits_per_sec: 10_000_000,
+        hosts: 3,
+        answered_unix_ms: 1,
+        expires_ns: expiry,
+    };
+    assert!(classes::set_share(&harness.attachment, "global", update).unwrap());
+    update
+}
+
 /// 1000-byte frames every millisecond (8 Mbit/s) from `from` for `count` ms: the bytes
 /// admitted.
 fn send(harness: &mut Harness, from: u64, count: u64) -> u64 {
@@ -38,13 +51,7 @@ fn an_expired_share_falls_to_the_floor_in_the_packet_path() {
     );
     // The daemon's share: 10 Mbit/s until 2 s on the program's clock.
     let expiry = 2_000 * MS;
-    let update = ShareUpdate {
-        share_bits_per_sec: 10_000_000,
-        hosts: 3,
-        answered_unix_ms: 1,
-        expires_ns: expiry,
-    };
-    assert!(classes::set_share(&harness.attachment, "global", update).unwrap());
+    let update = install_share(&harness, expiry);
     let frame_len = ipv4(V4::default(), udp(9000, 958)).len() as u64;
     // 8 Mbit/s within a 10 Mbit/s share: everything passes.
     let before = send(&mut harness, 1_000 * MS, 1000);
@@ -99,13 +106,7 @@ fn a_renewal_that_loses_the_race_to_the_floor_leaves_the_share_to_install() {
     let mut harness = Harness::new(&[GLOBAL_CLASS]);
     let id = harness.class_id("global");
     let expiry = 2_000 * MS;
-    let update = ShareUpdate {
-        share_bits_per_sec: 10_000_000,
-        hosts: 3,
-        answered_unix_ms: 1,
-        expires_ns: expiry,
-    };
-    assert!(classes::set_share(&harness.attachment, "global", update).unwrap());
+    let update = install_share(&harness, expiry);
     let renewed = ShareUpdate {
         expires_ns: 3_000 * MS,
         ..update
