@@ -51,6 +51,9 @@ pub enum Command {
     /// Keep a configuration file applied: reload on SIGHUP and on change, re-attach
     /// re-created interfaces, serve Prometheus metrics.
     Daemon(DaemonArgs),
+    /// Limits shared across hosts (global classes) in Redis.
+    #[command(subcommand)]
+    Global(GlobalCommand),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
     /// Write man pages for every command into a directory (used by `cargo xtask man`).
@@ -69,6 +72,32 @@ pub struct ApplyArgs {
     /// Also detach shaper from interfaces the file does not name.
     #[arg(long)]
     pub prune: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GlobalCommand {
+    /// Write a file's global limits into Redis, where every host's allocator reads them
+    /// instead of its own file's (run once per change, as a Redis user that may write
+    /// `shaper:{*}:limits`).
+    Publish(PublishArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PublishArgs {
+    /// The configuration file whose global classes give the limits, or - for standard
+    /// input.
+    #[arg(short = 'f', long = "file")]
+    pub file: String,
+    /// The Redis URL to write through (default: the file's `[coordination] redis`); its
+    /// user must be allowed to write the limits, which a host's user is not.
+    #[arg(long)]
+    pub redis: Option<String>,
+    /// A file (readable by its owner alone) with that user's password.
+    #[arg(long)]
+    pub password_file: Option<std::path::PathBuf>,
+    /// Print what would be published and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Args, Debug)]

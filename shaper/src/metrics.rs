@@ -38,6 +38,8 @@ pub struct Health {
     pub metrics_connections_refused: u64,
     /// Reports Redis refused because another daemon holds this host's id.
     pub host_id_taken: u64,
+    /// Host fields in Redis the allocator could not read and removed.
+    pub global_fields_dropped: u64,
 }
 
 struct Families {
@@ -316,6 +318,13 @@ fn register_daemon_health(registry: &mut Registry, health: &Health) {
         "shaper_daemon_host_id_taken",
         "Reports Redis refused because another daemon reports with this host_id",
         taken,
+    );
+    let dropped: Counter = Counter::default();
+    dropped.inc_by(health.global_fields_dropped);
+    registry.register(
+        "shaper_daemon_global_fields_dropped",
+        "Host fields of global classes in Redis that the allocator could not read and removed (written by another client with the hosts' ACL)",
+        dropped,
     );
     let refused: Counter = Counter::default();
     refused.inc_by(health.metrics_connections_refused);

@@ -111,14 +111,16 @@ impl Drop for Tls {
 }
 
 /// What a shaper host may do on Redis, and nothing else: run the allocation script (and
-/// load it after NOSCRIPT) over the `shaper:*` keys, with the commands the script calls.
+/// load it after NOSCRIPT) with the commands the script calls (a script runs with its
+/// caller's rights), on its class's hosts and shares, and only read the published limits.
 pub const HOST_ACL: &[&str] = &[
     "resetkeys",
-    "~shaper:*",
+    "~shaper:{*}",
+    "~shaper:{*}:shares",
+    "%R~shaper:{*}:limits",
     "resetchannels",
     "-@all",
     "+evalsha",
-    "+eval",
     "+script|load",
     "+time",
     "+hget",

@@ -32,7 +32,7 @@ fn allocate(
     current: u64,
     interval_ms: u64,
 ) -> (u64, u64) {
-    let [hosts_key, shares_key] = redis_keys(key);
+    let [hosts_key, shares_key, _] = redis_keys(key);
     let reply = redis
         .cli(&[
             "EVAL",
@@ -108,15 +108,15 @@ fn the_allocation_script_fills_max_min_and_forgets_silent_hosts() {
     let (share, hosts) = allocate(&redis, "t", "c", 30 * MBIT, 9_800_000, interval);
     assert_eq!((share, hosts), (29_400_000, 1));
     // The state survives only while hosts report: it expires after 40 intervals.
-    for key in redis_keys("t") {
-        let ttl: i64 = redis.cli(&["PTTL", &key]).unwrap().trim().parse().unwrap();
+    for key in &redis_keys("t")[..2] {
+        let ttl: i64 = redis.cli(&["PTTL", key]).unwrap().trim().parse().unwrap();
         assert!(ttl > 0 && ttl <= 40 * interval as i64, "{key}: ttl {ttl}");
     }
     // What a host with a bug, or another client with the hosts' ACL, could send: refused
     // before anything is written (a negative limit, a floor above it, a host id that is a
     // field of the hashes), and a host field that does not parse is dropped at the next
     // fill instead of failing it for everyone.
-    let [hosts_key, _] = redis_keys("t");
+    let [hosts_key, ..] = redis_keys("t");
     let eval = |host: &str, limit: &str, floor: &str| {
         redis
             .cli(&[
@@ -190,6 +190,123 @@ fn the_allocation_script_fills_max_min_and_forgets_silent_hosts() {
         10 * MBIT,
         "a rises to its demand: not held in re-learning"
     );
+}
+
+/// `shaper global publish` with `args`: (success, stdout, stderr).
+fn publish(args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(shaper_tests::process::shaper_bin())
+        .args(["global", "publish"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn published_limits_replace_the_callers_and_a_hosts_acl_cannot_write_them() -> Result<()> {
+    let mut redis = RedisServer::start()?;
+    let host_url = redis.host_user("node-a", "pw-a")?;
+    let file = std::env::temp_dir().join(format!("shaper-publish-{}.toml", std::process::id()));
+    struct Remove<'p>(&'p std::path::Path);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
+    }
+    let _remove = Remove(&file);
+    let write_file = |rate: &str| {
+        std::fs::write(
+            &file,
+            format!(
+                "[coordination]\nredis = \"{host_url}\"\nhost_id = \"a\"\ninterval = \"1s\"\n\n\
+                 [[interface]]\ndev = \"h0\"\n\n[[interface.class]]\nname = \"tenant\"\n\
+                 rate = \"{rate}\"\naction = \"drop\"\nglobal = \"p\"\n"
+            ),
+        )
+    };
+    write_file("30mbit")?;
+    let path = file.to_str().unwrap();
+    // The file's own URL is a host's user: it may read the limits, not write them.
+    let (ok, _, stderr) = publish(&["-f", path]);
+    assert!(!ok, "a host's user published: {stderr}");
+    assert!(
+        stderr.contains("may not write shaper:{p}:limits") && !stderr.contains("pw-a"),
+        "{stderr}"
+    );
+    let admin = redis.url();
+    let (ok, stdout, stderr) = publish(&["-f", path, "--redis", &admin]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("published p: limit 30Mbit,") && stdout.contains("(version 1)"), "{stdout}");
+    let (_, stdout, _) = publish(&["-f", path, "--redis", &admin]);
+    assert!(stdout.starts_with("unchanged p:") && stdout.contains("(version 1)"), "{stdout}");
+    write_file("15mbit")?;
+    let (_, stdout, _) = publish(&["-f", path, "--redis", &admin]);
+    assert!(stdout.contains("limit 15Mbit,") && stdout.contains("(version 2)"), "{stdout}");
+
+    // A host that calls with a huge limit fills with the published one.
+    let keys = redis_keys("p");
+    let mut host = redis::Client::open(host_url.as_str())?.get_connection()?;
+    let script = redis::Script::new(ALLOCATE);
+    let call = |host_conn: &mut redis::Connection, limit: &str| -> redis::RedisResult<Vec<u64>> {
+        script
+            .key(&keys[0])
+            .key(&keys[1])
+            .arg("a")
+            .arg(1u64 << 50)
+            .arg(1u64 << 50)
+            .arg(limit)
+            .arg(0)
+            .arg(1000)
+            .arg(0)
+            .invoke(host_conn)
+    };
+    let reply = call(&mut host, "1000000000000000")?;
+    assert_eq!(&reply[..2], [14_700_000, 1], "15 Mbit/s less 2 %, one host: {reply:?}");
+    assert_eq!(&reply[4..6], [15_000_000, 2], "the limit filled with and its version");
+    assert!(call(&mut host, "-5").is_err(), "a negative limit is refused");
+    // Fields nobody's script wrote are removed at the next fill and counted in its reply.
+    for (field, value) in [("h:junk", "a b"), ("h:negative", "-5 0 1")] {
+        redis::cmd("HSET").arg(&keys[0]).arg(field).arg(value).exec(&mut host)?;
+    }
+    thread::sleep(Duration::from_millis(600));
+    let reply = call(&mut host, "30000000")?;
+    assert_eq!((reply[0], reply[1], reply[6]), (14_700_000, 1, 2), "{reply:?}");
+
+    // What a host's user cannot do: write or remove the limits (directly or through a
+    // script of its own), touch other keys, run EVAL, or manage the server.
+    let refused = |host: &mut redis::Connection, args: &[&str]| -> String {
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        match command.exec(host) {
+            Ok(()) => panic!("a host's user may {args:?}"),
+            Err(error) => error.to_string(),
+        }
+    };
+    let own_script = "return redis.call('HSET', KEYS[1], 'limit', '1')";
+    for args in [
+        &["HSET", &keys[2], "limit", "1"][..],
+        &["DEL", &keys[2]],
+        &["HSET", "other", "a", "1"],
+        &["EVAL", own_script, "1", &keys[2]],
+        &["FLUSHALL"],
+        &["CONFIG", "SET", "maxmemory", "1"],
+        &["ACL", "SETUSER", "node-a", "+@all"],
+        &["KEYS", "*"],
+    ] {
+        let error = refused(&mut host, args);
+        assert!(error.to_ascii_uppercase().contains("NOPERM") || error.contains("can't run"), "{args:?}: {error}");
+    }
+    let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(own_script).query(&mut host)?;
+    let error = refused(&mut host, &["EVALSHA", &sha, "1", &keys[2]]);
+    assert!(error.contains("can't run") || error.to_ascii_uppercase().contains("NOPERM"), "{error}");
+    assert_eq!(redis.cli(&["HGET", &keys[2], "limit"])?.trim(), "15000000");
+    Ok(())
 }
 
 /// Sums of each window.
@@ -854,7 +971,7 @@ fn two_daemons_with_one_host_id_do_not_merge_into_one_host() -> Result<()> {
         .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(taken >= 4.0, "refused reports counted: {taken}");
-    let [hosts_key, _] = redis_keys(&lab.key);
+    let [hosts_key, ..] = redis_keys(&lab.key);
     let fields = lab.redis.cli(&["HKEYS", &hosts_key])?;
     let hosts: Vec<&str> = fields.lines().filter(|f| f.starts_with("h:")).collect();
     assert_eq!(hosts, ["h:host-0"], "{fields}");

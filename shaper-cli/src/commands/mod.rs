@@ -6,6 +6,7 @@ mod batch;
 mod class;
 mod daemon;
 mod detach;
+mod global;
 mod stats;
 mod status;
 mod upgrade;
@@ -28,6 +29,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Apply(args) => apply::run(netns, args),
         Command::Export(args) => apply::export(netns, args),
         Command::Daemon(args) => daemon::run(netns, args),
+        Command::Global(command) => global::run(netns, command),
         Command::Completions(args) => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(args.shell, &mut command, "shaper", &mut std::io::stdout());

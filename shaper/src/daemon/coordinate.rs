@@ -53,6 +53,7 @@ async fn lock_briefly() -> Option<state::StateLock> {
 pub async fn run(daemon: Rc<RefCell<Daemon>>) {
     let mut current: Option<(Coordination, Coordinator)> = None;
     let mut silent_ticks = 0;
+    let mut client_error: Option<String> = None;
     let mut tracked: HashMap<(Location, String), Tracked> = HashMap::new();
     loop {
         let wanted = daemon.borrow().desired.coordination.clone();
@@ -98,7 +99,7 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
             .collect();
         // Without a client (one that cannot be made: a password file gone unreadable,
         // say), every report counts as unanswered: `on_coordinator_loss` decides.
-        let replies = match connected(&mut current, &settings) {
+        let replies = match connected(&mut current, &settings, &mut client_error) {
             Some(coordinator) => coordinator.report_all(&reports).await,
             None => reports
                 .iter()
@@ -134,6 +135,7 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
 fn connected<'c>(
     current: &'c mut Option<(Coordination, Coordinator)>,
     settings: &Coordination,
+    last_error: &mut Option<String>,
 ) -> Option<&'c mut Coordinator> {
     if current.as_ref().map(|(known, _)| known) != Some(settings) {
         // The password file is read afresh for every new client: a rotated password is
@@ -153,6 +155,7 @@ fn connected<'c>(
             });
         *current = match made {
             Ok(coordinator) => {
+                *last_error = None;
                 log::info!(
                     "coordinating global classes through {} as host '{}' every {}",
                     global::redacted(&settings.redis),
@@ -162,7 +165,12 @@ fn connected<'c>(
                 Some((settings.clone(), coordinator))
             }
             Err(error) => {
-                log::error!("coordination off: {error:#}");
+                // Retried every tick; said once until it changes.
+                let error = format!("{error:#}");
+                if last_error.as_ref() != Some(&error) {
+                    log::error!("coordination off: {error}");
+                    *last_error = Some(error);
+                }
                 None
             }
         };
@@ -278,6 +286,38 @@ fn demand_of(class: &HostClass, entry: &mut Tracked) -> Report {
     }
 }
 
+/// Says which limit the hosts now fill with, when it changed: a published one (and
+/// whether it differs from this host's rate, which still caps the share here), or this
+/// host's own.
+fn log_limits(class: &HostClass, own: u64, limits: global::Limits) {
+    let rate = crate::units::format_rate;
+    if limits.version == 0 {
+        log::info!(
+            "{} (global '{}'): no published limit; the hosts fill with the caller's rate ({} from this host)",
+            class.name,
+            class.key,
+            rate(own)
+        );
+    } else if limits.limit_bits_per_sec == own {
+        log::info!(
+            "{} (global '{}'): published limit {} (version {}), as this host's rate",
+            class.name,
+            class.key,
+            rate(limits.limit_bits_per_sec),
+            limits.version
+        );
+    } else {
+        log::warn!(
+            "{} (global '{}'): published limit {} (version {}) differs from this host's rate {}: the hosts fill with the published one, and this host's share is capped at its own rate",
+            class.name,
+            class.key,
+            rate(limits.limit_bits_per_sec),
+            limits.version,
+            rate(own)
+        );
+    }
+}
+
 /// Redis's answer (or its absence) decided into the tracker's share. Whether Redis
 /// answered.
 fn decide(
@@ -290,7 +330,22 @@ fn decide(
     let answered = reply.is_ok();
     let event = match reply {
         Ok(Reply::Share(answer)) => {
-            daemon.borrow_mut().health.coordination_ok += 1;
+            {
+                let health = &mut daemon.borrow_mut().health;
+                health.coordination_ok += 1;
+                health.global_fields_dropped += u64::from(answer.dropped_fields);
+            }
+            if answer.dropped_fields > 0 {
+                log::warn!(
+                    "{} (global '{}'): the allocator removed {} host field(s) it could not read (written by someone with the hosts' Redis ACL, not by shaper)",
+                    class.name,
+                    class.key,
+                    answer.dropped_fields
+                );
+            }
+            if tracker.filled_with != Some(answer.limits) {
+                log_limits(class, tracker.limit_bits_per_sec, answer.limits);
+            }
             entry.answered_unix_ms = unix_ms();
             tracker.answered(answer)
         }

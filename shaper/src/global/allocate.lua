@@ -4,11 +4,19 @@
 --          bit/s, Redis TIME in ms).
 -- KEYS[2]  the last fill's shares: field HOST -> bit/s, ".hosts" -> live hosts. Same hash
 --          tag as KEYS[1], so a Redis Cluster keeps both in one slot.
+-- KEYS[1]..":limits"  the published limits (same hash tag; read, never written, and not
+--          declared: Redis counts a script's declared keys as written, and the hosts' ACL
+--          only lets them read this one): "limit", "floor", "interval", "headroom",
+--          "version", written by `shaper global publish` with admin rights. When present
+--          they replace the caller's: every host fills with the same numbers, whatever
+--          its own file says or a caller sends.
 -- ARGV     host, demand, current share, limit, floor (bit/s), interval (ms),
 --          headroom (parts per million of the limit kept free), the calling daemon's
 --          instance (chosen at its start; optional).
--- Returns  {share (bit/s), live hosts, epoch (ms), 0}, or {0, 0, epoch, 1} when another
---          daemon holds the host id.
+-- Returns  {share (bit/s), live hosts, epoch (ms), 0, limit, version, dropped}, or
+--          {0, 0, epoch, 1, limit, version, 0} when another daemon holds the host id.
+--          limit: the one the fill used; version: the published limits' (0: none, the
+--          caller's); dropped: host fields this call's fill found broken and removed.
 --
 -- A call records its host's demand and reads its share from the last fill; the fill (all
 -- hosts, O(n log n)) runs again only when it is half an interval old. So n hosts cost
@@ -17,11 +25,12 @@ local hosts_key, shares_key = KEYS[1], KEYS[2]
 
 -- A caller's arguments are checked before anything is written: a host with a bug (or
 -- another client with the hosts' ACL) cannot store what would break the fill for all.
-local function whole(i, lo, hi)
-  local v = tonumber(ARGV[i])
+local function whole_of(text, lo, hi)
+  local v = tonumber(text)
   if v and v == math.floor(v) and v >= lo and v <= hi then return v end
   return nil
 end
+local function whole(i, lo, hi) return whole_of(ARGV[i], lo, hi) end
 local host = ARGV[1]
 if type(host) ~= 'string' or #host > 64 or not string.match(host, '^[%w][%w%-_.:]*$') then
   return redis.error_reply('shaper: bad host id (1 to 64 letters, digits, -_.:, first a letter or digit)')
@@ -39,6 +48,26 @@ if #instance > 32 or not string.match(instance, '^%w*$') then
 end
 if not (demand and current and limit and floor and interval and headroom) then
   return redis.error_reply('shaper: bad arguments (demand, share, limit >= 1, floor <= limit, interval 50..10000 ms, headroom < 1000000 ppm)')
+end
+-- Published limits, checked as the caller's are: a broken entry fails every call (loudly,
+-- in every host's log) rather than fill with numbers nobody meant.
+local version = 0
+local limits_key = hosts_key .. ':limits'
+do
+  local published = redis.call('HGETALL', limits_key)
+  if #published > 0 then
+    local p = {}
+    for i = 1, #published, 2 do p[published[i]] = published[i + 1] end
+    local l = whole_of(p.limit, 1, most)
+    local f = l and whole_of(p.floor, 0, l)
+    local iv = whole_of(p.interval, 50, 10000)
+    local h = whole_of(p.headroom, 0, 999999)
+    local v = whole_of(p.version, 1, most)
+    if not (l and f and iv and h and v) then
+      return redis.error_reply('shaper: bad published limits in ' .. limits_key .. ' (shaper global publish writes them)')
+    end
+    limit, floor, interval, headroom, version = l, f, iv, h, v
+  end
 end
 
 local time = redis.call('TIME')
@@ -64,7 +93,7 @@ local held = redis.call('HGET', hosts_key, 'h:' .. host)
 if held and instance ~= '' then
   local at, owner = string.match(held, '^%d+ %d+ (%d+) ?(%w*)$')
   if at and owner ~= '' and owner ~= instance and math.abs(now - tonumber(at)) <= 3 * interval then
-    return {0, 0, epoch, 1}
+    return {0, 0, epoch, 1, limit, version, 0}
   end
 end
 redis.call('HSET', hosts_key, 'h:' .. host, string.format('%d %d %d %s', demand, current, now, instance))
@@ -74,6 +103,7 @@ redis.call('PEXPIRE', hosts_key, 40 * interval)
 -- thousand hosts joining at once must not fill a thousand times).
 local mine = tonumber(redis.call('HGET', shares_key, host)) or current
 local filled = tonumber(redis.call('HGET', hosts_key, '.filled')) or 0
+local dropped = 0
 if now - filled >= interval / 2 or filled > now then
   -- Live hosts; those silent for three intervals are forgotten.
   local fields = redis.call('HGETALL', hosts_key)
@@ -85,7 +115,10 @@ if now - filled >= interval / 2 or filled > now then
       -- A field that does not parse (no host of this script wrote it) is dropped, as a
       -- host silent for three intervals is (or stamped that far ahead: the clock stepped
       -- back; a live host is back at its next report).
-      if not at or math.abs(now - tonumber(at)) > 3 * interval then
+      if not at then
+        dropped = dropped + 1
+        redis.call('HDEL', hosts_key, field)
+      elseif math.abs(now - tonumber(at)) > 3 * interval then
         redis.call('HDEL', hosts_key, field)
       else
         names[#names + 1] = string.sub(field, 3)
@@ -135,4 +168,4 @@ local n = tonumber(redis.call('HGET', shares_key, '.hosts')) or 1
 if now - epoch < 2 * interval then
   mine = math.min(mine, current)
 end
-return {math.floor(mine), n, epoch, 0}
+return {math.floor(mine), n, epoch, 0, limit, version, dropped}

@@ -23,15 +23,7 @@ impl Coordinator {
         host_id: &str,
         interval: Duration,
     ) -> anyhow::Result<Self> {
-        use redis::IntoConnectionInfo as _;
-        let mut info = url
-            .into_connection_info()
-            .map_err(|error| anyhow::anyhow!("bad Redis URL '{}': {error}", redacted(url)))?;
-        if let Some(password) = password {
-            let settings = info.redis_settings().clone().set_password(password);
-            info = info.set_redis_settings(settings);
-        }
-        let client = redis::Client::open(info)?;
+        let client = client(url, password)?;
         // A report must answer within the interval or count as lost. The manager makes one
         // attempt per reconnect: the daemon's next tick is the retry, and a pending backoff
         // would hold the tick that finds Redis back.
@@ -81,7 +73,7 @@ impl Coordinator {
     async fn call_all(&self, reports: &[&Report]) -> Vec<redis::RedisResult<Reply>> {
         let calls = reports.iter().map(|report| {
             let mut connection = self.connection.clone();
-            let [hosts_key, shares_key] = redis_keys(&report.key);
+            let [hosts_key, shares_key, _] = redis_keys(&report.key);
             let mut invocation = self.script.key(hosts_key);
             invocation
                 .key(shares_key)
@@ -94,8 +86,15 @@ impl Coordinator {
                 .arg(HEADROOM_PPM)
                 .arg(instance());
             async move {
-                let (share, hosts, epoch, taken): (u64, u32, u64, u8) =
-                    invocation.invoke_async(&mut connection).await?;
+                let (share, hosts, epoch, taken, limit, version, dropped): (
+                    u64,
+                    u32,
+                    u64,
+                    u8,
+                    u64,
+                    u64,
+                    u32,
+                ) = invocation.invoke_async(&mut connection).await?;
                 Ok(if taken != 0 {
                     Reply::HostIdTaken
                 } else {
@@ -103,6 +102,11 @@ impl Coordinator {
                         share_bits_per_sec: share,
                         hosts,
                         epoch_ms: epoch,
+                        limits: Limits {
+                            limit_bits_per_sec: limit,
+                            version,
+                        },
+                        dropped_fields: dropped,
                     })
                 })
             }

@@ -19,11 +19,13 @@ use std::time::Duration;
 
 mod coordinator;
 mod host;
+mod publish;
 mod tracker;
 
 pub use coordinator::{instance, Coordinator, Reply, Report};
+pub use publish::{key_limits, publish, KeyLimits, Published};
 pub use host::{host_classes, install, renew, update_for, HostClass, ShareView};
-pub use tracker::{demand, Answer, Event, Tracker, Usage};
+pub use tracker::{demand, Answer, Event, Limits, Tracker, Usage};
 
 /// How often hosts report and re-read their shares unless `[coordination] interval` says.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);
@@ -49,13 +51,30 @@ pub const RAMP_GRACE: Duration = Duration::from_secs(3);
 /// The allocation script (see its header).
 pub const ALLOCATE: &str = include_str!("allocate.lua");
 
-/// The Redis keys of global key `key`: its hosts' demands and its last fill's shares,
-/// two hashes hash-tagged so a Redis Cluster keeps a class's state in one slot.
-pub fn redis_keys(key: &str) -> [String; 2] {
+/// The Redis keys of global key `key`: its hosts' demands, its last fill's shares and
+/// its published limits, three hashes hash-tagged so a Redis Cluster keeps a class's
+/// state in one slot. The hosts' ACL can tell them apart (`~shaper:{*}
+/// ~shaper:{*}:shares %R~shaper:{*}:limits`): hosts write the first two and only read
+/// the third.
+pub fn redis_keys(key: &str) -> [String; 3] {
     [
         format!("shaper:{{{key}}}"),
         format!("shaper:{{{key}}}:shares"),
+        format!("shaper:{{{key}}}:limits"),
     ]
+}
+
+/// A client for `url`, with `password` instead of the URL's.
+fn client(url: &str, password: Option<&str>) -> anyhow::Result<redis::Client> {
+    use redis::IntoConnectionInfo as _;
+    let mut info = url
+        .into_connection_info()
+        .map_err(|error| anyhow::anyhow!("bad Redis URL '{}': {error}", redacted(url)))?;
+    if let Some(password) = password {
+        let settings = info.redis_settings().clone().set_password(password);
+        info = info.set_redis_settings(settings);
+    }
+    Ok(redis::Client::open(info)?)
 }
 
 /// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`);

@@ -56,6 +56,19 @@ pub struct Answer {
     pub hosts: u32,
     /// When the class's state in Redis began (ms): a new one means Redis lost it.
     pub epoch_ms: u64,
+    /// The limit the fill used.
+    pub limits: Limits,
+    /// Host fields that did not parse, removed by this call's fill (someone with the
+    /// hosts' ACL wrote them).
+    pub dropped_fields: u32,
+}
+
+/// The limit Redis filled with: the published one (`version` ≥ 1, written by
+/// `shaper global publish`) or, with none published, the caller's own (`version` 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub limit_bits_per_sec: u64,
+    pub version: u64,
 }
 
 /// One global class's share on this host, from one tick to the next.
@@ -76,6 +89,8 @@ pub struct Tracker {
     /// The demand last reported (see [`Tracker::report_demand`]).
     pub demand: u64,
     pub epoch_ms: Option<u64>,
+    /// The limit Redis last filled with (published or this host's own).
+    pub filled_with: Option<Limits>,
     /// [`RAMP_GRACE`] in ticks.
     ramp_ticks: u32,
     /// Ticks left in which the reported demand stays at least `ramp_share`.
@@ -108,6 +123,7 @@ impl Tracker {
             missed: 0,
             demand: 0,
             epoch_ms: None,
+            filled_with: None,
             // At least two ticks: a rise is applied an answer after it is allowed.
             ramp_ticks: RAMP_GRACE.as_millis().div_ceil(interval_ms).max(2) as u32,
             ramp_left: 0,
@@ -135,7 +151,14 @@ impl Tracker {
     /// An equal part of the limit among the hosts last counted (the whole limit before
     /// any answer).
     pub fn fair_share(&self) -> u64 {
-        self.limit_bits_per_sec / u64::from(self.hosts.max(1))
+        self.fill_limit() / u64::from(self.hosts.max(1))
+    }
+
+    /// The limit the hosts share: the one Redis last filled with (a published limit
+    /// wins over this host's file), this host's own before any answer.
+    pub fn fill_limit(&self) -> u64 {
+        self.filled_with
+            .map_or(self.limit_bits_per_sec, |limits| limits.limit_bits_per_sec)
     }
 
     /// Redis answered: lower at once, rise an answer later.
@@ -163,6 +186,7 @@ impl Tracker {
         self.hosts = answer.hosts;
         self.missed = 0;
         self.epoch_ms = Some(answer.epoch_ms);
+        self.filled_with = Some(answer.limits);
         event
     }
 
@@ -177,9 +201,10 @@ impl Tracker {
                 self.applied
             }
             OnLoss::Static => {
-                let budget =
-                    self.limit_bits_per_sec - self.limit_bits_per_sec * HEADROOM_PPM / 1_000_000;
-                (budget / self.hosts.max(1) as u64).max(self.floor_bits_per_sec)
+                let limit = self.fill_limit();
+                let budget = limit - limit * HEADROOM_PPM / 1_000_000;
+                (budget / self.hosts.max(1) as u64)
+                    .clamp(self.floor_bits_per_sec, self.limit_bits_per_sec)
             }
             OnLoss::Open => self.limit_bits_per_sec,
             OnLoss::Closed => self.floor_bits_per_sec,
@@ -213,6 +238,11 @@ mod tests {
             share_bits_per_sec: share,
             hosts: 3,
             epoch_ms: 7,
+            limits: Limits {
+                limit_bits_per_sec: 30 * MBIT,
+                version: 0,
+            },
+            dropped_fields: 0,
         }
     }
 
@@ -329,14 +359,45 @@ mod tests {
         closed.lost();
         assert_eq!(closed.applied, MBIT);
         let back = Answer {
-            share_bits_per_sec: 10 * MBIT,
-            hosts: 3,
             epoch_ms: 1,
+            ..answer(10 * MBIT)
         };
         assert_eq!(closed.answered(back), Event::Back);
         assert_eq!(
             closed.applied, MBIT,
             "back from a loss, it rises an answer later"
         );
+    }
+
+    #[test]
+    fn a_published_limit_is_what_static_falls_back_to() {
+        // This host's file says 30 Mbit/s; the allocator filled with a published 15.
+        let mut held = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, 5 * MBIT, DEFAULT_INTERVAL);
+        held.answered(Answer {
+            limits: Limits {
+                limit_bits_per_sec: 15 * MBIT,
+                version: 2,
+            },
+            ..answer(5 * MBIT)
+        });
+        assert_eq!(held.fair_share(), 5 * MBIT, "15 over 3 hosts");
+        for _ in 0..=STATIC_HOLD_INTERVALS {
+            held.lost();
+        }
+        assert_eq!(held.applied, 4_900_000, "(15 less 2 %) / 3, not (30 less 2 %) / 3");
+        // A published limit above this host's rate: the host's own rate still caps it.
+        let mut capped = Tracker::new(3 * MBIT, MBIT, OnLoss::Static, MBIT, DEFAULT_INTERVAL);
+        capped.answered(Answer {
+            hosts: 1,
+            limits: Limits {
+                limit_bits_per_sec: 30 * MBIT,
+                version: 1,
+            },
+            ..answer(3 * MBIT)
+        });
+        for _ in 0..=STATIC_HOLD_INTERVALS {
+            capped.lost();
+        }
+        assert_eq!(capped.applied, 3 * MBIT);
     }
 }

@@ -69,7 +69,7 @@ fn simulate(hosts: u32, intervals: u32) -> Result<Value> {
     let mut connection = client.get_connection()?;
     let script = redis::Script::new(ALLOCATE);
     let interval = Duration::from_millis(250);
-    let [hosts_key, shares_key] = redis_keys("bench");
+    let [hosts_key, shares_key, _] = redis_keys("bench");
     let usec = |redis: &RedisServer| -> Result<f64> {
         let info = redis.cli(&["INFO", "commandstats"])?;
         Ok(info
@@ -99,7 +99,8 @@ fn simulate(hosts: u32, intervals: u32) -> Result<Value> {
                 .arg(interval.as_millis() as u64)
                 .arg(HEADROOM_PPM);
         }
-        let replies: Vec<(u64, u32, u64, u8)> = pipe
+        // Read as lists: the reply's length is the script's to grow.
+        let replies: Vec<Vec<u64>> = pipe
             .query(connection)
             .context("the allocation script failed")?;
         anyhow::ensure!(replies.len() == hosts as usize, "{} replies", replies.len());
