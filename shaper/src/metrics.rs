@@ -268,17 +268,13 @@ fn register_attachment_families(registry: &mut Registry, families: Families) {
 }
 
 fn register_daemon_health(registry: &mut Registry, health: &Health) {
-    let reloads: Family<Labels, Counter> = Family::default();
-    reloads
-        .get_or_create(&vec![("result".into(), "success".into())])
-        .inc_by(health.reloads_ok);
-    reloads
-        .get_or_create(&vec![("result".into(), "failure".into())])
-        .inc_by(health.reloads_failed);
     registry.register(
         "shaper_daemon_config_reloads",
         "Configuration loads by result",
-        reloads,
+        by_result(&[
+            ("success", health.reloads_ok),
+            ("failure", health.reloads_failed),
+        ]),
     );
     registry.register(
         "shaper_daemon_config_valid",
@@ -305,51 +301,54 @@ fn register_daemon_health(registry: &mut Registry, health: &Health) {
         "Configured interfaces (or namespaces) that do not exist now",
         gauge(health.interfaces_missing as i64),
     );
-    let apply_errors: Counter = Counter::default();
-    apply_errors.inc_by(health.apply_errors);
-    registry.register(
-        "shaper_daemon_apply_errors",
-        "Plans that failed to apply",
-        apply_errors,
-    );
-    let taken: Counter = Counter::default();
-    taken.inc_by(health.host_id_taken);
-    registry.register(
-        "shaper_daemon_host_id_taken",
-        "Reports Redis refused because another daemon reports with this host_id",
-        taken,
-    );
-    let dropped: Counter = Counter::default();
-    dropped.inc_by(health.global_fields_dropped);
-    registry.register(
-        "shaper_daemon_global_fields_dropped",
-        "Host fields of global classes in Redis that the allocator could not read and removed (written by another client with the hosts' ACL)",
-        dropped,
-    );
-    let refused: Counter = Counter::default();
-    refused.inc_by(health.metrics_connections_refused);
-    registry.register(
-        "shaper_daemon_metrics_connections_refused",
-        "Connections to this listener closed at once because as many were open as it serves",
-        refused,
-    );
-    let lock_busy: Counter = Counter::default();
-    lock_busy.inc_by(health.lock_busy);
-    registry.register(
-        "shaper_daemon_lock_busy",
-        "Checks skipped because another shaper command held the state lock",
-        lock_busy,
-    );
-    let reports: Family<Labels, Counter> = Family::default();
-    reports
-        .get_or_create(&vec![("result".into(), "answered".into())])
-        .inc_by(health.coordination_ok);
-    reports
-        .get_or_create(&vec![("result".into(), "failed".into())])
-        .inc_by(health.coordination_failed);
+    for (name, help, value) in [
+        (
+            "shaper_daemon_apply_errors",
+            "Plans that failed to apply",
+            health.apply_errors,
+        ),
+        (
+            "shaper_daemon_host_id_taken",
+            "Reports Redis refused because another daemon reports with this host_id",
+            health.host_id_taken,
+        ),
+        (
+            "shaper_daemon_global_fields_dropped",
+            "Host fields of global classes in Redis that the allocator could not read and removed (written by another client with the hosts' ACL)",
+            health.global_fields_dropped,
+        ),
+        (
+            "shaper_daemon_metrics_connections_refused",
+            "Connections to this listener closed at once because as many were open as it serves",
+            health.metrics_connections_refused,
+        ),
+        (
+            "shaper_daemon_lock_busy",
+            "Checks skipped because another shaper command held the state lock",
+            health.lock_busy,
+        ),
+    ] {
+        let counter: Counter = Counter::default();
+        counter.inc_by(value);
+        registry.register(name, help, counter);
+    }
     registry.register(
         "shaper_daemon_coordination_reports",
         "Global classes' reports to Redis, by result (a failed one follows on_coordinator_loss)",
-        reports,
+        by_result(&[
+            ("answered", health.coordination_ok),
+            ("failed", health.coordination_failed),
+        ]),
     );
+}
+
+/// A counter per `result` label.
+fn by_result(counts: &[(&str, u64)]) -> Family<Labels, Counter> {
+    let family: Family<Labels, Counter> = Family::default();
+    for (result, count) in counts {
+        family
+            .get_or_create(&vec![("result".into(), (*result).into())])
+            .inc_by(*count);
+    }
+    family
 }

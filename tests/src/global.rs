@@ -377,6 +377,11 @@ impl GlobalLab {
         self.daemons[index] = None;
     }
 
+    /// Host `index`'s configuration file.
+    pub fn file(&self, index: usize) -> &std::path::Path {
+        &self.files[index]
+    }
+
     /// Host `index`'s `password_file`, if it has one.
     pub fn password_file(&self, index: usize) -> Option<&PathBuf> {
         self.password_files.get(index)?.as_ref()

@@ -240,12 +240,21 @@ fn published_limits_replace_the_callers_and_a_hosts_acl_cannot_write_them() -> R
     let admin = redis.url();
     let (ok, stdout, stderr) = publish(&["-f", path, "--redis", &admin]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains("published p: limit 30Mbit,") && stdout.contains("(version 1)"), "{stdout}");
+    assert!(
+        stdout.contains("published p: limit 30Mbit,") && stdout.contains("(version 1)"),
+        "{stdout}"
+    );
     let (_, stdout, _) = publish(&["-f", path, "--redis", &admin]);
-    assert!(stdout.starts_with("unchanged p:") && stdout.contains("(version 1)"), "{stdout}");
+    assert!(
+        stdout.starts_with("unchanged p:") && stdout.contains("(version 1)"),
+        "{stdout}"
+    );
     write_file("15mbit")?;
     let (_, stdout, _) = publish(&["-f", path, "--redis", &admin]);
-    assert!(stdout.contains("limit 15Mbit,") && stdout.contains("(version 2)"), "{stdout}");
+    assert!(
+        stdout.contains("limit 15Mbit,") && stdout.contains("(version 2)"),
+        "{stdout}"
+    );
 
     // A host that calls with a huge limit fills with the published one.
     let keys = redis_keys("p");
@@ -265,16 +274,35 @@ fn published_limits_replace_the_callers_and_a_hosts_acl_cannot_write_them() -> R
             .invoke(host_conn)
     };
     let reply = call(&mut host, "1000000000000000")?;
-    assert_eq!(&reply[..2], [14_700_000, 1], "15 Mbit/s less 2 %, one host: {reply:?}");
-    assert_eq!(&reply[4..6], [15_000_000, 2], "the limit filled with and its version");
-    assert!(call(&mut host, "-5").is_err(), "a negative limit is refused");
+    assert_eq!(
+        &reply[..2],
+        [14_700_000, 1],
+        "15 Mbit/s less 2 %, one host: {reply:?}"
+    );
+    assert_eq!(
+        &reply[4..6],
+        [15_000_000, 2],
+        "the limit filled with and its version"
+    );
+    assert!(
+        call(&mut host, "-5").is_err(),
+        "a negative limit is refused"
+    );
     // Fields nobody's script wrote are removed at the next fill and counted in its reply.
     for (field, value) in [("h:junk", "a b"), ("h:negative", "-5 0 1")] {
-        redis::cmd("HSET").arg(&keys[0]).arg(field).arg(value).exec(&mut host)?;
+        redis::cmd("HSET")
+            .arg(&keys[0])
+            .arg(field)
+            .arg(value)
+            .exec(&mut host)?;
     }
     thread::sleep(Duration::from_millis(600));
     let reply = call(&mut host, "30000000")?;
-    assert_eq!((reply[0], reply[1], reply[6]), (14_700_000, 1, 2), "{reply:?}");
+    assert_eq!(
+        (reply[0], reply[1], reply[6]),
+        (14_700_000, 1, 2),
+        "{reply:?}"
+    );
 
     // What a host's user cannot do: write or remove the limits (directly or through a
     // script of its own), touch other keys, run EVAL, or manage the server.
@@ -300,11 +328,20 @@ fn published_limits_replace_the_callers_and_a_hosts_acl_cannot_write_them() -> R
         &["KEYS", "*"],
     ] {
         let error = refused(&mut host, args);
-        assert!(error.to_ascii_uppercase().contains("NOPERM") || error.contains("can't run"), "{args:?}: {error}");
+        assert!(
+            error.to_ascii_uppercase().contains("NOPERM") || error.contains("can't run"),
+            "{args:?}: {error}"
+        );
     }
-    let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(own_script).query(&mut host)?;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(own_script)
+        .query(&mut host)?;
     let error = refused(&mut host, &["EVALSHA", &sha, "1", &keys[2]]);
-    assert!(error.contains("can't run") || error.to_ascii_uppercase().contains("NOPERM"), "{error}");
+    assert!(
+        error.contains("can't run") || error.to_ascii_uppercase().contains("NOPERM"),
+        "{error}"
+    );
     assert_eq!(redis.cli(&["HGET", &keys[2], "limit"])?.trim(), "15000000");
     Ok(())
 }
@@ -975,5 +1012,116 @@ fn two_daemons_with_one_host_id_do_not_merge_into_one_host() -> Result<()> {
     let fields = lab.redis.cli(&["HKEYS", &hosts_key])?;
     let hosts: Vec<&str> = fields.lines().filter(|f| f.starts_with("h:")).collect();
     assert_eq!(hosts, ["h:host-0"], "{fields}");
+    Ok(())
+}
+
+/// A client with the hosts' ACL that misbehaves for as long as `stop` is false: it
+/// reports as a host of its own with a huge limit (and a negative one, refused), and
+/// writes fields no host's script would into the class's hash. Its calls that ran a fill.
+fn misbehave(url: &str, key: &str, stop: &std::sync::atomic::AtomicBool) -> Result<u64> {
+    let mut connection = redis::Client::open(url)?.get_connection()?;
+    let [hosts_key, shares_key, _] = redis_keys(key);
+    let script = redis::Script::new(ALLOCATE);
+    let mut calls = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) && calls < 2_000 {
+        for limit in ["1000000000000000", "-5"] {
+            let _: redis::RedisResult<Vec<u64>> = script
+                .key(&hosts_key)
+                .key(&shares_key)
+                .arg("rogue")
+                .arg(0)
+                .arg(0)
+                .arg(limit)
+                .arg(0)
+                .arg(250)
+                .arg(0)
+                .invoke(&mut connection);
+        }
+        for (field, value) in [("h:junk", "a b"), ("h:negative", "-5 0 1")] {
+            redis::cmd("HSET")
+                .arg(&hosts_key)
+                .arg(field)
+                .arg(value)
+                .exec(&mut connection)?;
+        }
+        calls += 1;
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(calls)
+}
+
+#[test]
+fn a_misbehaving_host_moves_no_published_limit() -> Result<()> {
+    let mut lab = GlobalLab::new(3, GlobalClass::default())?;
+    let rogue_url = lab.redis.host_user("rogue", "pw-rogue")?;
+    for host in 0..3 {
+        lab.send(host, "20M", 40)?;
+    }
+    lab.wait_equal_parts()?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let key = lab.key.clone();
+    let (unpublished, published) = thread::scope(|scope| -> Result<_> {
+        let rogue = scope.spawn(|| misbehave(&rogue_url, &key, &stop));
+        let mut run = || -> Result<_> {
+            // Without published limits the fills the rogue's calls run take its limit.
+            lab.windows(Duration::from_secs(2), |_, _| Ok(()))?;
+            let unpublished = lab.windows(Duration::from_secs(3), |_, _| Ok(()))?;
+            let file = lab.file(0).to_str().unwrap().to_string();
+            let (ok, stdout, stderr) = publish(&["-f", &file, "--redis", &lab.redis.url()]);
+            anyhow::ensure!(ok && stdout.contains("(version 1)"), "{stdout}{stderr}");
+            // Three intervals for every host to take the published limit, then measured.
+            lab.windows(Duration::from_secs(1), |_, _| Ok(()))?;
+            let published = lab.windows(Duration::from_secs(5), |_, _| Ok(()))?;
+            Ok((unpublished, published))
+        };
+        let result = run();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let calls = rogue.join().expect("the rogue client panicked")?;
+        anyhow::ensure!(calls > 50, "the rogue made {calls} rounds of calls");
+        result
+    })?;
+    let before = aggregate(&unpublished);
+    let after = aggregate(&published);
+    println!(
+        "a rogue client with the hosts' ACL: aggregate per window before publishing {:?}, after {:?} Mbit/s",
+        before.iter().map(|r| mbit(*r)).collect::<Vec<_>>(),
+        after.iter().map(|r| mbit(*r)).collect::<Vec<_>>()
+    );
+    // The rogue matters: unpublished, its limit lets the hosts through well above.
+    assert!(
+        median(&before) > 1.1 * LIMIT,
+        "the rogue moved nothing before publishing ({before:?}): this test tests nothing"
+    );
+    let total = median(&after);
+    assert!(
+        (0.95 * LIMIT..=1.03 * LIMIT).contains(&total),
+        "aggregate {total} with the limit published"
+    );
+    let highest = after.iter().copied().fold(0.0, f64::max);
+    assert!(highest <= 1.05 * LIMIT, "a window at {highest}");
+    // The broken fields: removed by the daemons' fills, counted and said.
+    let dropped: f64 = (0..3)
+        .map(|host| {
+            lab.metrics(host)
+                .unwrap_or_default()
+                .lines()
+                .find(|line| line.starts_with("shaper_daemon_global_fields_dropped_total"))
+                .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum();
+    assert!(
+        dropped >= 2.0,
+        "fields dropped by the hosts' fills: {dropped}"
+    );
+    let logs: String = (0..3).map(|host| lab.daemon_log(host)).collect();
+    assert!(
+        logs.contains("could not read"),
+        "no log line of the removed fields"
+    );
+    assert!(
+        logs.contains("published limit 30Mbit (version 1), as this host's rate"),
+        "no log line of the published limit"
+    );
     Ok(())
 }

@@ -10,7 +10,9 @@ use shaper::{
 
 pub fn run(netns: Option<String>, command: GlobalCommand) -> Result<()> {
     if netns.is_some() {
-        return Err(usage("global limits live in Redis, not in a namespace: drop --netns"));
+        return Err(usage(
+            "global limits live in Redis, not in a namespace: drop --netns",
+        ));
     }
     match command {
         GlobalCommand::Publish(args) => publish(args),
@@ -19,7 +21,17 @@ pub fn run(netns: Option<String>, command: GlobalCommand) -> Result<()> {
 
 fn publish(args: PublishArgs) -> Result<()> {
     let desired = crate::config_file::load(&args.file)?;
-    let keys = global::key_limits(&desired).map_err(|e| usage(format!("{e:#}")))?;
+    let interval = desired
+        .coordination
+        .as_ref()
+        .map_or(global::DEFAULT_INTERVAL, |c| c.interval);
+    let classes = desired.interfaces.iter().flat_map(|interface| {
+        interface
+            .classes
+            .iter()
+            .map(|(_, spec)| (interface.dev.as_str(), spec))
+    });
+    let keys = global::key_limits(classes, interval).map_err(|e| usage(format!("{e:#}")))?;
     if keys.is_empty() {
         return Err(usage(format!("{} declares no global class", args.file)));
     }
@@ -62,10 +74,14 @@ fn publish(args: PublishArgs) -> Result<()> {
         .map(global::read_password)
         .transpose()
         .map_err(|e| usage(format!("{e:#}")))?;
-    let published = global::publish(&url, password.as_deref(), &keys)
-        .map_err(|e| runtime(format!("{e:#}")))?;
+    let published =
+        global::publish(&url, password.as_deref(), &keys).map_err(|e| runtime(format!("{e:#}")))?;
     for key in published {
-        let what = if key.changed { "published" } else { "unchanged" };
+        let what = if key.changed {
+            "published"
+        } else {
+            "unchanged"
+        };
         println!("{what} {} (version {})", describe(&key.limits), key.version);
     }
     Ok(())

@@ -1,14 +1,15 @@
 //! The Redis side of global classes.
 
-use super::*;
+use super::{target::Target, *};
 
 /// The Redis side: one lazily connected manager (it reconnects by itself after an I/O
 /// error) and the allocation script (EVALSHA; reloaded after NOSCRIPT, as after a Redis
-/// restart).
+/// restart). Behind Sentinel the manager is made for the primary Sentinel names, and
+/// made afresh (Sentinel asked again) after a tick without any answer.
 pub struct Coordinator {
-    client: redis::Client,
+    target: Target,
     config: redis::aio::ConnectionManagerConfig,
-    connection: redis::aio::ConnectionManager,
+    connection: Option<redis::aio::ConnectionManager>,
     script: redis::Script,
     host_id: String,
     interval: Duration,
@@ -23,7 +24,6 @@ impl Coordinator {
         host_id: &str,
         interval: Duration,
     ) -> anyhow::Result<Self> {
-        let client = client(url, password)?;
         // A report must answer within the interval or count as lost. The manager makes one
         // attempt per reconnect: the daemon's next tick is the retry, and a pending backoff
         // would hold the tick that finds Redis back.
@@ -32,22 +32,40 @@ impl Coordinator {
             .set_response_timeout(Some(interval / 2))
             .set_number_of_retries(0);
         Ok(Self {
-            connection: client.get_connection_manager_lazy(config.clone())?,
-            client,
+            target: Target::new(url, password)?,
             config,
+            connection: None,
             script: redis::Script::new(ALLOCATE),
             host_id: host_id.to_string(),
             interval,
         })
     }
 
+    /// The connection to report on: the one kept, or a new one (for Sentinel, to the
+    /// primary it names now; asking it is bounded by half an interval, as a report is).
+    async fn connection(&mut self) -> redis::RedisResult<redis::aio::ConnectionManager> {
+        if let Some(connection) = &self.connection {
+            return Ok(connection.clone());
+        }
+        let client = tokio::time::timeout(self.interval / 2, self.target.client())
+            .await
+            .map_err(|_| {
+                redis::RedisError::from((redis::ErrorKind::Io, "Sentinel did not answer in time"))
+            })??;
+        let connection = client.get_connection_manager_lazy(self.config.clone())?;
+        self.connection = Some(connection.clone());
+        Ok(connection)
+    }
+
     /// Reports this host's demand for every class at once and returns each share (in
     /// `reports`' order). The calls share the multiplexed connection, so a slow or silent
     /// Redis costs a tick one response timeout, not one per class. Calls that find the
     /// connection gone (Redis restarted, say) are made once more at once on the
-    /// connection the manager has just started, so the tick that finds Redis back is
-    /// answered. A refused login (Redis back before its ACL users) is never retried by
-    /// the manager: the connection is made afresh for the next tick.
+    /// connection the manager has just started (behind Sentinel: on the primary it names
+    /// now), so the tick that finds Redis back is answered. A refused login (Redis back
+    /// before its ACL users) is never retried by the manager: the connection is made
+    /// afresh for the next tick, as it is behind Sentinel after a tick with no answer (a
+    /// primary that is gone, or one demoted to a replica, which refuses writes).
     pub async fn report_all(&mut self, reports: &[Report]) -> Vec<redis::RedisResult<Reply>> {
         let all: Vec<&Report> = reports.iter().collect();
         let mut answers = self.call_all(&all).await;
@@ -55,24 +73,29 @@ impl Coordinator {
             .filter(|&i| matches!(&answers[i], Err(error) if error.is_connection_dropped()))
             .collect();
         if !dropped.is_empty() {
+            if self.target.is_sentinel() {
+                self.connection = None;
+            }
             let again: Vec<&Report> = dropped.iter().map(|&i| &reports[i]).collect();
             for (i, answer) in dropped.into_iter().zip(self.call_all(&again).await) {
                 answers[i] = answer;
             }
         }
         let refused = |answer: &redis::RedisResult<Reply>| matches!(answer, Err(error) if error.kind() == redis::ErrorKind::AuthenticationFailed);
-        if answers.iter().any(refused) {
-            match self.client.get_connection_manager_lazy(self.config.clone()) {
-                Ok(connection) => self.connection = connection,
-                Err(error) => log::warn!("coordination: cannot make a new connection: {error}"),
-            }
+        let unanswered = !answers.is_empty() && answers.iter().all(|answer| answer.is_err());
+        if answers.iter().any(refused) || (unanswered && self.target.is_sentinel()) {
+            self.connection = None;
         }
         answers
     }
 
-    async fn call_all(&self, reports: &[&Report]) -> Vec<redis::RedisResult<Reply>> {
+    async fn call_all(&mut self, reports: &[&Report]) -> Vec<redis::RedisResult<Reply>> {
+        let connection = match self.connection().await {
+            Ok(connection) => connection,
+            Err(error) => return reports.iter().map(|_| Err(error.clone())).collect(),
+        };
         let calls = reports.iter().map(|report| {
-            let mut connection = self.connection.clone();
+            let mut connection = connection.clone();
             let [hosts_key, shares_key, _] = redis_keys(&report.key);
             let mut invocation = self.script.key(hosts_key);
             invocation

@@ -20,11 +20,12 @@ use std::time::Duration;
 mod coordinator;
 mod host;
 mod publish;
+mod target;
 mod tracker;
 
 pub use coordinator::{instance, Coordinator, Reply, Report};
-pub use publish::{key_limits, publish, KeyLimits, Published};
 pub use host::{host_classes, install, renew, update_for, HostClass, ShareView};
+pub use publish::{key_limits, publish, KeyLimits, Published};
 pub use tracker::{demand, Answer, Event, Limits, Tracker, Usage};
 
 /// How often hosts report and re-read their shares unless `[coordination] interval` says.
@@ -64,25 +65,12 @@ pub fn redis_keys(key: &str) -> [String; 3] {
     ]
 }
 
-/// A client for `url`, with `password` instead of the URL's.
-fn client(url: &str, password: Option<&str>) -> anyhow::Result<redis::Client> {
-    use redis::IntoConnectionInfo as _;
-    let mut info = url
-        .into_connection_info()
-        .map_err(|error| anyhow::anyhow!("bad Redis URL '{}': {error}", redacted(url)))?;
-    if let Some(password) = password {
-        let settings = info.redis_settings().clone().set_password(password);
-        info = info.set_redis_settings(settings);
-    }
-    Ok(redis::Client::open(info)?)
-}
-
-/// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`);
-/// the message names the URL without its password.
+/// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`,
+/// `redis+sentinel://`); the message names the URL without its password.
 pub fn check_url(url: &str) -> Result<(), String> {
-    redis::Client::open(url)
+    target::Target::new(url, None)
         .map(|_| ())
-        .map_err(|error| format!("bad Redis URL '{}': {error}", redacted(url)))
+        .map_err(|error| format!("{error:#}"))
 }
 
 /// A Redis URL without its password, for messages and the log.

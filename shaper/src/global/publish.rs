@@ -5,7 +5,7 @@
 //! no longer makes the fills alternate between two limits.
 
 use super::*;
-use crate::config::Desired;
+use crate::classes::ClassSpec;
 use anyhow::{bail, Context as _};
 use std::collections::BTreeMap;
 
@@ -27,33 +27,31 @@ pub struct Published {
     pub changed: bool,
 }
 
-/// The global keys of `desired`, each once. A key declared twice with other numbers (on
-/// two interfaces, say) is refused: the hosts would not know which one is meant.
-pub fn key_limits(desired: &Desired) -> anyhow::Result<Vec<KeyLimits>> {
-    let interval = desired
-        .coordination
-        .as_ref()
-        .map_or(DEFAULT_INTERVAL, |c| c.interval);
+/// The global keys of `classes` (each with the interface it is on), each once, with the
+/// file's coordination `interval`. A key declared twice with other numbers (on two
+/// interfaces, say) is refused: the hosts would not know which one is meant.
+pub fn key_limits<'c>(
+    classes: impl IntoIterator<Item = (&'c str, &'c ClassSpec)>,
+    interval: Duration,
+) -> anyhow::Result<Vec<KeyLimits>> {
     let mut keys: BTreeMap<String, (KeyLimits, String)> = BTreeMap::new();
-    for interface in &desired.interfaces {
-        for (_, spec) in &interface.classes {
-            let Some(global) = &spec.global else { continue };
-            let limits = KeyLimits {
-                key: global.key.clone(),
-                limit_bits_per_sec: spec.rate_bits_per_sec,
-                floor_bits_per_sec: global.floor_bits_per_sec,
-                interval,
-            };
-            let place = format!("class {} on {}", spec.name, interface.dev);
-            match keys.get(&global.key) {
-                Some((known, first)) if *known != limits => bail!(
-                    "global key '{}' has other limits in {first} than in {place}",
-                    global.key
-                ),
-                Some(_) => {}
-                None => {
-                    keys.insert(global.key.clone(), (limits, place));
-                }
+    for (dev, spec) in classes {
+        let Some(global) = &spec.global else { continue };
+        let limits = KeyLimits {
+            key: global.key.clone(),
+            limit_bits_per_sec: spec.rate_bits_per_sec,
+            floor_bits_per_sec: global.floor_bits_per_sec,
+            interval,
+        };
+        let place = format!("class {} on {dev}", spec.name);
+        match keys.get(&global.key) {
+            Some((known, first)) if *known != limits => bail!(
+                "global key '{}' has other limits in {first} than in {place}",
+                global.key
+            ),
+            Some(_) => {}
+            None => {
+                keys.insert(global.key.clone(), (limits, place));
             }
         }
     }
@@ -80,7 +78,9 @@ pub fn publish(
     password: Option<&str>,
     keys: &[KeyLimits],
 ) -> anyhow::Result<Vec<Published>> {
-    let client = client(url, password)?;
+    let client = target::Target::new(url, password)?
+        .client_blocking()
+        .with_context(|| format!("Sentinel did not name the primary ({})", redacted(url)))?;
     let mut connection = client
         .get_connection_with_timeout(Duration::from_secs(5))
         .with_context(|| format!("cannot reach Redis at {}", redacted(url)))?;

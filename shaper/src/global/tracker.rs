@@ -384,7 +384,10 @@ mod tests {
         for _ in 0..=STATIC_HOLD_INTERVALS {
             held.lost();
         }
-        assert_eq!(held.applied, 4_900_000, "(15 less 2 %) / 3, not (30 less 2 %) / 3");
+        assert_eq!(
+            held.applied, 4_900_000,
+            "(15 less 2 %) / 3, not (30 less 2 %) / 3"
+        );
         // A published limit above this host's rate: the host's own rate still caps it.
         let mut capped = Tracker::new(3 * MBIT, MBIT, OnLoss::Static, MBIT, DEFAULT_INTERVAL);
         capped.answered(Answer {
