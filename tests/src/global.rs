@@ -19,6 +19,7 @@ use crate::{
         dies_with_parent, output_bounded, shaper_bin, wait_bounded, wait_listening, Transport,
     },
     redis::{free_port, RedisServer},
+    sentinel::{Sentinel, SERVICE},
     topology::{new_lab_id, Netns},
 };
 use anyhow::{bail, Context as _, Result};
@@ -82,6 +83,9 @@ pub struct GlobalClass {
     pub tls: bool,
     /// Every host's daemon reports as `host-0` (hosts cloned with one id).
     pub one_host_id: bool,
+    /// Redis is a primary with a replica, watched by three sentinels, and the daemons
+    /// reach it by `redis+sentinel://`.
+    pub sentinel: bool,
     /// Global classes on each host: `tenant` (the lab's key), then `tenant-1` ... (keys
     /// `KEY-1` ...), all matching every packet (`tenant` ranks first).
     pub classes: usize,
@@ -100,6 +104,7 @@ impl Default for GlobalClass {
             tls: false,
             classes: 1,
             one_host_id: false,
+            sentinel: false,
         }
     }
 }
@@ -110,6 +115,9 @@ pub struct GlobalLab {
     pub pods: Vec<Netns>,
     pub sink: Netns,
     pub redis: RedisServer,
+    /// With [`GlobalClass::sentinel`]: the replica and the sentinels.
+    pub replica: Option<RedisServer>,
+    pub sentinels: Vec<Sentinel>,
     pub class: GlobalClass,
     /// The global key (unique per lab, so labs never share Redis state).
     pub key: String,
@@ -151,6 +159,8 @@ impl GlobalLab {
             } else {
                 RedisServer::start()?
             },
+            replica: None,
+            sentinels: Vec::new(),
             class,
             key: format!("lab-{id}"),
             daemons: Vec::new(),
@@ -179,11 +189,55 @@ impl GlobalLab {
                 lab.password_files.push(None);
             }
         }
+        if lab.class.sentinel {
+            lab.watch_with_sentinels()?;
+        }
         for index in 0..hosts {
             lab.start_daemon(index)?;
         }
         lab.wait_attached()?;
         Ok(lab)
+    }
+
+    /// A replica of the lab's Redis and three sentinels watching it; the hosts' URLs
+    /// become `redis+sentinel://` ones naming the sentinels.
+    fn watch_with_sentinels(&mut self) -> Result<()> {
+        self.replica = Some(RedisServer::start_replica_of(&self.redis)?);
+        for _ in 0..3 {
+            self.sentinels.push(Sentinel::start(self.redis.port)?);
+        }
+        // Ready for a failover once every sentinel knows the replica.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !self
+            .sentinels
+            .iter()
+            .all(|s| s.replicas().is_ok_and(|n| n == 1))
+        {
+            if Instant::now() > deadline {
+                let replication = self.redis.cli(&["INFO", "replication"]).unwrap_or_default();
+                bail!(
+                    "the sentinels did not learn of the replica ({:?}); the primary: {replication}",
+                    self.sentinels
+                        .iter()
+                        .map(|s| s.replicas())
+                        .collect::<Vec<_>>()
+                );
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        let primary = format!("127.0.0.1:{}/0", self.redis.port);
+        let watched = format!("{}/{SERVICE}/0", sentinels.join(","));
+        for url in &mut self.urls {
+            *url = url
+                .replace("redis://", "redis+sentinel://")
+                .replace(&primary, &watched);
+        }
+        Ok(())
     }
 
     fn build(&self) -> Result<()> {

@@ -31,6 +31,7 @@ pub mod iperf;
 pub mod latency;
 pub mod process;
 pub mod redis;
+pub mod sentinel;
 pub mod state_lock;
 pub mod topology;
 pub mod traffic;

@@ -23,6 +23,8 @@ pub struct RedisServer {
     /// ACL users made after every start (a restart loses them, as it loses the data).
     users: Vec<(String, String)>,
     tls: Option<Tls>,
+    /// The primary's port, for a replica.
+    replica_of: Option<u16>,
 }
 
 /// The TLS listener's port and files: `ca.pem` signed the server's certificate,
@@ -129,6 +131,8 @@ pub const HOST_ACL: &[&str] = &[
     "+hdel",
     "+del",
     "+pexpire",
+    // Behind Sentinel, the client asks the primary it was named whether it is one.
+    "+role",
 ];
 
 /// A loopback port nothing listens on now.
@@ -158,8 +162,26 @@ impl RedisServer {
             child: None,
             users: Vec::new(),
             tls,
+            replica_of: None,
         };
         server.spawn()?;
+        Ok(server)
+    }
+
+    /// A replica of `primary` (for Sentinel to promote), with the primary's ACL users (ACL
+    /// users are not replicated).
+    pub fn start_replica_of(primary: &RedisServer) -> Result<Self> {
+        let mut server = Self {
+            port: free_port()?,
+            child: None,
+            users: Vec::new(),
+            tls: None,
+            replica_of: Some(primary.port),
+        };
+        server.spawn()?;
+        for (user, password) in &primary.users {
+            server.host_user(user, password)?;
+        }
         Ok(server)
     }
 
@@ -221,6 +243,9 @@ impl RedisServer {
                 "--protected-mode",
                 "yes",
             ]);
+        if let Some(primary) = self.replica_of {
+            command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+        }
         if let Some(tls) = &self.tls {
             let file = |name: &str| tls.dir.join(name).display().to_string();
             command

@@ -1125,3 +1125,73 @@ fn a_misbehaving_host_moves_no_published_limit() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_sentinel_failover_is_followed_without_a_burst() -> Result<()> {
+    let class = GlobalClass {
+        sentinel: true,
+        ..GlobalClass::default()
+    };
+    let mut lab = GlobalLab::new(3, class)?;
+    for host in 0..3 {
+        lab.send(host, "20M", 40)?;
+    }
+    lab.wait_equal_parts()
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", lab.daemon_log(0)))?;
+    let before = lab.windows(Duration::from_secs(2), |_, _| Ok(()))?;
+    let replica_port = lab.replica.as_ref().map(|r| r.port).unwrap();
+    let names: Vec<String> = lab.hosts.iter().map(|h| h.name.clone()).collect();
+    let sentinel_port = lab.sentinels[0].port;
+    // The primary killed; from then on, every 100 ms: which primary Sentinel names, and
+    // whether every host holds a share answered since the kill.
+    lab.redis.kill();
+    let killed = Instant::now();
+    let (during, samples) = thread::scope(|scope| -> Result<_> {
+        let poll = scope.spawn(|| {
+            let mut samples: Vec<(f64, bool, bool)> = Vec::new();
+            while killed.elapsed() < Duration::from_secs(8) {
+                let at = killed.elapsed().as_secs_f64();
+                let switched = shaper_tests::sentinel::primary_of(sentinel_port)
+                    .is_ok_and(|port| port == replica_port);
+                let answered = names.iter().all(|name| {
+                    class_row_in(name).is_ok_and(|row| {
+                        row["hosts"] == 3
+                            && row["share_age_seconds"]
+                                .as_f64()
+                                .is_some_and(|age| age < at)
+                    })
+                });
+                samples.push((at, switched, answered));
+                thread::sleep(Duration::from_millis(100));
+            }
+            samples
+        });
+        let during = lab.windows(Duration::from_secs(8), |_, _| Ok(()));
+        let samples = poll.join().expect("the poller panicked");
+        Ok((during?, samples))
+    })?;
+    let switched = samples.iter().find(|s| s.1).map(|s| s.0);
+    let relearnt = samples.iter().find(|s| s.2).map(|s| s.0);
+    let sums = aggregate(&during);
+    println!(
+        "sentinel failover: Sentinel named the replica {switched:?} s after the kill, every host answered by it {relearnt:?} s after; aggregate before {:?}, during {:?} Mbit/s",
+        aggregate(&before).iter().map(|r| mbit(*r)).collect::<Vec<_>>(),
+        sums.iter().map(|r| mbit(*r)).collect::<Vec<_>>()
+    );
+    let (switched, relearnt) = (
+        switched.expect("no failover in 8 s"),
+        relearnt.expect("shares never re-learnt"),
+    );
+    assert!(
+        relearnt - switched <= 2.0,
+        "re-learnt {relearnt} s, switched {switched} s"
+    );
+    let highest = sums.iter().copied().fold(0.0, f64::max);
+    assert!(highest <= 1.05 * LIMIT, "a window at {highest}");
+    let tail = median(&sums[sums.len() - 4..]);
+    assert!(
+        tail >= 0.95 * LIMIT,
+        "after the failover the hosts hold {tail}"
+    );
+    Ok(())
+}

@@ -73,7 +73,8 @@ pub struct Desired {
 /// `[coordination]`: where global classes agree on their shares.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Coordination {
-    /// `redis://[user[:password]@]host:port/db` (or `rediss://`).
+    /// `redis://[user[:password]@]host:port/db` (or `rediss://`, or
+    /// `redis+sentinel://[user@]host:port,.../service/db`).
     pub redis: String,
     /// A root-only file holding the password (instead of the URL's); relative: a systemd
     /// credential in `$CREDENTIALS_DIRECTORY`.

@@ -14,7 +14,7 @@ const SENTINEL_PORT: u16 = 26379;
 /// A server, or the Sentinels that name the primary of a service.
 pub enum Target {
     Server(redis::Client),
-    Sentinel(Box<SentinelClient>),
+    Sentinel(SentinelClient),
 }
 
 impl Target {
@@ -75,7 +75,7 @@ impl Target {
             SentinelServerType::Master,
         )
         .map_err(|e| bad(&e))?;
-        Ok(Self::Sentinel(Box::new(client)))
+        Ok(Self::Sentinel(client))
     }
 
     /// The client of the server to talk to now (for Sentinel: the primary it names now).
