@@ -18,6 +18,7 @@ use crate::{
     process::{
         dies_with_parent, output_bounded, shaper_bin, wait_bounded, wait_listening, Transport,
     },
+    proxy::Proxy,
     redis::{free_port, RedisServer},
     sentinel::{Sentinel, SERVICE},
     topology::{new_lab_id, Netns},
@@ -86,6 +87,8 @@ pub struct GlobalClass {
     /// Redis is a primary with a replica, watched by three sentinels, and the daemons
     /// reach it by `redis+sentinel://`.
     pub sentinel: bool,
+    /// The daemons reach Redis through [`GlobalLab::proxy`] (a delay, a black hole).
+    pub proxy: bool,
     /// Global classes on each host: `tenant` (the lab's key), then `tenant-1` ... (keys
     /// `KEY-1` ...), all matching every packet (`tenant` ranks first).
     pub classes: usize,
@@ -105,6 +108,7 @@ impl Default for GlobalClass {
             classes: 1,
             one_host_id: false,
             sentinel: false,
+            proxy: false,
         }
     }
 }
@@ -118,6 +122,8 @@ pub struct GlobalLab {
     /// With [`GlobalClass::sentinel`]: the replica and the sentinels.
     pub replica: Option<RedisServer>,
     pub sentinels: Vec<Sentinel>,
+    /// With [`GlobalClass::proxy`]: the daemons' way to Redis.
+    pub proxy: Option<Proxy>,
     pub class: GlobalClass,
     /// The global key (unique per lab, so labs never share Redis state).
     pub key: String,
@@ -161,6 +167,7 @@ impl GlobalLab {
             },
             replica: None,
             sentinels: Vec::new(),
+            proxy: None,
             class,
             key: format!("lab-{id}"),
             daemons: Vec::new(),
@@ -191,6 +198,17 @@ impl GlobalLab {
         }
         if lab.class.sentinel {
             lab.watch_with_sentinels()?;
+        }
+        if lab.class.proxy {
+            let proxy = Proxy::start(lab.redis.port)?;
+            let (direct, through) = (
+                format!("127.0.0.1:{}/", lab.redis.port),
+                format!("127.0.0.1:{}/", proxy.port),
+            );
+            for url in &mut lab.urls {
+                *url = url.replace(&direct, &through);
+            }
+            lab.proxy = Some(proxy);
         }
         for index in 0..hosts {
             lab.start_daemon(index)?;

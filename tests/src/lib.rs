@@ -30,6 +30,7 @@ pub mod global;
 pub mod iperf;
 pub mod latency;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod sentinel;
 pub mod state_lock;

@@ -819,52 +819,186 @@ fn wait_answered(lab: &GlobalLab, classes: usize) -> Result<Vec<serde_json::Valu
 /// expires (`on_coordinator_loss = "static"` keeps them). Reports one after another, each
 /// renewed after its own, took 8 x 125 ms a tick, past the 750 ms expiry: the packet path
 /// fell to the floor.
-#[test]
-fn a_silent_redis_expires_no_share_of_eight_classes() -> Result<()> {
-    const CLASSES: usize = 8;
-    let lab = GlobalLab::new(
-        1,
-        GlobalClass {
-            classes: CLASSES,
-            ..GlobalClass::default()
-        },
-    )?;
-    let before = wait_answered(&lab, CLASSES)?;
-    let failed_before = lab.metrics(0)?;
-    lab.redis.cli(&["CLIENT", "PAUSE", "4000", "ALL"])?;
-    let paused = Instant::now();
-    let mut samples = 0;
-    while paused.elapsed() < Duration::from_millis(3800) {
-        for row in lab.class_rows(0)? {
-            let share = row["share_bps"].as_f64().unwrap_or(0.0);
-            assert!(
-                row["share_expired"] == false && share > 0.9 * LIMIT,
-                "{:.1} s into Redis's silence a share fell: {row}\n{}",
-                paused.elapsed().as_secs_f64(),
-                lab.daemon_log(0)
-            );
+/// Every class on every host holds its part (`hosts` counted, at least 0.9 of an equal
+/// part of the limit less the headroom); the rows by host.
+fn wait_all_parts(lab: &GlobalLab, classes: usize) -> Result<Vec<Vec<serde_json::Value>>> {
+    let hosts = lab.hosts.len();
+    let part = 0.98 * LIMIT / hosts as f64;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let rows: Vec<Vec<serde_json::Value>> = (0..hosts)
+            .map(|h| lab.class_rows(h))
+            .collect::<Result<_>>()?;
+        let held = rows.iter().all(|rows| {
+            rows.len() == classes
+                && rows.iter().all(|row| {
+                    row["hosts"] == hosts && row["share_bps"].as_f64() >= Some(0.9 * part)
+                })
+        });
+        if held {
+            return Ok(rows);
         }
-        samples += 1;
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "not every class holds its part: {rows:?}"
+        );
         thread::sleep(Duration::from_millis(100));
     }
-    let failed = |text: &str| {
-        text.lines()
+}
+
+/// The reports each host counted as failed, summed.
+fn failed_reports(lab: &GlobalLab) -> Result<f64> {
+    let mut sum = 0.0;
+    for host in 0..lab.hosts.len() {
+        sum += lab
+            .metrics(host)?
+            .lines()
             .find(|line| {
                 line.starts_with("shaper_daemon_coordination_reports_total{result=\"failed\"}")
             })
             .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let failed_during = failed(&lab.metrics(0)?) - failed(&failed_before);
+            .unwrap_or(0.0);
+    }
+    Ok(sum)
+}
+
+/// Redis black-holed for 10 s (the proxy forwards nothing) under 16 global classes on
+/// three hosts at 250 ms, each host with its own `on_coordinator_loss`: sampled every
+/// 100 ms, no `static` or `open` class falls to its floor or expires; `static` keeps its
+/// part, `open` takes its own rate within a second, `closed` its floor.
+#[test]
+fn a_black_holed_redis_floors_no_class_but_the_closed_ones() -> Result<()> {
+    const CLASSES: usize = 16;
+    let lab = GlobalLab::new(
+        3,
+        GlobalClass {
+            classes: CLASSES,
+            proxy: true,
+            on_loss_by_host: &["static", "open", "closed"],
+            ..GlobalClass::default()
+        },
+    )?;
+    let part = 0.98 * LIMIT / 3.0;
+    wait_all_parts(&lab, CLASSES)?;
+    let failed_before = failed_reports(&lab)?;
+    let proxy = lab.proxy.as_ref().unwrap();
+    proxy.hold();
+    let held = Instant::now();
+    let mut samples = 0;
+    while held.elapsed() < Duration::from_secs(10) {
+        let at = held.elapsed().as_secs_f64();
+        for host in 0..3 {
+            for row in lab.class_rows(host)? {
+                let share = row["share_bps"].as_f64().unwrap_or(0.0);
+                let floor = row["floor_bps"].as_f64().unwrap_or(0.0);
+                let fell = || {
+                    format!(
+                        "{at:.1} s into the black hole, host {host}: {row}\n{}",
+                        lab.daemon_log(host)
+                    )
+                };
+                match host {
+                    0 => assert!(
+                        row["share_expired"] == false && share >= 0.95 * part,
+                        "{}",
+                        fell()
+                    ),
+                    1 => {
+                        assert!(
+                            row["share_expired"] == false && share >= 0.95 * part,
+                            "{}",
+                            fell()
+                        );
+                        assert!(
+                            at < 1.0 || share == LIMIT,
+                            "open: not its own rate; {}",
+                            fell()
+                        );
+                    }
+                    _ => assert!(
+                        at < 1.0 || share == floor,
+                        "closed: not its floor; {}",
+                        fell()
+                    ),
+                }
+            }
+        }
+        samples += 1;
+        thread::sleep(Duration::from_millis(100));
+    }
+    let failed = failed_reports(&lab)? - failed_before;
+    proxy.set_delay(Duration::ZERO);
+    let back = Instant::now();
+    wait_all_parts(&lab, CLASSES)?;
     println!(
-        "Redis silent 4 s under {CLASSES} global classes: {samples} samples, no share expired; \
-         {failed_during} reports failed meanwhile"
+        "Redis black-holed 10 s under {CLASSES} classes on 3 hosts: {samples} samples of \
+         48 rows, no static or open class at its floor; {failed} reports failed; every \
+         class back at its part {:.2} s after the proxy forwarded again",
+        back.elapsed().as_secs_f64()
+    );
+    assert!(samples >= 40, "{samples} samples in 10 s");
+    assert!(
+        failed >= (3 * CLASSES * 30) as f64,
+        "reports failed meanwhile: {failed}"
+    );
+    Ok(())
+}
+
+/// Redis 50 ms away (25 ms each way through the proxy) under 16 global classes on three
+/// saturating hosts: the sum holds the limit; then the state lock held for 2 s (by
+/// another program) floors no class: renewals take no lock.
+#[test]
+fn redis_50_ms_away_holds_the_limit_and_a_held_lock_floors_no_class() -> Result<()> {
+    const CLASSES: usize = 16;
+    let mut lab = GlobalLab::new(
+        3,
+        GlobalClass {
+            classes: CLASSES,
+            proxy: true,
+            ..GlobalClass::default()
+        },
+    )?;
+    lab.proxy
+        .as_ref()
+        .unwrap()
+        .set_delay(Duration::from_millis(25));
+    for host in 0..3 {
+        lab.send(host, "20M", 30)?;
+    }
+    lab.wait_equal_parts()?;
+    lab.windows(Duration::from_secs(2), |_, _| Ok(()))?;
+    let windows = lab.windows(Duration::from_secs(4), |_, _| Ok(()))?;
+    let sums = aggregate(&windows);
+    let total = median(&sums);
+    println!(
+        "Redis 50 ms away, {CLASSES} classes, 3 hosts: aggregate {:?} Mbit/s",
+        sums.iter().map(|r| mbit(*r)).collect::<Vec<_>>()
     );
     assert!(
-        failed_during >= CLASSES as f64,
-        "Redis was silent: the reports must have failed ({failed_during})"
+        (0.95 * LIMIT..=1.03 * LIMIT).contains(&total),
+        "aggregate {total}"
     );
-    assert_eq!(before.len(), CLASSES);
+    let holder = shaper_tests::state_lock::StateLockHolder::take()?;
+    let locked = Instant::now();
+    let mut samples = 0;
+    while locked.elapsed() < Duration::from_secs(2) {
+        for host in 0..3 {
+            for row in lab.class_rows(host)? {
+                let share = row["share_bps"].as_f64().unwrap_or(0.0);
+                let floor = row["floor_bps"].as_f64().unwrap_or(0.0);
+                assert!(
+                    row["share_expired"] == false && share > floor,
+                    "{:.1} s into the held lock, host {host}: {row}",
+                    locked.elapsed().as_secs_f64()
+                );
+            }
+        }
+        samples += 1;
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(holder);
+    println!("the state lock held 2 s: {samples} samples of 48 rows, none at its floor");
+    assert!(samples >= 8, "{samples} samples in 2 s");
     Ok(())
 }
 
