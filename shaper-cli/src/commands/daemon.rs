@@ -12,11 +12,14 @@ use shaper::{
     daemon::{coordinate, respond, retry_pause, Daemon},
     error::{runtime, usage},
 };
-use std::{cell::RefCell, convert::Infallible, net::SocketAddr, rc::Rc, sync::Arc, time::Duration};
+use std::{
+    cell::RefCell, collections::VecDeque, convert::Infallible, net::SocketAddr, rc::Rc, sync::Arc,
+    time::Duration,
+};
 use tokio::{
     net::TcpListener,
     signal::unix::{signal, SignalKind},
-    sync::Semaphore,
+    sync::{oneshot, Semaphore},
 };
 
 pub fn run(netns: Option<String>, args: DaemonArgs) -> Result<()> {
@@ -89,17 +92,50 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
     Ok(())
 }
 
-/// Connections the metrics listener serves at once; more are closed at accept, so a
-/// flood of local connections costs the daemon at most this many descriptors.
-const METRICS_CONNECTIONS: usize = 32;
+/// Connections that have not sent a whole request yet: a new one beyond this many closes
+/// the oldest of them, so a flood of idle local connections costs the daemon at most
+/// this many descriptors and never keeps a scraper out.
+const METRICS_WAITING: usize = 32;
+/// Requests rendered at once; more are answered 503 at once.
+const METRICS_SERVING: usize = 8;
 /// How long a client may take to send a request's headers, and to be served in all.
 const METRICS_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const METRICS_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `/metrics` and `/healthz`: one request per connection, at most
-/// `METRICS_CONNECTIONS` at once, each answered off the daemon's thread.
+/// The connections still waiting for their request, oldest first: each with the sender
+/// that closes it (a sender dropped as its connection is served closes nothing).
+#[derive(Default)]
+struct Waiting {
+    next_id: u64,
+    queue: VecDeque<(u64, oneshot::Sender<()>)>,
+}
+
+impl Waiting {
+    /// A new connection's place; the oldest waiting one is closed when all are taken.
+    fn enter(&mut self) -> (u64, oneshot::Receiver<()>, bool) {
+        let evicted = self.queue.len() >= METRICS_WAITING;
+        if evicted {
+            if let Some((_, close)) = self.queue.pop_front() {
+                let _ = close.send(());
+            }
+        }
+        let (sender, receiver) = oneshot::channel();
+        self.next_id += 1;
+        self.queue.push_back((self.next_id, sender));
+        (self.next_id, receiver, evicted)
+    }
+
+    fn leave(&mut self, id: u64) {
+        self.queue.retain(|(waiting, _)| *waiting != id);
+    }
+}
+
+/// `/metrics` and `/healthz`: one request per connection, each answered off the
+/// daemon's thread; at most `METRICS_WAITING` connections wait for their request (a new
+/// one closes the oldest, counted as refused) and `METRICS_SERVING` are rendered at once.
 async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
-    let slots = Arc::new(Semaphore::new(METRICS_CONNECTIONS));
+    let waiting = Rc::new(RefCell::new(Waiting::default()));
+    let serving = Arc::new(Semaphore::new(METRICS_SERVING));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -110,35 +146,49 @@ async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            log::debug!("metrics: {METRICS_CONNECTIONS} connections open; one more closed");
+        let (id, evict, evicted) = waiting.borrow_mut().enter();
+        if evicted {
+            log::debug!(
+                "metrics: {METRICS_WAITING} connections wait for a request; the oldest closed"
+            );
             daemon.borrow_mut().count_refused_connection();
-            continue;
+        }
+        let service = {
+            let (daemon, waiting, serving) = (daemon.clone(), waiting.clone(), serving.clone());
+            service_fn(move |request: Request<hyper::body::Incoming>| {
+                waiting.borrow_mut().leave(id);
+                let path = request.uri().path().to_string();
+                let health = daemon.borrow().health();
+                let slot = serving.clone().try_acquire_owned();
+                async move {
+                    let Ok(_slot) = slot else {
+                        return Ok::<_, Infallible>(response(503, "text/plain", "busy\n".into()));
+                    };
+                    let answer = tokio::task::spawn_blocking(move || respond(&health, &path)).await;
+                    let (status, content_type, body) = answer.unwrap_or_else(|error| {
+                        (500, "text/plain", format!("metrics failed: {error}\n"))
+                    });
+                    Ok::<_, Infallible>(response(status, content_type, body))
+                }
+            })
         };
-        let daemon = daemon.clone();
-        let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-            let path = request.uri().path().to_string();
-            let health = daemon.borrow().health();
-            async move {
-                let answer = tokio::task::spawn_blocking(move || respond(&health, &path)).await;
-                let (status, content_type, body) = answer.unwrap_or_else(|error| {
-                    (500, "text/plain", format!("metrics failed: {error}\n"))
-                });
-                Ok::<_, Infallible>(response(status, content_type, body))
-            }
-        });
+        let waiting = waiting.clone();
         tokio::task::spawn_local(async move {
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(METRICS_HEADER_TIMEOUT)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(METRICS_CONNECTION_TIMEOUT, connection).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => log::debug!("metrics connection: {error}"),
-                Err(_) => log::debug!("metrics connection: served too slowly; closed"),
+            tokio::select! {
+                served = tokio::time::timeout(METRICS_CONNECTION_TIMEOUT, connection) => match served {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => log::debug!("metrics connection: {error}"),
+                    Err(_) => log::debug!("metrics connection: served too slowly; closed"),
+                },
+                // Closed for a newer connection while it still waited for its request.
+                Ok(()) = evict => {}
             }
-            drop(slot);
+            waiting.borrow_mut().leave(id);
         });
     }
 }
