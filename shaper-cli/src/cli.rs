@@ -179,9 +179,11 @@ pub struct AttachArgs {
     /// Force an attach mode; by default TCX, falling back to clsact where TCX is missing.
     #[arg(long, value_enum)]
     pub attach_mode: Option<AttachModeArg>,
-    /// Capacity of the per-flow/src/dst bucket table (LRU): the most keys tracked at once.
-    #[arg(long, default_value_t = shaper_common::DEFAULT_FLOW_TABLE_SIZE, value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
-    pub flow_table_size: u32,
+    /// Capacity of the per-flow/src/dst bucket table (LRU): the most keys tracked at once
+    /// [default: 65536]. On an attachment that has another size, the table is resized
+    /// under traffic (buckets, classes and counters kept).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
+    pub flow_table_size: Option<u32>,
 }
 
 #[derive(Args, Debug)]

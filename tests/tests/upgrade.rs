@@ -331,3 +331,210 @@ fn upgrade_all_swaps_every_attachment_of_the_namespace() -> Result<()> {
     );
     Ok(())
 }
+
+/// A file to `apply`, removed on drop.
+struct ConfigFile(PathBuf);
+
+impl ConfigFile {
+    fn new(tag: &str, text: &str) -> Result<Self> {
+        let path =
+            std::env::temp_dir().join(format!("shaper-test-{}-{tag}.toml", std::process::id()));
+        std::fs::write(&path, text)?;
+        Ok(Self(path))
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// UDP at 10 Mbit/s for 6 s through the router's `udp` class, with `during` run 2 s into
+/// it: the run, the class's counters just before `during`, and what `during` returned.
+fn under_load<T>(
+    lab: &mut Lab,
+    during: impl FnOnce(&Netns) -> Result<T> + Send,
+) -> Result<(shaper_tests::UdpResult, (u64, u64), T)>
+where
+    T: Send,
+{
+    let router = lab.router.clone();
+    std::thread::scope(|scope| -> Result<_> {
+        let traffic = scope.spawn(|| {
+            lab.udp(&Udp {
+                interval: Some(0.1),
+                ..Udp::at("10M", 6)
+            })
+        });
+        router.wait_for_class_traffic("udp", Duration::from_secs(10))?;
+        std::thread::sleep(Duration::from_secs(2));
+        let before = counted(&router)?;
+        let result = during(&router);
+        let run = traffic.join().expect("the UDP run")?;
+        Ok((run, before, result?))
+    })
+}
+
+/// The lowest and highest 100 ms bin at the server from the 1st second on, and how many.
+fn bins(run: &shaper_tests::UdpResult) -> (f64, f64, usize) {
+    let bins: Vec<f64> = run
+        .intervals
+        .iter()
+        .filter(|(end, _)| *end > 1.05 && *end <= 6.0)
+        .map(|(_, bits)| bits / 0.1)
+        .collect();
+    let (low, high) = bins.iter().fold((f64::MAX, 0.0f64), |(low, high), &bps| {
+        (low.min(bps), high.max(bps))
+    });
+    (low, high, bins.len())
+}
+
+/// `apply` of a file whose flow table is 4 times larger, 2 s into a UDP run through a
+/// per-flow class: the table is resized under traffic (not detached and attached again),
+/// the flow's bucket, the class and its counters carry on, and no 100 ms bin leaves the
+/// rate by more than 5 %.
+#[test]
+fn apply_resizes_the_flow_table_under_load_without_a_gap() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let dev = ROUTER_TO_SERVER;
+    lab.router.attach(dev, &["--flow-table-size", "1024"])?;
+    lab.router.class_add(
+        "udp",
+        dev,
+        &["--rate", "5mbit", "--proto", "udp", "--per", "flow"],
+    )?;
+    let old_program = lab.router.status_row()?["program_id"].clone();
+    let exported = lab.router.shaper(&["export"])?;
+    let wanted = exported.replace("flow_table_size = 1024", "flow_table_size = 4096");
+    ensure!(
+        wanted != exported,
+        "no flow_table_size in the export: {exported}"
+    );
+    let file = ConfigFile::new("resize", &wanted)?;
+    let (run, at, applied) = under_load(&mut lab, |_| {
+        let output = shaper_tests::shaper(&["apply", "-f", file.path()]);
+        ensure!(output.status.success(), "{}", stderr(&output));
+        Ok(shaper_tests::stdout(&output))
+    })?;
+    println!("apply: {}", applied.trim());
+    ensure!(
+        applied.contains("resize") && !applied.contains("detach"),
+        "{applied}"
+    );
+    let row = lab.router.status_row()?;
+    ensure!(
+        row["flow_table_size"] == 4096 && row["problem"].is_null(),
+        "{row}"
+    );
+    ensure!(
+        row["program_id"] != old_program,
+        "the program was not swapped: {row}"
+    );
+    let stats = lab.router.stats_row("udp")?;
+    let (passed, dropped) = counted(&lab.router)?;
+    ensure!(
+        passed > at.0 && dropped > at.1,
+        "the counters did not carry on"
+    );
+    let counted_all = passed + dropped;
+    ensure!(
+        counted_all >= run.packets && counted_all <= run.packets + 4,
+        "the class counted {counted_all} datagrams of {}: some passed no program",
+        run.packets
+    );
+    ensure!(stats["keys"] == 1, "the flow's bucket: {stats}");
+    let (low, high, count) = bins(&run);
+    println!(
+        "resize under load: {count} bins of 100 ms from 1 s: {:.2}-{:.2} Mbit/s",
+        low / 1e6,
+        high / 1e6
+    );
+    ensure!(count >= 45, "only {count} bins");
+    ensure!(
+        low > 0.95 * 5e6 && high < 1.05 * 5e6,
+        "a 100 ms bin left the rate: {low:.0}-{high:.0} bit/s"
+    );
+    Ok(())
+}
+
+/// `apply` of a file that changes a class's rate and adds a third class that cannot be
+/// added (a shape class, where the interface's root qdisc is one the user made), 2 s into
+/// a UDP run: exit 1 with one line, the change rolled back (the rate, the counters and
+/// the class kept), and the traffic policed throughout at the old rate.
+#[test]
+fn a_failing_apply_rolls_back_under_load() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let dev = ROUTER_TO_SERVER;
+    lab.router.attach(dev, &[])?;
+    lab.router
+        .class_add("udp", dev, &["--rate", "5mbit", "--proto", "udp"])?;
+    lab.router
+        .class_add("tcp", dev, &["--rate", "2mbit", "--proto", "tcp"])?;
+    let tc = lab.router.run(
+        "tc",
+        &[
+            "qdisc", "replace", "dev", dev, "root", "handle", "1:", "pfifo", "limit", "1000",
+        ],
+    )?;
+    ensure!(tc.status.success(), "tc: {}", stderr(&tc));
+    let exported = lab.router.shaper(&["export"])?;
+    let changed = exported.replace("rate = \"5mbit\"", "rate = \"3mbit\"");
+    ensure!(
+        changed != exported,
+        "no 5mbit rate in the export: {exported}"
+    );
+    let wanted = format!(
+        "{changed}\n[[interface.class]]\nname = \"bulk\"\nrate = \"1mbit\"\nproto = \"icmp\"\naction = \"shape\"\n"
+    );
+    let file = ConfigFile::new("rollback", &wanted)?;
+    let (run, at, output) = under_load(&mut lab, |_| {
+        Ok(shaper_tests::shaper(&["apply", "-f", file.path()]))
+    })?;
+    let message = stderr(&output);
+    println!("apply: exit {:?}: {message}", output.status.code());
+    ensure!(
+        output.status.code() == Some(1),
+        "exit {:?}",
+        output.status.code()
+    );
+    ensure!(
+        message.trim().lines().count() == 1,
+        "not one line: {message}"
+    );
+    let rows = lab.router.shaper_json(&["class", "list", "--json"])?;
+    let names: Vec<&str> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|row| row["name"].as_str())
+        .collect();
+    ensure!(names == ["udp", "tcp"] || names == ["tcp", "udp"], "{rows}");
+    let udp = lab.router.stats_row("udp")?;
+    ensure!(
+        udp["rate_bps"] == 5_000_000,
+        "the change was not rolled back: {udp}"
+    );
+    let (passed, dropped) = counted(&lab.router)?;
+    ensure!(
+        passed > at.0 && dropped > at.1,
+        "the counters did not carry on"
+    );
+    assert_within("rate over the run", run.l2_bps_between(1.0, 6.0), 5e6, 0.03);
+    let (low, high, count) = bins(&run);
+    println!(
+        "failed apply under load: {count} bins of 100 ms from 1 s: {:.2}-{:.2} Mbit/s",
+        low / 1e6,
+        high / 1e6
+    );
+    ensure!(count >= 45, "only {count} bins");
+    ensure!(
+        low > 0.9 * 5e6 && high < 1.05 * 5e6,
+        "a 100 ms bin left the rate: {low:.0}-{high:.0} bit/s"
+    );
+    Ok(())
+}

@@ -20,6 +20,18 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
         };
         if location.dir().exists() {
             let status = Attachment::open(&location)?.status()?;
+            let resize = args
+                .flow_table_size
+                .filter(|&size| size != status.flow_table_size);
+            if let (true, Some(size)) = (status.live, resize) {
+                let carried = state::resize_flow_table(&location, size)?;
+                println!(
+                    "{}: flow table resized from {} to {size} under traffic ({carried} keys carried over)",
+                    location.describe(),
+                    status.flow_table_size
+                );
+                continue;
+            }
             if status.live {
                 println!(
                     "{}: already attached ({})",
@@ -38,7 +50,10 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
             );
             continue;
         }
-        match state::attach_fresh(&location, forced_mode, args.flow_table_size) {
+        let size = args
+            .flow_table_size
+            .unwrap_or(shaper_common::DEFAULT_FLOW_TABLE_SIZE);
+        match state::attach_fresh(&location, forced_mode, size) {
             Ok(mode) => {
                 println!("{}: attached ({})", location.describe(), mode.name());
                 attached_now.push(location);

@@ -1,71 +1,181 @@
-//! Carrying out a plan.
+//! Carrying out a plan, all or nothing: each step done records how to undo it, and a
+//! step that fails undoes the steps before it, newest first, so the kernel is left as
+//! the last good configuration made it.
 
 use super::plan::{Plan, Step};
 use crate::{
-    classes, netns,
+    classes::{self, ClassSpec},
+    error::one_line,
+    netns,
     state::{self, Attachment, Location},
 };
 use anyhow::Result;
 
+/// How to take one done step back.
+enum Undo {
+    /// Classes a batch added.
+    Delete(Location, Vec<String>),
+    /// A class as it was before a change, a replace or a delete.
+    Restore(Location, Box<ClassSpec>, Restore),
+    Detach(Location),
+    Resize(Location, u32),
+}
+
+#[derive(Clone, Copy)]
+enum Restore {
+    /// Changed in place: changed back (bucket and counters kept).
+    Change,
+    /// Replaced: the old rule put back the same way.
+    Replace,
+    /// Deleted: added again (its counters start afresh).
+    Add,
+}
+
 /// Carries out a plan, in order; each step inside its namespace. Consecutive adds to one
-/// attachment go in one batch.
+/// attachment go in one batch. On a failing step the steps done are undone (a step
+/// that cannot be undone, a detach, is said in the error) and the step's error returned.
 pub fn execute(plan: &Plan) -> Result<()> {
+    let mut done: Vec<Undo> = Vec::new();
     let mut index = 0;
     while index < plan.steps.len() {
-        let step = &plan.steps[index];
-        let netns_of = |location: &Location| location.netns.clone();
-        match step {
-            Step::Add(location, _) => {
-                let mut specs = Vec::new();
-                while let Some(Step::Add(next, spec)) = plan.steps.get(index) {
-                    if next != location {
-                        break;
-                    }
-                    specs.push(spec.clone());
-                    index += 1;
+        let (taken, result) = run_step(plan, index, &mut done);
+        if let Err(error) = result {
+            let undone = done.len();
+            let failures: Vec<String> = done
+                .into_iter()
+                .rev()
+                .filter_map(|undo| undo_step(undo).err())
+                .map(|error| one_line(&format!("{error:#}")))
+                .collect();
+            if failures.is_empty() {
+                if undone > 0 {
+                    log::debug!("rolled back {undone} step(s) of the failed plan");
                 }
-                netns::in_namespace(&netns_of(location), || {
-                    classes::add_many(&Attachment::open(location)?, &specs).map(|_| ())
-                })?;
-                continue;
+                return Err(error);
             }
-            Step::Attach {
-                location,
-                flow_table_size,
-                mode,
-            } => {
-                netns::in_namespace(&netns_of(location), || {
-                    state::attach_fresh(location, *mode, *flow_table_size).map(|_| ())
-                })?;
-            }
-            Step::Reattach(location) => {
-                netns::in_namespace(&netns_of(location), || {
-                    state::reattach(location).map(|_| ())
-                })?;
-            }
-            Step::Detach(location) => {
-                netns::in_namespace(&netns_of(location), || state::detach(location))?;
-            }
-            Step::Forget(location) => state::forget(location)?,
-            Step::Change {
-                location, wanted, ..
-            } => {
-                netns::in_namespace(&netns_of(location), || {
-                    classes::change(&Attachment::open(location)?, wanted)
-                })?;
-            }
-            Step::Replace(location, spec) => {
-                netns::in_namespace(&netns_of(location), || {
-                    classes::replace(&Attachment::open(location)?, spec)
-                })?;
-            }
-            Step::Delete(location, name) => {
-                netns::in_namespace(&netns_of(location), || {
-                    classes::delete(&Attachment::open(location)?, name)
-                })?;
-            }
+            return Err(error.context(format!("and rolling back failed: {}", failures.join("; "))));
         }
-        index += 1;
+        index += taken;
     }
     Ok(())
+}
+
+/// Runs the step at `index` (with the adds to one attachment after it); the steps it
+/// took and its result. What it did is pushed on `done`, a failing batch's partial adds
+/// included.
+fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<()>) {
+    let netns_of = |location: &Location| location.netns.clone();
+    let in_ns = |location: &Location, f: &mut dyn FnMut() -> Result<()>| {
+        netns::in_namespace(&netns_of(location), f)
+    };
+    let step = &plan.steps[index];
+    let result = match step {
+        Step::Add(location, _) => {
+            let specs: Vec<ClassSpec> = plan.steps[index..]
+                .iter()
+                .map_while(|step| match step {
+                    Step::Add(next, spec) if next == location => Some(spec.clone()),
+                    _ => None,
+                })
+                .collect();
+            let names = specs.iter().map(|spec| spec.name.clone()).collect();
+            done.push(Undo::Delete(location.clone(), names));
+            let result = in_ns(location, &mut || {
+                classes::add_many(&Attachment::open(location)?, &specs).map(|_| ())
+            });
+            return (specs.len(), result);
+        }
+        Step::Attach {
+            location,
+            flow_table_size,
+            mode,
+        } => in_ns(location, &mut || {
+            state::attach_fresh(location, *mode, *flow_table_size)?;
+            done.push(Undo::Detach(location.clone()));
+            Ok(())
+        }),
+        Step::Reattach(location) => in_ns(location, &mut || state::reattach(location).map(|_| ())),
+        Step::Resize { location, from, to } => in_ns(location, &mut || {
+            state::resize_flow_table(location, *to)?;
+            done.push(Undo::Resize(location.clone(), *from));
+            Ok(())
+        }),
+        // Not undone: a detach is the plan's (a changed attach mode, a pruned interface).
+        Step::Detach(location) => in_ns(location, &mut || state::detach(location)),
+        Step::Forget(location) => state::forget(location),
+        Step::Change {
+            location, wanted, ..
+        } => in_ns(location, &mut || {
+            let attachment = Attachment::open(location)?;
+            let before = current(&attachment, &wanted.name)?;
+            classes::change(&attachment, wanted)?;
+            done.push(Undo::Restore(
+                location.clone(),
+                Box::new(before),
+                Restore::Change,
+            ));
+            Ok(())
+        }),
+        Step::Replace(location, spec) => in_ns(location, &mut || {
+            let attachment = Attachment::open(location)?;
+            let before = current(&attachment, &spec.name)?;
+            classes::replace(&attachment, spec)?;
+            done.push(Undo::Restore(
+                location.clone(),
+                Box::new(before),
+                Restore::Replace,
+            ));
+            Ok(())
+        }),
+        Step::Delete(location, name) => in_ns(location, &mut || {
+            let attachment = Attachment::open(location)?;
+            let before = current(&attachment, name)?;
+            classes::delete(&attachment, name)?;
+            done.push(Undo::Restore(
+                location.clone(),
+                Box::new(before),
+                Restore::Add,
+            ));
+            Ok(())
+        }),
+    };
+    (1, result)
+}
+
+/// The class `name` as the attachment holds it now.
+fn current(attachment: &Attachment, name: &str) -> Result<ClassSpec> {
+    classes::read_class(attachment, name)?
+        .map(|(_, spec)| spec)
+        .ok_or_else(|| anyhow::anyhow!("class {name} is gone"))
+}
+
+fn undo_step(undo: Undo) -> Result<()> {
+    let location = match &undo {
+        Undo::Delete(location, _)
+        | Undo::Restore(location, ..)
+        | Undo::Detach(location)
+        | Undo::Resize(location, _) => location.clone(),
+    };
+    netns::in_namespace(&location.netns.clone(), || match &undo {
+        Undo::Delete(location, names) => {
+            let attachment = Attachment::open(location)?;
+            // Newest first: a child added after its parent goes before it.
+            for name in names.iter().rev() {
+                if classes::find(&attachment, name)?.is_some() {
+                    classes::delete(&attachment, name)?;
+                }
+            }
+            Ok(())
+        }
+        Undo::Restore(location, before, how) => {
+            let attachment = Attachment::open(location)?;
+            match how {
+                Restore::Change => classes::change(&attachment, before),
+                Restore::Replace => classes::replace(&attachment, before),
+                Restore::Add => classes::add(&attachment, before).map(|_| ()),
+            }
+        }
+        Undo::Detach(location) => state::detach(location),
+        Undo::Resize(location, size) => state::resize_flow_table(location, *size).map(|_| ()),
+    })
 }

@@ -21,6 +21,13 @@ pub enum Step {
     },
     /// The interface was re-created: hook the pinned program again, classes kept.
     Reattach(Location),
+    /// Another flow table size: a new table filled from the old, swapped in under
+    /// traffic (classes, buckets and counters kept).
+    Resize {
+        location: Location,
+        from: u32,
+        to: u32,
+    },
     Detach(Location),
     /// Pins of a namespace or interface that is gone.
     Forget(Location),
@@ -51,6 +58,11 @@ impl fmt::Display for Step {
             Step::Reattach(location) => {
                 write!(f, "reattach {} (interface re-created)", location.describe())
             }
+            Step::Resize { location, from, to } => write!(
+                f,
+                "resize  {} flow table {from} -> {to} (under traffic, buckets kept)",
+                location.describe()
+            ),
             Step::Detach(location) => write!(f, "detach  {}", location.describe()),
             Step::Forget(location) => write!(f, "forget  {} (gone)", location.describe()),
             Step::Add(location, spec) => {
@@ -213,14 +225,21 @@ fn attachment_steps(
     let attachment = Attachment::open(location)?;
     let status = attachment.status()?;
     let mode_differs = interface.attach_mode.is_some_and(|m| m != status.mode);
-    if status.flow_table_size != interface.flow_table_size || mode_differs {
-        // Map sizes and the hook are fixed at attach time: attach afresh.
+    if mode_differs {
+        // The hook's kind is fixed at attach time: attach afresh.
         plan.steps.push(Step::Detach(location.clone()));
         plan.steps.push(attach);
         return Ok(Vec::new());
     }
     if !status.live {
         plan.steps.push(Step::Reattach(location.clone()));
+    }
+    if status.flow_table_size != interface.flow_table_size {
+        plan.steps.push(Step::Resize {
+            location: location.clone(),
+            from: status.flow_table_size,
+            to: interface.flow_table_size,
+        });
     }
     Ok(classes::read_classes(&attachment)?
         .into_iter()

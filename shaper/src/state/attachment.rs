@@ -155,7 +155,10 @@ impl Attachment {
     }
 
     /// One pinned map of the attachment, as the typed aya map `M`.
-    fn map<M: TryFrom<Map, Error = aya::maps::MapError>>(&self, name: &str) -> Result<M> {
+    pub(super) fn map<M: TryFrom<Map, Error = aya::maps::MapError>>(
+        &self,
+        name: &str,
+    ) -> Result<M> {
         Ok(M::try_from(open_map(&self.dir, name)?)?)
     }
 

@@ -31,6 +31,30 @@ pub fn load_object(dir: &Path, flow_table_size: u32) -> Result<Ebpf> {
 /// [`load_object`] for another build of the object with the same maps (benchmarks
 /// compare two builds on one attachment's state).
 pub fn load_object_bytes(dir: &Path, flow_table_size: u32, object: &[u8]) -> Result<Ebpf> {
+    load_with_pins(object, flow_table_size, |name| dir.join(name))
+}
+
+/// [`load_object`] with the flow table at `flow_table_pin` instead of its place in `dir`
+/// (a new table of `flow_table_size` entries is made there): a resize under traffic.
+pub fn load_object_with_flow_table(
+    dir: &Path,
+    flow_table_size: u32,
+    flow_table_pin: &Path,
+) -> Result<Ebpf> {
+    load_with_pins(crate::EBPF_OBJECT, flow_table_size, |name| {
+        if name == map_names::KEYED_BUCKETS {
+            flow_table_pin.to_path_buf()
+        } else {
+            dir.join(name)
+        }
+    })
+}
+
+fn load_with_pins(
+    object: &[u8],
+    flow_table_size: u32,
+    pin_of: impl Fn(&str) -> PathBuf,
+) -> Result<Ebpf> {
     if object.is_empty() {
         return Err(runtime(
             "this shaper was built without its eBPF object (AYA_BUILD_SKIP): build it again without that variable",
@@ -39,7 +63,7 @@ pub fn load_object_bytes(dir: &Path, flow_table_size: u32, object: &[u8]) -> Res
     require_kernel_features()?;
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(map_names::KEYED_BUCKETS, flow_table_size);
-    let paths: Vec<(&str, PathBuf)> = map_names::ALL.iter().map(|n| (*n, dir.join(n))).collect();
+    let paths: Vec<(&str, PathBuf)> = map_names::ALL.iter().map(|n| (*n, pin_of(n))).collect();
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());
     }

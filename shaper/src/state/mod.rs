@@ -28,7 +28,7 @@ pub use loader::{
 pub use names::decode_name;
 pub(crate) use names::encode_name;
 pub use pins::{lock, set_lock_wait, try_lock, StateLock, DEFAULT_LOCK_WAIT};
-pub use upgrade::{upgrade, Upgraded};
+pub use upgrade::{resize_flow_table, upgrade, Upgraded};
 
 pub(crate) const BPFFS: &str = "/sys/fs/bpf";
 pub const PIN_ROOT: &str = "/sys/fs/bpf/shaper";

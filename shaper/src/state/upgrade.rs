@@ -3,7 +3,7 @@
 //! change, see `shaper_common::LAYOUT_VERSION`).
 
 use super::{
-    loader::{load_object, load_program},
+    loader::{load_object, load_object_with_flow_table, load_program},
     *,
 };
 use crate::error::{one_line, runtime};
@@ -94,6 +94,101 @@ pub fn upgrade(location: &Location, reload: bool) -> Result<Upgraded> {
         old_program_id,
         new_program_id,
     })
+}
+
+/// Gives a live attachment a flow table of `size` entries under traffic: a new table is
+/// made beside the old one and filled from it (every key's bucket as it stands), a
+/// program using it is loaded against the other pinned maps and swapped in atomically,
+/// as `upgrade` does, and the new table takes the old one's pin. Classes, counters and
+/// buckets carry on and no packet meets an unattached hook. What the old program charged
+/// between the copy and the swap (a few milliseconds) is not carried over. A smaller
+/// table keeps the keys it has room for (the LRU drops the rest, as it would). Returns
+/// the keys carried over. Run inside the attachment's network namespace.
+pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
+    use aya::maps::HashMap as BpfHashMap;
+    use shaper_common::{Bucket, BucketKey};
+    let dir = location.dir();
+    let attachment = Attachment::open(location)?;
+    let status = attachment.status()?;
+    if let Some(problem) = status.problem {
+        return Err(runtime(format!(
+            "{} is not live ({problem}): run `shaper attach {}` to repair it first",
+            location.describe(),
+            location.dev
+        )));
+    }
+    let staged = dir.join(format!("{}-new", map_names::KEYED_BUCKETS));
+    let _ = fs::remove_file(&staged);
+    let result = (|| -> Result<usize> {
+        let mut ebpf = load_object_with_flow_table(&dir, size, &staged)?;
+        let globals = attachment.globals()?;
+        let name = if globals.link_header_len == 0 {
+            program_names::SHAPER_L3
+        } else {
+            program_names::SHAPER
+        };
+        // Verified first (a fraction of a second): the buckets are copied just before
+        // the swap, so what the old program charges meanwhile is not lost.
+        load_program(&mut ebpf, name)?;
+        let old: BpfHashMap<MapData, BucketKey, Bucket> =
+            attachment.map(map_names::KEYED_BUCKETS)?;
+        let new_data = MapData::from_pin(&staged)?;
+        let mut new: BpfHashMap<MapData, BucketKey, Bucket> =
+            BpfHashMap::try_from(aya::maps::Map::LruHashMap(new_data))?;
+        let carried = carry_buckets(&old, &mut new);
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .context("the program vanished from the object")?
+            .try_into()?;
+        swap_program(program, location, status.mode, status.program_id)?;
+        // What the old program charged while the copy ran: a bucket's later arrival time
+        // is the one that has seen more traffic.
+        carry_buckets(&old, &mut new);
+        // The table first (a reader of the pins finds the table the hooked program uses),
+        // then the program, each renamed over its old pin.
+        fs::rename(&staged, dir.join(map_names::KEYED_BUCKETS))
+            .with_context(|| format!("cannot re-pin the flow table in {}", dir.display()))?;
+        let staged_program = dir.join(format!("{PROG_PIN}-new"));
+        let _ = fs::remove_file(&staged_program);
+        program.pin(&staged_program)?;
+        fs::rename(&staged_program, dir.join(PROG_PIN))
+            .with_context(|| format!("cannot re-pin the program in {}", dir.display()))?;
+        Ok(carried)
+    })();
+    // A failure before the swap leaves the old table and program as they were.
+    let _ = fs::remove_file(&staged);
+    result
+}
+
+/// Every bucket of `old` into `new`, keeping the later theoretical arrival time where
+/// `new` has the key already (of words in one cost version; a word the new program
+/// rewrote in another version is its own); the keys written.
+fn carry_buckets(
+    old: &aya::maps::HashMap<MapData, shaper_common::BucketKey, shaper_common::Bucket>,
+    new: &mut aya::maps::HashMap<MapData, shaper_common::BucketKey, shaper_common::Bucket>,
+) -> usize {
+    let mut carried = 0;
+    for (key, bucket) in old.iter().flatten() {
+        let later = |known: u64, old: u64| {
+            use shaper_common::bucket::{word_version, TAT_MASK};
+            if word_version(known) == word_version(old) && old & TAT_MASK > known & TAT_MASK {
+                old
+            } else {
+                known
+            }
+        };
+        let merged = match new.get(&key, 0) {
+            Ok(known) => shaper_common::Bucket {
+                tat: later(known.tat, bucket.tat),
+                tat2: later(known.tat2, bucket.tat2),
+            },
+            Err(_) => bucket,
+        };
+        if new.insert(key, merged, 0).is_ok() {
+            carried += 1;
+        }
+    }
+    carried
 }
 
 /// Hooks `program` where `old_program_id` runs, in one step.
