@@ -325,6 +325,68 @@ impl Daemon {
         Ok(Self { child, log })
     }
 
+    /// The daemon as systemd would run contrib/shaper.service, as far as this machine
+    /// (no systemd as PID 1) can show it: in a mount namespace whose every mount is
+    /// read-only but the unit's `ReadWritePaths=` and `RuntimeDirectory=`, with the
+    /// unit's `CapabilityBoundingSet=` as bounding and ambient set, and no new
+    /// privileges. (The unit's seccomp filter and namespace and address-family
+    /// restrictions are checked offline, by systemd-analyze in the package test.)
+    fn start_sandboxed(router: &Netns, file: &ConfigFile) -> Result<Self> {
+        let unit = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../contrib/shaper.service"
+        ))?;
+        let setting = |name: &str| -> Vec<String> {
+            unit.lines()
+                .filter_map(|line| line.strip_prefix(&format!("{name}=")))
+                .flat_map(|value| value.split_whitespace().map(String::from))
+                .collect()
+        };
+        let mut writable = setting("ReadWritePaths");
+        writable.extend(
+            setting("RuntimeDirectory")
+                .iter()
+                .map(|d| format!("/run/{d}")),
+        );
+        let caps: Vec<String> = setting("CapabilityBoundingSet")
+            .iter()
+            .map(|cap| format!("+{}", cap.trim_start_matches("CAP_").to_lowercase()))
+            .collect();
+        anyhow::ensure!(
+            !writable.is_empty() && !caps.is_empty(),
+            "the unit names no writable path or capability"
+        );
+        let caps = format!("-all,{}", caps.join(","));
+        let mut script = String::from(
+            "set -e\nmount --make-rslave /\n\
+             for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do \
+             mount -o remount,bind,ro \"$m\" 2>/dev/null || true; done\n",
+        );
+        for path in &writable {
+            script.push_str(&format!(
+                "mkdir -p {path} 2>/dev/null || true\nmount --bind {path} {path}\nmount -o remount,bind,rw {path}\n"
+            ));
+        }
+        // Proof the sandbox holds: a file outside the writable paths cannot be made.
+        script.push_str(
+            "if touch /etc/shaper-sandbox-probe 2>/dev/null; then rm -f /etc/shaper-sandbox-probe; echo 'sandbox: /etc writable' >&2; exit 9; fi\n\
+             echo 'sandbox: /etc read-only' >&2\n",
+        );
+        script.push_str(&format!(
+            "exec nsenter --net=/run/netns/{} setpriv --bounding-set {caps} --inh-caps {caps} --ambient-caps {caps} --no-new-privs {} daemon -f {} --interval 200ms --metrics-addr 127.0.0.1:9464\n",
+            router.name,
+            shaper_bin().display(),
+            file.path()
+        ));
+        let log = file.0.with_extension("sandboxed.log");
+        let child = dies_with_parent(&mut Command::new("unshare"))
+            .args(["--mount", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        Ok(Self { child, log })
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -1115,5 +1177,59 @@ dport = 5301
         "moved in place"
     );
     assert!(lab.router.stats_row("old").is_err(), "old is gone");
+    Ok(())
+}
+
+/// The daemon under the unit's sandbox (as far as it can be built without systemd, see
+/// `Daemon::start_sandboxed`): it attaches the file's classes, polices, applies a changed
+/// file, and holds no capability beyond the unit's.
+#[test]
+fn the_daemon_runs_in_its_units_sandbox() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let spaces = (lab.router.clone(), lab.client.clone());
+    let router = lab.router.clone();
+    let file = ConfigFile::new("sandboxed", &daemon_config(&lab.router, "20mbit"));
+    let daemon = Daemon::start_sandboxed(&router, &file)?;
+    wait_for(
+        "the sandboxed daemon to attach r1",
+        Duration::from_secs(15),
+        || Ok(export(&spaces).contains("name = \"bulk\"")),
+    )
+    .with_context(|| daemon.log())?;
+    assert!(
+        daemon.log().contains("sandbox: /etc read-only"),
+        "{}",
+        daemon.log()
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.child.id()))?;
+    let bounding = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapBnd:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16))
+        .context("no CapBnd")??;
+    // CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39.
+    let unit_caps = (1u64 << 12) | (1 << 21) | (1 << 38) | (1 << 39);
+    println!("sandboxed daemon: CapBnd {bounding:#x}");
+    assert_eq!(bounding, unit_caps, "{status}");
+    let result = lab.udp(&Udp {
+        seconds: 3,
+        ..Udp::default()
+    })?;
+    assert_within(
+        "bulk under the sandboxed daemon",
+        result.total_l2_bps(),
+        10e6,
+        0.03,
+    );
+    file.write(&daemon_config(&router, "30mbit"));
+    wait_for(
+        "the sandboxed daemon to change web",
+        Duration::from_secs(5),
+        || Ok(export(&spaces).contains("rate = \"30mbit\"")),
+    )
+    .with_context(|| daemon.log())?;
+    let log = daemon.log();
+    assert!(!log.contains("ERROR"), "{log}");
+    assert_eq!(daemon.stop()?.code(), Some(0));
     Ok(())
 }
