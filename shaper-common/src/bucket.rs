@@ -10,7 +10,9 @@
 //! Time is counted in ticks of 1/16 ns (`now_ns << TICK_BITS`), so the per-packet
 //! rounding is at most 1/16 ns: below 0.1 % for any packet that takes at least 62.5 ns
 //! at the class rate (a 1500-byte packet up to 190 Gbit/s; a 64 KiB GSO packet at any
-//! supported rate). A u64 of ticks lasts 36 years of uptime.
+//! supported rate). A u64 of ticks lasts 36 years of uptime; a stored bucket word keeps
+//! its cost version in its top bits, so its ticks last 2^58 ns, 9.1 years (see
+//! [`TAT_MASK`]).
 //!
 //! `n/r` is computed without a division: userspace precomputes the ticks per byte as a
 //! fixed-point number with [`FRAC_BITS`] fraction bits, rounded up, and the packet path

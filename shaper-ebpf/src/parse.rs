@@ -64,7 +64,13 @@ impl Packet {
 /// bpf_skb_load_bytes, which also sees non-linear data. None when the packet is shorter.
 #[inline(always)]
 pub(crate) fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
-    // Bounded for the verifier; no header shaper reads lies beyond 16 KiB.
+    // No header shaper reads lies beyond 16 KiB: one past it (a chain of extension
+    // headers a sender made long) is not read at all, so the packet meets no class
+    // rather than one the sender picked by wrapping the offset. The mask keeps the
+    // bound the verifier needs.
+    if offset > 0x3fff {
+        return None;
+    }
     let offset = offset & 0x3fff;
     // An opaque register move keeps LLVM from re-associating `data + offset + size`: the
     // verifier must see the bounds check made on the very pointer that is then read.

@@ -1,7 +1,8 @@
-//! Rewrites of the IP header: ECN CE and DSCP, with IPv4's checksum kept right.
+//! Rewrites of the IP header: ECN CE and DSCP, with IPv4's checksum and a received
+//! packet's full checksum (CHECKSUM_COMPLETE) kept right.
 
 use crate::parse::{load, Packet};
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{bindings::BPF_F_RECOMPUTE_CSUM, programs::TcContext};
 use shaper_common::{FAMILY_V4, FAMILY_V6};
 
 const IPV4_CHECKSUM_OFFSET: usize = 10;
@@ -76,11 +77,14 @@ fn rewrite_traffic_class(
             .is_ok()
             && ctx.store(packet.l3 + 1, &new_tc, 0).is_ok()
     } else {
-        // No checksum in IPv6.
+        // No header checksum in IPv6, but a packet received with CHECKSUM_COMPLETE (many
+        // NICs, on ingress) carries the sum of its bytes in skb->csum: the flag has the
+        // helper take the old bytes out of it and the new ones in (a no-op otherwise).
         let new = [
             (head[0] & 0xf0) | (new_tc >> 4),
             (new_tc << 4) | (head[1] & 0x0f),
         ];
-        ctx.store(packet.l3, &new, 0).is_ok()
+        ctx.store(packet.l3, &new, BPF_F_RECOMPUTE_CSUM as u64)
+            .is_ok()
     }
 }

@@ -224,13 +224,15 @@ fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> (
                 tat: class.stamp(next),
                 tat2: 0,
             };
-            if KEYED_BUCKETS
+            let inserted = KEYED_BUCKETS
                 .insert(&key, &fresh, BPF_NOEXIST as u64)
-                .is_ok()
-            {
+                .is_ok();
+            if inserted {
                 count_new_key(class_id);
             }
-            (sparse_flow, census(class_id, class, now, None))
+            // No room in the table (or a racing CPU's entry first): bulk, the safe side;
+            // judged sparse, every packet of a flow without a word would skip CoDel.
+            (sparse_flow && inserted, census(class_id, class, now, None))
         }
     }
 }

@@ -12,10 +12,7 @@ use crate::{
     maps::{CLASSES, CLASS_BUCKETS, CODEL, SHAPE_PACKET},
     rewrite::set_ecn_ce,
 };
-use aya_ebpf::{
-    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::TC_ACT_UNSPEC, programs::TcContext};
 use core::intrinsics::{atomic_xadd, atomic_xsub, AtomicOrdering};
 use shaper_common::{
     bucket::{ticks, TAT_MASK},
@@ -254,7 +251,9 @@ fn refuse(ctx: &TcContext, id: u32, class: &ClassConfig, packet: &crate::parse::
         Some(marked) => pass(id, packet.wire_len, marked),
         None => match stats_of(id) {
             Some(stats) => count_drop(stats, packet.wire_len),
-            None => TC_ACT_SHOT as i32,
+            // Without its counters (never, for an id userspace made) the packet passes,
+            // as every other lookup failure does.
+            None => TC_ACT_UNSPEC,
         },
     }
 }

@@ -747,3 +747,116 @@ fn arp_icmp_and_nd_pass_a_udp_only_class() {
         .sum();
     assert!(dropped > 0, "the UDP-only classes dropped nothing");
 }
+
+/// A UDP header past 16 KiB: an IPv6 packet with eight 2 KiB Destination Options headers
+/// (16 KiB of them, on links with a 64 KiB MTU) to UDP port 9999. The classifier reads no
+/// header past 16 KiB, so the datagram's ports are unknown, and it meets the first-ranked
+/// UDP port class (as a non-first fragment does), `real`; a wrapped offset (the 16 KiB
+/// mask the classifier had) read the ports from the sender's own option bytes instead,
+/// where it wrote 5060, and sent the datagram to `sip`.
+#[test]
+fn a_udp_header_past_16_kib_meets_no_port_class() {
+    const PACKETS: usize = 10;
+    let lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    for (ns, dev) in [
+        (&lab.client, CLIENT_DEV),
+        (&router, ROUTER_TO_CLIENT),
+        (&router, ROUTER_TO_SERVER),
+        (&lab.server, SERVER_DEV),
+    ] {
+        let output = ns
+            .run("ip", &["link", "set", "dev", dev, "mtu", "65535"])
+            .unwrap();
+        assert!(output.status.success(), "mtu on {dev}");
+    }
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    for (name, port, prio) in [("real", "9999", "1"), ("sip", "5060", "9")] {
+        router
+            .class_add(
+                name,
+                ROUTER_TO_SERVER,
+                &[
+                    "--rate", "100mbit", "--proto", "udp", "--dport", port, "--prio", prio,
+                ],
+            )
+            .unwrap();
+    }
+    // Neighbour discovery first (it takes up to 2 s in a new lab): datagrams sent while
+    // the router still resolves the server wait in a queue too short for 16 KiB each.
+    let ping = lab
+        .client
+        .run("ping", &["-6", "-c", "1", "-W", "5", SERVER_V6])
+        .unwrap();
+    assert!(ping.status.success(), "the server does not answer ping");
+    // Eight Destination Options headers of 2 048 bytes (header length 255), the last
+    // naming UDP. Each starts with an option of type 0x13 (unknown, to be skipped) and
+    // length 0xc4: read as a UDP header, its bytes 2-3 are destination port 5060. Pad1
+    // options fill the rest.
+    let mut packet = Vec::new();
+    for index in 0..8 {
+        let next = if index == 7 { 17u8 } else { 60 };
+        let mut header = vec![next, 255, 0x13, 0xc4];
+        header.resize(2048, 0);
+        packet.extend(header);
+    }
+    packet.extend_from_slice(&1234u16.to_be_bytes());
+    packet.extend_from_slice(&9999u16.to_be_bytes());
+    packet.extend_from_slice(&[0, 24, 0, 0]);
+    packet.extend_from_slice(b"16 KiB and more!");
+    let sent = thread::scope(|scope| {
+        scope
+            .spawn(|| -> std::io::Result<usize> {
+                lab.client.enter().map_err(std::io::Error::other)?;
+                // A raw socket of protocol 60: the kernel writes the IPv6 header (next
+                // header: Destination Options), the payload is the packet above.
+                let socket =
+                    unsafe { nix::libc::socket(nix::libc::AF_INET6, nix::libc::SOCK_RAW, 60) };
+                if socket < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let mut address: nix::libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+                address.sin6_family = nix::libc::AF_INET6 as u16;
+                address.sin6_addr.s6_addr =
+                    SERVER_V6.parse::<std::net::Ipv6Addr>().unwrap().octets();
+                let mut sent = 0;
+                for _ in 0..PACKETS {
+                    let n = unsafe {
+                        nix::libc::sendto(
+                            socket,
+                            packet.as_ptr().cast(),
+                            packet.len(),
+                            0,
+                            (&raw const address).cast(),
+                            std::mem::size_of::<nix::libc::sockaddr_in6>() as u32,
+                        )
+                    };
+                    if n == packet.len() as isize {
+                        sent += 1;
+                    }
+                    thread::sleep(Duration::from_millis(10));
+                }
+                unsafe { nix::libc::close(socket) };
+                Ok(sent)
+            })
+            .join()
+            .unwrap()
+    })
+    .unwrap();
+    assert_eq!(sent, PACKETS);
+    thread::sleep(Duration::from_millis(200));
+    let packets = |class: &str| {
+        let row = router.stats_row(class).unwrap();
+        counter(&row, "passed_packets") + counter(&row, "dropped_packets")
+    };
+    let (sip, real) = (packets("sip"), packets("real"));
+    println!("{PACKETS} datagrams with a UDP header at 16 438 bytes: sip {sip}, real {real}");
+    assert_eq!(
+        sip, 0,
+        "the port class matched ports read from a wrapped offset"
+    );
+    assert_eq!(
+        real, PACKETS as u64,
+        "the datagrams did not meet the first-ranked UDP port class"
+    );
+}
