@@ -538,3 +538,88 @@ fn a_failing_apply_rolls_back_under_load() -> Result<()> {
     );
     Ok(())
 }
+
+/// `apply` of a file with `attach_mode = "tcx"` 2 s into a UDP run through a class on a
+/// clsact attachment: the program is hooked by TCX, then unhooked from clsact (not
+/// detached and attached again); the class and its counters carry on and no 100 ms bin
+/// leaves the rate by more than 5 % up or 10 % down.
+#[test]
+fn apply_switches_the_attach_mode_under_load_without_a_gap() -> Result<()> {
+    let mut lab = Lab::new()?;
+    let dev = ROUTER_TO_SERVER;
+    lab.router.attach(dev, &["--attach-mode", "clsact"])?;
+    lab.router
+        .class_add("udp", dev, &["--rate", "5mbit", "--proto", "udp"])?;
+    let exported = lab.router.shaper(&["export"])?;
+    let wanted = exported.replace("attach_mode = \"clsact\"", "attach_mode = \"tcx\"");
+    ensure!(
+        wanted != exported,
+        "no attach_mode in the export: {exported}"
+    );
+    let file = ConfigFile::new("switch", &wanted)?;
+    let (run, at, applied) = under_load(&mut lab, |_| {
+        let output = shaper_tests::shaper(&["apply", "-f", file.path()]);
+        ensure!(output.status.success(), "{}", stderr(&output));
+        Ok(shaper_tests::stdout(&output))
+    })?;
+    println!("apply: {}", applied.trim());
+    ensure!(
+        applied.contains("switch") && !applied.contains("detach"),
+        "{applied}"
+    );
+    let row = lab.router.status_row()?;
+    ensure!(
+        row["attach_mode"] == "tcx" && row["problem"].is_null(),
+        "{row}"
+    );
+    let filters = lab
+        .router
+        .run("tc", &["filter", "show", "dev", dev, "egress"])?;
+    ensure!(
+        String::from_utf8_lossy(&filters.stdout).trim().is_empty(),
+        "a clsact filter is left: {}",
+        String::from_utf8_lossy(&filters.stdout)
+    );
+    let (passed, dropped) = counted(&lab.router)?;
+    ensure!(
+        passed > at.0 && dropped > at.1,
+        "the counters did not carry on"
+    );
+    let (low, high, count) = bins(&run);
+    println!(
+        "attach mode switched under load: {count} bins of 100 ms from 1 s: {:.2}-{:.2} Mbit/s",
+        low / 1e6,
+        high / 1e6
+    );
+    ensure!(count >= 45, "only {count} bins");
+    ensure!(
+        low > 0.9 * 5e6 && high < 1.05 * 5e6,
+        "a 100 ms bin left the rate: {low:.0}-{high:.0} bit/s"
+    );
+    // And back by `attach --attach-mode clsact`: one clsact filter, the TCX link gone.
+    let switched = lab.router.attach(dev, &["--attach-mode", "clsact"])?;
+    ensure!(
+        switched.contains("switched from tcx to clsact"),
+        "{switched}"
+    );
+    let row = lab.router.status_row()?;
+    ensure!(
+        row["attach_mode"] == "clsact" && row["problem"].is_null(),
+        "{row}"
+    );
+    let filters = lab
+        .router
+        .run("tc", &["filter", "show", "dev", dev, "egress"])?;
+    let filters = String::from_utf8_lossy(&filters.stdout).to_string();
+    ensure!(
+        filters.matches("bpf").count() >= 1,
+        "no clsact filter: {filters}"
+    );
+    assert_within(
+        "policed after switching back",
+        lab.udp_delivered_bps()?,
+        5e6,
+        0.05,
+    );
+    Ok(())
+}

@@ -32,6 +32,16 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
                 );
                 continue;
             }
+            if let (true, Some(mode)) = (status.live, forced_mode.filter(|&m| m != status.mode)) {
+                state::switch_mode(&location, mode)?;
+                println!(
+                    "{}: switched from {} to {} under traffic, classes kept",
+                    location.describe(),
+                    status.mode.name(),
+                    mode.name()
+                );
+                continue;
+            }
             if status.live {
                 println!(
                     "{}: already attached ({})",

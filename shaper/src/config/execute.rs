@@ -19,6 +19,7 @@ enum Undo {
     Restore(Location, Box<ClassSpec>, Restore),
     Detach(Location),
     Resize(Location, u32),
+    SwitchMode(Location, state::AttachMode),
 }
 
 #[derive(Clone, Copy)]
@@ -95,12 +96,17 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
             Ok(())
         }),
         Step::Reattach(location) => in_ns(location, &mut || state::reattach(location).map(|_| ())),
+        Step::SwitchMode { location, from, to } => in_ns(location, &mut || {
+            state::switch_mode(location, *to)?;
+            done.push(Undo::SwitchMode(location.clone(), *from));
+            Ok(())
+        }),
         Step::Resize { location, from, to } => in_ns(location, &mut || {
             state::resize_flow_table(location, *to)?;
             done.push(Undo::Resize(location.clone(), *from));
             Ok(())
         }),
-        // Not undone: a detach is the plan's (a changed attach mode, a pruned interface).
+        // Not undone: a detach is the plan's (a pruned interface).
         Step::Detach(location) => in_ns(location, &mut || state::detach(location)),
         Step::Forget(location) => state::forget(location),
         Step::Change {
@@ -154,7 +160,8 @@ fn undo_step(undo: Undo) -> Result<()> {
         Undo::Delete(location, _)
         | Undo::Restore(location, ..)
         | Undo::Detach(location)
-        | Undo::Resize(location, _) => location.clone(),
+        | Undo::Resize(location, _)
+        | Undo::SwitchMode(location, _) => location.clone(),
     };
     netns::in_namespace(&location.netns.clone(), || match &undo {
         Undo::Delete(location, names) => {
@@ -177,5 +184,6 @@ fn undo_step(undo: Undo) -> Result<()> {
         }
         Undo::Detach(location) => state::detach(location),
         Undo::Resize(location, size) => state::resize_flow_table(location, *size).map(|_| ()),
+        Undo::SwitchMode(location, mode) => state::switch_mode(location, *mode),
     })
 }

@@ -21,6 +21,13 @@ pub enum Step {
     },
     /// The interface was re-created: hook the pinned program again, classes kept.
     Reattach(Location),
+    /// Another attach mode: hooked the new way, then unhooked the old (classes, buckets
+    /// and counters kept).
+    SwitchMode {
+        location: Location,
+        from: AttachMode,
+        to: AttachMode,
+    },
     /// Another flow table size: a new table filled from the old, swapped in under
     /// traffic (classes, buckets and counters kept).
     Resize {
@@ -58,6 +65,13 @@ impl fmt::Display for Step {
             Step::Reattach(location) => {
                 write!(f, "reattach {} (interface re-created)", location.describe())
             }
+            Step::SwitchMode { location, from, to } => write!(
+                f,
+                "switch  {} {} -> {} (under traffic, classes kept)",
+                location.describe(),
+                from.name(),
+                to.name()
+            ),
             Step::Resize { location, from, to } => write!(
                 f,
                 "resize  {} flow table {from} -> {to} (under traffic, buckets kept)",
@@ -224,15 +238,15 @@ fn attachment_steps(
     }
     let attachment = Attachment::open(location)?;
     let status = attachment.status()?;
-    let mode_differs = interface.attach_mode.is_some_and(|m| m != status.mode);
-    if mode_differs {
-        // The hook's kind is fixed at attach time: attach afresh.
-        plan.steps.push(Step::Detach(location.clone()));
-        plan.steps.push(attach);
-        return Ok(Vec::new());
-    }
     if !status.live {
         plan.steps.push(Step::Reattach(location.clone()));
+    }
+    if let Some(to) = interface.attach_mode.filter(|&m| m != status.mode) {
+        plan.steps.push(Step::SwitchMode {
+            location: location.clone(),
+            from: status.mode,
+            to,
+        });
     }
     if status.flow_table_size != interface.flow_table_size {
         plan.steps.push(Step::Resize {

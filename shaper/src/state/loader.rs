@@ -307,6 +307,67 @@ pub fn reattach(location: &Location) -> Result<AttachMode> {
     Ok(mode)
 }
 
+/// Moves a live attachment to attach mode `mode` under traffic: its pinned program is
+/// hooked the new way first, then unhooked the old way, so every packet meets it (one
+/// that passes in the moment both hooks hold it is charged twice). Classes, buckets and
+/// counters are the pinned maps': kept. A clsact qdisc shaper made for the old hook is
+/// removed when the other direction does not use it.
+pub fn switch_mode(location: &Location, mode: AttachMode) -> Result<()> {
+    let dir = location.dir();
+    let attachment = Attachment::open(location)?;
+    let mut globals = attachment.globals()?;
+    let old = AttachMode::from_globals(globals.attach_mode);
+    if old == mode {
+        return Ok(());
+    }
+    let mut program = SchedClassifier::from_pin(dir.join(PROG_PIN))
+        .map_err(|e| runtime(format!("cannot open the pinned program: {e}")))?;
+    // The old TCX link's pin moves aside while the new hook is made, and back if that fails.
+    let old_link = dir.join(format!("{LINK_PIN}-old"));
+    if old == AttachMode::Tcx {
+        fs::rename(dir.join(LINK_PIN), &old_link)?;
+    }
+    let mut created = None;
+    let hooked = attach_program(&mut program, location, Some(mode), &dir, &mut created);
+    let (_, created_clsact) = match hooked {
+        Ok(hooked) => hooked,
+        Err(error) => {
+            if old == AttachMode::Tcx {
+                let _ = fs::rename(&old_link, dir.join(LINK_PIN));
+            }
+            return Err(error);
+        }
+    };
+    match old {
+        // Unpinning the link drops its last reference: the kernel unhooks the program.
+        AttachMode::Tcx => fs::remove_file(&old_link)?,
+        AttachMode::Clsact => {
+            let other = Location {
+                direction: match location.direction {
+                    Direction::Egress => Direction::Ingress,
+                    Direction::Ingress => Direction::Egress,
+                },
+                ..location.clone()
+            };
+            let other_uses_clsact = other.dir().exists()
+                && Attachment::open(&other)
+                    .and_then(|a| a.globals())
+                    .is_ok_and(|g| AttachMode::from_globals(g.attach_mode) == AttachMode::Clsact);
+            detach_clsact_filter(
+                &location.dev,
+                location.direction,
+                globals.created_clsact != 0 && !other_uses_clsact,
+            );
+        }
+    }
+    globals.attach_mode = match mode {
+        AttachMode::Tcx => ATTACH_MODE_TCX,
+        AttachMode::Clsact => ATTACH_MODE_CLSACT,
+    };
+    globals.created_clsact = u32::from(created_clsact);
+    attachment.set_globals(globals)
+}
+
 /// Removes the pins of an attachment whose network namespace no longer exists: its
 /// interfaces, TCX links, filters and qdiscs went with the namespace.
 pub fn forget(location: &Location) -> Result<()> {

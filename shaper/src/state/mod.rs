@@ -24,6 +24,7 @@ mod upgrade;
 pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
 pub use loader::{
     attach_fresh, detach, forget, load_object, load_object_bytes, load_program, reattach,
+    switch_mode,
 };
 pub use names::decode_name;
 pub(crate) use names::encode_name;
