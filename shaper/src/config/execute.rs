@@ -71,21 +71,7 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
     };
     let step = &plan.steps[index];
     let result = match step {
-        Step::Add(location, _) => {
-            let specs: Vec<ClassSpec> = plan.steps[index..]
-                .iter()
-                .map_while(|step| match step {
-                    Step::Add(next, spec) if next == location => Some(spec.clone()),
-                    _ => None,
-                })
-                .collect();
-            let names = specs.iter().map(|spec| spec.name.clone()).collect();
-            done.push(Undo::Delete(location.clone(), names));
-            let result = in_ns(location, &mut || {
-                classes::add_many(&Attachment::open(location)?, &specs).map(|_| ())
-            });
-            return (specs.len(), result);
-        }
+        Step::Add(location, _) => return add_batch(plan, index, location, done),
         Step::Attach {
             location,
             flow_table_size,
@@ -146,6 +132,29 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
         }),
     };
     (1, result)
+}
+
+/// The adds to `location` from `index` on, in one batch; the steps taken and the result.
+fn add_batch(
+    plan: &Plan,
+    index: usize,
+    location: &Location,
+    done: &mut Vec<Undo>,
+) -> (usize, Result<()>) {
+    let specs: Vec<ClassSpec> = plan.steps[index..]
+        .iter()
+        .map_while(|step| match step {
+            Step::Add(next, spec) if next == location => Some(spec.clone()),
+            _ => None,
+        })
+        .collect();
+    // Recorded first: a batch that fails midway keeps the classes before the failing one.
+    let names = specs.iter().map(|spec| spec.name.clone()).collect();
+    done.push(Undo::Delete(location.clone(), names));
+    let result = netns::in_namespace(&location.netns.clone(), || {
+        classes::add_many(&Attachment::open(location)?, &specs).map(|_| ())
+    });
+    (specs.len(), result)
 }
 
 /// The class `name` as the attachment holds it now.
