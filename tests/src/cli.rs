@@ -23,11 +23,15 @@ pub const COMMANDS: &[&str] = &[
     "apply",
     "export",
     "daemon",
+    "global",
     "completions",
 ];
 
 /// The subcommands of `shaper class`, which have pages of their own.
 pub const CLASS_COMMANDS: &[&str] = &["add", "change", "del", "list"];
+
+/// The subcommands of `shaper global`.
+pub const GLOBAL_COMMANDS: &[&str] = &["publish"];
 
 /// The man pages `shaper manpages` writes (without the section suffix).
 pub fn man_page_names() -> Vec<String> {
@@ -35,9 +39,13 @@ pub fn man_page_names() -> Vec<String> {
     let class_commands = CLASS_COMMANDS
         .iter()
         .map(|command| format!("shaper-class-{command}"));
+    let global_commands = GLOBAL_COMMANDS
+        .iter()
+        .map(|command| format!("shaper-global-{command}"));
     std::iter::once("shaper".to_string())
         .chain(commands)
         .chain(class_commands)
+        .chain(global_commands)
         .collect()
 }
 

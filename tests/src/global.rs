@@ -52,6 +52,11 @@ pub fn pod_addr(index: usize) -> String {
     format!("198.18.{}.2", 40 + index)
 }
 
+/// Host `index`'s Redis password.
+fn host_password(index: usize) -> String {
+    format!("pw-{index}-{}", std::process::id())
+}
+
 /// One daemon process with its file and log.
 struct DaemonProcess {
     child: Child,
@@ -181,7 +186,7 @@ impl GlobalLab {
         lab.trust = lab.redis.tls().map(|tls| tls.ca());
         lab.build().context("building the global lab failed")?;
         for index in 0..hosts {
-            let password = format!("pw-{index}-{}", std::process::id());
+            let password = host_password(index);
             let url = lab.redis.host_user(&format!("host-{index}"), &password)?;
             // Even hosts read their password from a file only root may read; odd ones
             // keep it in the URL (both are documented).
@@ -410,7 +415,10 @@ impl GlobalLab {
         let dir = std::env::temp_dir();
         let file = dir.join(format!("{}.toml", self.hosts[index].name));
         let log = dir.join(format!("{}.log", self.hosts[index].name));
+        // Odd hosts keep their password in the URL: the file is the owner's alone, as
+        // the package's /etc/shaper/shaper.toml (0640 root) is.
         std::fs::write(&file, self.file_text(index))?;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
         let metrics_port = free_port()?;
         let mut command = Command::new(shaper_bin());
         // The daemons run outside the lab's namespaces: they die with this test process
@@ -447,6 +455,25 @@ impl GlobalLab {
     /// SIGKILLs host `index`'s daemon (what the kernel holds stays).
     pub fn kill_daemon(&mut self, index: usize) {
         self.daemons[index] = None;
+    }
+
+    /// Every host's Redis password (from its URL or its password file).
+    pub fn passwords(&self) -> Vec<String> {
+        (0..self.hosts.len()).map(host_password).collect()
+    }
+
+    /// Lines of any daemon's log that show a Redis password (none should).
+    pub fn password_leaks(&self) -> Vec<String> {
+        let passwords = self.passwords();
+        (0..self.daemons.len())
+            .flat_map(|index| {
+                self.daemon_log(index)
+                    .lines()
+                    .filter(|line| passwords.iter().any(|p| line.contains(p.as_str())))
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// Host `index`'s configuration file.

@@ -608,6 +608,14 @@ fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()
         mbit(worst)
     );
     assert!(worst <= 1.05 * LIMIT, "a window reached {worst}");
+    // Through a Redis killed, restarted empty and refusing logins, no daemon's log
+    // showed a password (URLs are logged redacted).
+    let leaks = lab.password_leaks();
+    assert!(leaks.is_empty(), "passwords in the logs: {leaks:?}");
+    assert!(
+        (0..3).any(|host| lab.daemon_log(host).contains(":***@")),
+        "no redacted URL logged: the check above saw nothing to check"
+    );
     Ok(())
 }
 
