@@ -129,6 +129,8 @@ pub struct GlobalLab {
     pub sentinels: Vec<Sentinel>,
     /// With [`GlobalClass::proxy`]: the daemons' way to Redis.
     pub proxy: Option<Proxy>,
+    /// With [`GlobalClass::sentinel`]: the first sentinel the hosts name, black-holed.
+    sentinel_hole: Option<Proxy>,
     pub class: GlobalClass,
     /// The global key (unique per lab, so labs never share Redis state).
     pub key: String,
@@ -173,6 +175,7 @@ impl GlobalLab {
             replica: None,
             sentinels: Vec::new(),
             proxy: None,
+            sentinel_hole: None,
             class,
             key: format!("lab-{id}"),
             daemons: Vec::new(),
@@ -248,11 +251,16 @@ impl GlobalLab {
             }
             thread::sleep(Duration::from_millis(100));
         }
-        let sentinels: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
+        // The hosts name first a sentinel that never answers (a proxy that forwards
+        // nothing, as a sentinel on a host that went down without a reset): lookups
+        // must move on to the next one.
+        let hole = Proxy::start(self.sentinels[0].port)?;
+        hole.hold();
+        let sentinels: Vec<String> = std::iter::once(hole.port)
+            .chain(self.sentinels.iter().map(|s| s.port))
+            .map(|port| format!("127.0.0.1:{port}"))
             .collect();
+        self.sentinel_hole = Some(hole);
         let primary = format!("127.0.0.1:{}/0", self.redis.port);
         let watched = format!("{}/{SERVICE}/0", sentinels.join(","));
         for url in &mut self.urls {

@@ -23,23 +23,25 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
             let resize = args
                 .flow_table_size
                 .filter(|&size| size != status.flow_table_size);
-            if let (true, Some(size)) = (status.live, resize) {
-                let carried = state::resize_flow_table(&location, size)?;
-                println!(
-                    "{}: flow table resized from {} to {size} under traffic ({carried} keys carried over)",
-                    location.describe(),
-                    status.flow_table_size
-                );
-                continue;
-            }
-            if let (true, Some(mode)) = (status.live, forced_mode.filter(|&m| m != status.mode)) {
-                state::switch_mode(&location, mode)?;
-                println!(
-                    "{}: switched from {} to {} under traffic, classes kept",
-                    location.describe(),
-                    status.mode.name(),
-                    mode.name()
-                );
+            let switch = forced_mode.filter(|&m| m != status.mode);
+            if status.live && (resize.is_some() || switch.is_some()) {
+                if let Some(size) = resize {
+                    let carried = state::resize_flow_table(&location, size)?;
+                    println!(
+                        "{}: flow table resized from {} to {size} under traffic ({carried} keys carried over)",
+                        location.describe(),
+                        status.flow_table_size
+                    );
+                }
+                if let Some(mode) = switch {
+                    state::switch_mode(&location, mode)?;
+                    println!(
+                        "{}: switched from {} to {} under traffic, classes kept",
+                        location.describe(),
+                        status.mode.name(),
+                        mode.name()
+                    );
+                }
                 continue;
             }
             if status.live {

@@ -98,6 +98,9 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
 const METRICS_WAITING: usize = 32;
 /// Requests rendered at once; more are answered 503 at once.
 const METRICS_SERVING: usize = 8;
+/// Connections open at once, served ones included (a client that never reads its answer
+/// holds one until the connection timeout): more are closed at accept.
+const METRICS_CONNECTIONS: usize = 64;
 /// How long a client may take to send a request's headers, and to be served in all.
 const METRICS_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const METRICS_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -136,6 +139,7 @@ impl Waiting {
 async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
     let waiting = Rc::new(RefCell::new(Waiting::default()));
     let serving = Arc::new(Semaphore::new(METRICS_SERVING));
+    let open = Arc::new(Semaphore::new(METRICS_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -145,6 +149,11 @@ async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
+        };
+        let Ok(connection_slot) = open.clone().try_acquire_owned() else {
+            log::debug!("metrics: {METRICS_CONNECTIONS} connections open; one more closed");
+            daemon.borrow_mut().count_refused_connection();
+            continue;
         };
         let (id, evict, evicted) = waiting.borrow_mut().enter();
         if evicted {
@@ -161,10 +170,16 @@ async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
                 let health = daemon.borrow().health();
                 let slot = serving.clone().try_acquire_owned();
                 async move {
-                    let Ok(_slot) = slot else {
+                    let Ok(slot) = slot else {
                         return Ok::<_, Infallible>(response(503, "text/plain", "busy\n".into()));
                     };
-                    let answer = tokio::task::spawn_blocking(move || respond(&health, &path)).await;
+                    // The slot goes with the render: a client gone meanwhile does not
+                    // free it while the render still runs.
+                    let answer = tokio::task::spawn_blocking(move || {
+                        let _slot = slot;
+                        respond(&health, &path)
+                    })
+                    .await;
                     let (status, content_type, body) = answer.unwrap_or_else(|error| {
                         (500, "text/plain", format!("metrics failed: {error}\n"))
                     });
@@ -189,6 +204,7 @@ async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
                 Ok(()) = evict => {}
             }
             waiting.borrow_mut().leave(id);
+            drop(connection_slot);
         });
     }
 }

@@ -20,6 +20,8 @@ enum Undo {
     Detach(Location),
     Resize(Location, u32),
     SwitchMode(Location, state::AttachMode),
+    /// A step that is not undone (a detach, forgotten pins): named in the error.
+    Kept(String),
 }
 
 #[derive(Clone, Copy)]
@@ -33,21 +35,35 @@ enum Restore {
 }
 
 /// Carries out a plan, in order; each step inside its namespace. Consecutive adds to one
-/// attachment go in one batch. On a failing step the steps done are undone (a step
-/// that cannot be undone, a detach, is said in the error) and the step's error returned.
+/// attachment go in one batch. On a failing step the steps done are undone, newest
+/// first, and the step's error returned (with the steps that cannot be undone, detaches
+/// and forgotten pins, named in it).
 pub fn execute(plan: &Plan) -> Result<()> {
     let mut done: Vec<Undo> = Vec::new();
     let mut index = 0;
     while index < plan.steps.len() {
         let (taken, result) = run_step(plan, index, &mut done);
         if let Err(error) = result {
-            let undone = done.len();
+            let kept: Vec<String> = done
+                .iter()
+                .filter_map(|undo| match undo {
+                    Undo::Kept(step) => Some(step.clone()),
+                    _ => None,
+                })
+                .collect();
+            let undone = done.len() - kept.len();
             let failures: Vec<String> = done
                 .into_iter()
                 .rev()
+                .filter(|undo| !matches!(undo, Undo::Kept(_)))
                 .filter_map(|undo| undo_step(undo).err())
                 .map(|error| one_line(&format!("{error:#}")))
                 .collect();
+            let error = if kept.is_empty() {
+                error
+            } else {
+                error.context(format!("not undone: {}", kept.join("; ")))
+            };
             if failures.is_empty() {
                 if undone > 0 {
                     log::debug!("rolled back {undone} step(s) of the failed plan");
@@ -92,9 +108,15 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
             done.push(Undo::Resize(location.clone(), *from));
             Ok(())
         }),
-        // Not undone: a detach is the plan's (a pruned interface).
-        Step::Detach(location) => in_ns(location, &mut || state::detach(location)),
-        Step::Forget(location) => state::forget(location),
+        // Not undone (a pruned interface, a removed direction): named if a later step fails.
+        Step::Detach(location) => in_ns(location, &mut || {
+            state::detach(location)?;
+            done.push(Undo::Kept(step.to_string()));
+            Ok(())
+        }),
+        Step::Forget(location) => state::forget(location).map(|()| {
+            done.push(Undo::Kept(step.to_string()));
+        }),
         Step::Change {
             location, wanted, ..
         } => in_ns(location, &mut || {
@@ -171,6 +193,7 @@ fn undo_step(undo: Undo) -> Result<()> {
         | Undo::Detach(location)
         | Undo::Resize(location, _)
         | Undo::SwitchMode(location, _) => location.clone(),
+        Undo::Kept(_) => return Ok(()),
     };
     netns::in_namespace(&location.netns.clone(), || match &undo {
         Undo::Delete(location, names) => {
@@ -194,5 +217,6 @@ fn undo_step(undo: Undo) -> Result<()> {
         Undo::Detach(location) => state::detach(location),
         Undo::Resize(location, size) => state::resize_flow_table(location, *size).map(|_| ()),
         Undo::SwitchMode(location, mode) => state::switch_mode(location, *mode),
+        Undo::Kept(_) => Ok(()),
     })
 }

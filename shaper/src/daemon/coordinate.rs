@@ -286,6 +286,52 @@ fn demand_of(class: &HostClass, entry: &mut Tracked) -> Report {
     }
 }
 
+/// What an answer says beside the share: counted, and logged when it changed (broken
+/// fields removed, the limit and interval the hosts fill with).
+fn note_answer(
+    daemon: &Rc<RefCell<Daemon>>,
+    class: &HostClass,
+    tracker: &Tracker,
+    answer: &global::Answer,
+) {
+    {
+        let health = &mut daemon.borrow_mut().health;
+        health.coordination_ok += 1;
+        health.global_fields_dropped += u64::from(answer.dropped_fields);
+    }
+    if answer.dropped_fields > 0 {
+        log::warn!(
+            "{} (global '{}'): the allocator removed {} host field(s) it could not read (written by someone with the hosts' Redis ACL, not by shaper)",
+            class.name,
+            class.key,
+            answer.dropped_fields
+        );
+    }
+    if tracker.filled_with != Some(answer.limits) {
+        log_limits(class, tracker.limit_bits_per_sec, answer.limits);
+        let own = entry_interval_ms(daemon);
+        if answer.limits.version > 0 && answer.limits.interval_ms < own {
+            log::warn!(
+                "{} (global '{}'): the published interval ({} ms) is shorter than this host's ({own} ms): the other hosts may forget this one between its reports; set [coordination] interval to it",
+                class.name,
+                class.key,
+                answer.limits.interval_ms
+            );
+        }
+    }
+}
+
+/// This daemon's own reporting interval (ms), as its file says.
+fn entry_interval_ms(daemon: &Rc<RefCell<Daemon>>) -> u64 {
+    daemon
+        .borrow()
+        .desired
+        .coordination
+        .as_ref()
+        .map_or(global::DEFAULT_INTERVAL, |c| c.interval)
+        .as_millis() as u64
+}
+
 /// Says which limit the hosts now fill with, when it changed: a published one (and
 /// whether it differs from this host's rate, which still caps the share here), or this
 /// host's own.
@@ -330,22 +376,7 @@ fn decide(
     let answered = reply.is_ok();
     let event = match reply {
         Ok(Reply::Share(answer)) => {
-            {
-                let health = &mut daemon.borrow_mut().health;
-                health.coordination_ok += 1;
-                health.global_fields_dropped += u64::from(answer.dropped_fields);
-            }
-            if answer.dropped_fields > 0 {
-                log::warn!(
-                    "{} (global '{}'): the allocator removed {} host field(s) it could not read (written by someone with the hosts' Redis ACL, not by shaper)",
-                    class.name,
-                    class.key,
-                    answer.dropped_fields
-                );
-            }
-            if tracker.filled_with != Some(answer.limits) {
-                log_limits(class, tracker.limit_bits_per_sec, answer.limits);
-            }
+            note_answer(daemon, class, tracker, &answer);
             entry.answered_unix_ms = unix_ms();
             tracker.answered(answer)
         }

@@ -13,10 +13,11 @@
 -- ARGV     host, demand, current share, limit, floor (bit/s), interval (ms),
 --          headroom (parts per million of the limit kept free), the calling daemon's
 --          instance (chosen at its start; optional).
--- Returns  {share (bit/s), live hosts, epoch (ms), 0, limit, version, dropped}, or
---          {0, 0, epoch, 1, limit, version, 0} when another daemon holds the host id.
---          limit: the one the fill used; version: the published limits' (0: none, the
---          caller's); dropped: host fields this call's fill found broken and removed.
+-- Returns  {share (bit/s), live hosts, epoch (ms), 0, limit, version, dropped, interval},
+--          or {0, 0, epoch, 1, limit, version, 0, interval} when another daemon holds the
+--          host id. limit, interval: what the fill used; version: the published limits'
+--          (0: none, the caller's); dropped: host fields this call's fill found broken
+--          and removed.
 --
 -- A call records its host's demand and reads its share from the last fill; the fill (all
 -- hosts, O(n log n)) runs again only when it is half an interval old. So n hosts cost
@@ -69,6 +70,10 @@ do
     limit, floor, interval, headroom, version = l, f, iv, h, v
   end
 end
+-- Hosts are forgotten after three silent intervals of the longer of the published
+-- interval and the caller's: a published interval shorter than a host's own (a rolling
+-- change) must not drop that host between its reports while it keeps its share.
+local heard = math.max(interval, whole(6, 50, 10000))
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -86,18 +91,26 @@ if not epoch then
   redis.call('DEL', shares_key)
   redis.call('HSET', hosts_key, '.epoch', epoch)
 end
+-- No call for three intervals (Redis paused, a failover to a replica): every host is
+-- stale, and the first to call back would find itself alone and take the whole limit
+-- before the others report. That is a new state too: the hosts re-learn it.
+local last = tonumber(redis.call('HGET', hosts_key, '.filled'))
+if last and now - last > 3 * heard and epoch < now - 2 * interval then
+  epoch = now
+  redis.call('HSET', hosts_key, '.epoch', epoch)
+end
 -- One daemon per host id: the field names the daemon that holds it, and another
 -- daemon's call while that one reports (its stamp within 3 intervals) is refused, so
 -- two hosts cloned with one id do not merge into one host that both enforce.
 local held = redis.call('HGET', hosts_key, 'h:' .. host)
 if held and instance ~= '' then
   local at, owner = string.match(held, '^%d+ %d+ (%d+) ?(%w*)$')
-  if at and owner ~= '' and owner ~= instance and math.abs(now - tonumber(at)) <= 3 * interval then
-    return {0, 0, epoch, 1, limit, version, 0}
+  if at and owner ~= '' and owner ~= instance and math.abs(now - tonumber(at)) <= 3 * heard then
+    return {0, 0, epoch, 1, limit, version, 0, interval}
   end
 end
 redis.call('HSET', hosts_key, 'h:' .. host, string.format('%d %d %d %s', demand, current, now, instance))
-redis.call('PEXPIRE', hosts_key, 40 * interval)
+redis.call('PEXPIRE', hosts_key, 40 * heard)
 
 -- A host the last fill does not know yet keeps what it holds until the next fill (a
 -- thousand hosts joining at once must not fill a thousand times).
@@ -118,7 +131,7 @@ if now - filled >= interval / 2 or filled > now then
       if not at then
         dropped = dropped + 1
         redis.call('HDEL', hosts_key, field)
-      elseif math.abs(now - tonumber(at)) > 3 * interval then
+      elseif math.abs(now - tonumber(at)) > 3 * heard then
         redis.call('HDEL', hosts_key, field)
       else
         names[#names + 1] = string.sub(field, 3)
@@ -158,7 +171,7 @@ if now - filled >= interval / 2 or filled > now then
   if #chunk > 0 then
     redis.call('HSET', shares_key, unpack(chunk))
   end
-  redis.call('PEXPIRE', shares_key, 40 * interval)
+  redis.call('PEXPIRE', shares_key, 40 * heard)
   redis.call('HSET', hosts_key, '.filled', now)
 end
 local n = tonumber(redis.call('HGET', shares_key, '.hosts')) or 1
@@ -168,4 +181,4 @@ local n = tonumber(redis.call('HGET', shares_key, '.hosts')) or 1
 if now - epoch < 2 * interval then
   mine = math.min(mine, current)
 end
-return {math.floor(mine), n, epoch, 0, limit, version, dropped}
+return {math.floor(mine), n, epoch, 0, limit, version, dropped, interval}

@@ -47,11 +47,11 @@ impl Coordinator {
         if let Some(connection) = &self.connection {
             return Ok(connection.clone());
         }
-        let client = tokio::time::timeout(self.interval / 2, self.target.client())
-            .await
-            .map_err(|_| {
-                redis::RedisError::from((redis::ErrorKind::Io, "Sentinel did not answer in time"))
-            })??;
+        let Ok(client) = tokio::time::timeout(self.interval / 2, self.target.client()).await else {
+            self.target.next_sentinel_first();
+            return Err((redis::ErrorKind::Io, "Sentinel did not answer in time").into());
+        };
+        let client = client?;
         let connection = client.get_connection_manager_lazy(self.config.clone())?;
         self.connection = Some(connection.clone());
         Ok(connection)
@@ -82,7 +82,17 @@ impl Coordinator {
             }
         }
         let refused = |answer: &redis::RedisResult<Reply>| matches!(answer, Err(error) if error.kind() == redis::ErrorKind::AuthenticationFailed);
-        let unanswered = !answers.is_empty() && answers.iter().all(|answer| answer.is_err());
+        // The primary gone (no answer, refused, reset) or demoted (READONLY): behind
+        // Sentinel, ask for the primary again. Other errors (a bad published limit, say)
+        // are the server's own answer.
+        let lost = |answer: &redis::RedisResult<Reply>| {
+            matches!(answer, Err(error) if error.is_io_error()
+                || error.is_timeout()
+                || error.is_connection_refusal()
+                || error.is_connection_dropped()
+                || error.to_string().contains("READONLY"))
+        };
+        let unanswered = !answers.is_empty() && answers.iter().all(lost);
         if answers.iter().any(refused) || (unanswered && self.target.is_sentinel()) {
             self.connection = None;
         }
@@ -109,27 +119,29 @@ impl Coordinator {
                 .arg(HEADROOM_PPM)
                 .arg(instance());
             async move {
-                let (share, hosts, epoch, taken, limit, version, dropped): (
-                    u64,
-                    u32,
-                    u64,
-                    u8,
-                    u64,
-                    u64,
-                    u32,
-                ) = invocation.invoke_async(&mut connection).await?;
+                let reply: Vec<u64> = invocation.invoke_async(&mut connection).await?;
+                let &[share, hosts, epoch, taken, limit, version, dropped, interval_ms] =
+                    reply.as_slice()
+                else {
+                    return Err((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "the allocation script answered with another number of values",
+                    )
+                        .into());
+                };
                 Ok(if taken != 0 {
                     Reply::HostIdTaken
                 } else {
                     Reply::Share(Answer {
                         share_bits_per_sec: share,
-                        hosts,
+                        hosts: hosts as u32,
                         epoch_ms: epoch,
                         limits: Limits {
                             limit_bits_per_sec: limit,
                             version,
+                            interval_ms,
                         },
-                        dropped_fields: dropped,
+                        dropped_fields: dropped as u32,
                     })
                 })
             }

@@ -14,7 +14,27 @@ const SENTINEL_PORT: u16 = 26379;
 /// A server, or the Sentinels that name the primary of a service.
 pub enum Target {
     Server(redis::Client),
-    Sentinel(SentinelClient),
+    Sentinel(SentinelClient, Sentinels),
+}
+
+/// What a Sentinel client is made of, to make it again with another Sentinel first.
+pub struct Sentinels {
+    urls: Vec<String>,
+    service: String,
+    node: redis::RedisConnectionInfo,
+}
+
+impl Sentinels {
+    fn client(&self) -> redis::RedisResult<SentinelClient> {
+        SentinelClient::build(
+            self.urls.clone(),
+            self.service.as_str(),
+            Some(
+                SentinelNodeConnectionInfo::default().set_redis_connection_info(self.node.clone()),
+            ),
+            SentinelServerType::Master,
+        )
+    }
 }
 
 impl Target {
@@ -68,21 +88,32 @@ impl Target {
         if let Some(password) = password {
             settings = settings.set_password(password);
         }
-        let client = SentinelClient::build(
-            sentinels,
-            service,
-            Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(settings)),
-            SentinelServerType::Master,
-        )
-        .map_err(|e| bad(&e))?;
-        Ok(Self::Sentinel(client))
+        let sentinels = Sentinels {
+            urls: sentinels,
+            service: service.to_string(),
+            node: settings,
+        };
+        let client = sentinels.client().map_err(|e| bad(&e))?;
+        Ok(Self::Sentinel(client, sentinels))
     }
 
     /// The client of the server to talk to now (for Sentinel: the primary it names now).
     pub async fn client(&mut self) -> redis::RedisResult<redis::Client> {
         match self {
             Self::Server(client) => Ok(client.clone()),
-            Self::Sentinel(sentinel) => sentinel.async_get_client().await,
+            Self::Sentinel(sentinel, _) => sentinel.async_get_client().await,
+        }
+    }
+
+    /// After a Sentinel lookup that did not answer in time: the next one starts at the
+    /// next Sentinel (the client asks them in their order and waits on the first, so one
+    /// that is black-holed would stall every lookup).
+    pub fn next_sentinel_first(&mut self) {
+        if let Self::Sentinel(client, sentinels) = self {
+            sentinels.urls.rotate_left(1);
+            if let Ok(rotated) = sentinels.client() {
+                *client = rotated;
+            }
         }
     }
 
@@ -90,12 +121,12 @@ impl Target {
     pub fn client_blocking(&mut self) -> redis::RedisResult<redis::Client> {
         match self {
             Self::Server(client) => Ok(client.clone()),
-            Self::Sentinel(sentinel) => sentinel.get_client(),
+            Self::Sentinel(sentinel, _) => sentinel.get_client(),
         }
     }
 
     pub fn is_sentinel(&self) -> bool {
-        matches!(self, Self::Sentinel(_))
+        matches!(self, Self::Sentinel(..))
     }
 }
 
@@ -111,7 +142,7 @@ mod tests {
             "redis+sentinel://node-a@[::1]:26379/main",
         ] {
             assert!(
-                matches!(Target::new(url, None), Ok(Target::Sentinel(_))),
+                matches!(Target::new(url, None), Ok(Target::Sentinel(..))),
                 "{url}"
             );
         }

@@ -69,6 +69,8 @@ pub struct Answer {
 pub struct Limits {
     pub limit_bits_per_sec: u64,
     pub version: u64,
+    /// The interval the fill used (the published one, or the caller's).
+    pub interval_ms: u64,
 }
 
 /// One global class's share on this host, from one tick to the next.
@@ -241,6 +243,7 @@ mod tests {
             limits: Limits {
                 limit_bits_per_sec: 30 * MBIT,
                 version: 0,
+                interval_ms: 250,
             },
             dropped_fields: 0,
         }
@@ -377,6 +380,7 @@ mod tests {
             limits: Limits {
                 limit_bits_per_sec: 15 * MBIT,
                 version: 2,
+                interval_ms: 250,
             },
             ..answer(5 * MBIT)
         });
@@ -395,6 +399,7 @@ mod tests {
             limits: Limits {
                 limit_bits_per_sec: 30 * MBIT,
                 version: 1,
+                interval_ms: 250,
             },
             ..answer(3 * MBIT)
         });

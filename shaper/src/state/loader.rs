@@ -335,6 +335,10 @@ pub fn switch_mode(location: &Location, mode: AttachMode) -> Result<()> {
             if old == AttachMode::Tcx {
                 let _ = fs::rename(&old_link, dir.join(LINK_PIN));
             }
+            // A clsact qdisc made for the new hook goes with it.
+            if let Some((dev, direction, made)) = created {
+                detach_clsact_filter(&dev, direction, made);
+            }
             return Err(error);
         }
     };
@@ -349,15 +353,29 @@ pub fn switch_mode(location: &Location, mode: AttachMode) -> Result<()> {
                 },
                 ..location.clone()
             };
-            let other_uses_clsact = other.dir().exists()
-                && Attachment::open(&other)
-                    .and_then(|a| a.globals())
-                    .is_ok_and(|g| AttachMode::from_globals(g.attach_mode) == AttachMode::Clsact);
+            // The other direction's pins, unreadable, count as using the qdisc (kept).
+            let other_globals = other
+                .dir()
+                .exists()
+                .then(|| Attachment::open(&other).and_then(|a| Ok((a.globals()?, a))));
+            let other_uses_clsact = match &other_globals {
+                None => false,
+                Some(Ok((g, _))) => AttachMode::from_globals(g.attach_mode) == AttachMode::Clsact,
+                Some(Err(_)) => true,
+            };
+            let ours = globals.created_clsact != 0;
             detach_clsact_filter(
                 &location.dev,
                 location.direction,
-                globals.created_clsact != 0 && !other_uses_clsact,
+                ours && !other_uses_clsact,
             );
+            // A qdisc shaper made stays shaper's to remove, with the direction still on it.
+            if let (true, Some(Ok((mut g, other_attachment)))) = (ours, other_globals) {
+                if AttachMode::from_globals(g.attach_mode) == AttachMode::Clsact {
+                    g.created_clsact = 1;
+                    other_attachment.set_globals(g)?;
+                }
+            }
         }
     }
     globals.attach_mode = match mode {

@@ -118,7 +118,9 @@ pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
         )));
     }
     let staged = dir.join(format!("{}-new", map_names::KEYED_BUCKETS));
+    let staged_program = dir.join(format!("{PROG_PIN}-new"));
     let _ = fs::remove_file(&staged);
+    let _ = fs::remove_file(&staged_program);
     let result = (|| -> Result<usize> {
         let mut ebpf = load_object_with_flow_table(&dir, size, &staged)?;
         let globals = attachment.globals()?;
@@ -140,6 +142,9 @@ pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
             .program_mut(name)
             .context("the program vanished from the object")?
             .try_into()?;
+        // Pinned before the swap: after it only renames are left, which do not fail
+        // within one directory of bpffs.
+        program.pin(&staged_program)?;
         swap_program(program, location, status.mode, status.program_id)?;
         // What the old program charged while the copy ran: a bucket's later arrival time
         // is the one that has seen more traffic.
@@ -148,15 +153,13 @@ pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
         // then the program, each renamed over its old pin.
         fs::rename(&staged, dir.join(map_names::KEYED_BUCKETS))
             .with_context(|| format!("cannot re-pin the flow table in {}", dir.display()))?;
-        let staged_program = dir.join(format!("{PROG_PIN}-new"));
-        let _ = fs::remove_file(&staged_program);
-        program.pin(&staged_program)?;
         fs::rename(&staged_program, dir.join(PROG_PIN))
             .with_context(|| format!("cannot re-pin the program in {}", dir.display()))?;
         Ok(carried)
     })();
     // A failure before the swap leaves the old table and program as they were.
     let _ = fs::remove_file(&staged);
+    let _ = fs::remove_file(&staged_program);
     result
 }
 
