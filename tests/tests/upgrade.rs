@@ -380,6 +380,33 @@ where
     })
 }
 
+/// The server's 100 ms bins from the 1st second on (at least 45 of them) all within
+/// `low`-`high` times the class's 5 Mbit/s; `what` names the run in the output.
+fn bins_within(what: &str, run: &shaper_tests::UdpResult, low: f64, high: f64) -> Result<()> {
+    let (lowest, highest, count) = bins(run);
+    println!(
+        "{what}: {count} bins of 100 ms from 1 s: {:.2}-{:.2} Mbit/s",
+        lowest / 1e6,
+        highest / 1e6
+    );
+    ensure!(count >= 45, "only {count} bins");
+    ensure!(
+        lowest > low * 5e6 && highest < high * 5e6,
+        "a 100 ms bin left the rate: {lowest:.0}-{highest:.0} bit/s"
+    );
+    Ok(())
+}
+
+/// The class's counters went on from `at` (both passed and dropped grew); they now.
+fn carried_on(router: &Netns, at: (u64, u64)) -> Result<(u64, u64)> {
+    let (passed, dropped) = counted(router)?;
+    ensure!(
+        passed > at.0 && dropped > at.1,
+        "the counters did not carry on"
+    );
+    Ok((passed, dropped))
+}
+
 /// The lowest and highest 100 ms bin at the server from the 1st second on, and how many.
 fn bins(run: &shaper_tests::UdpResult) -> (f64, f64, usize) {
     let bins: Vec<f64> = run
@@ -436,11 +463,7 @@ fn apply_resizes_the_flow_table_under_load_without_a_gap() -> Result<()> {
         "the program was not swapped: {row}"
     );
     let stats = lab.router.stats_row("udp")?;
-    let (passed, dropped) = counted(&lab.router)?;
-    ensure!(
-        passed > at.0 && dropped > at.1,
-        "the counters did not carry on"
-    );
+    let (passed, dropped) = carried_on(&lab.router, at)?;
     let counted_all = passed + dropped;
     ensure!(
         counted_all >= run.packets && counted_all <= run.packets + 4,
@@ -448,17 +471,7 @@ fn apply_resizes_the_flow_table_under_load_without_a_gap() -> Result<()> {
         run.packets
     );
     ensure!(stats["keys"] == 1, "the flow's bucket: {stats}");
-    let (low, high, count) = bins(&run);
-    println!(
-        "resize under load: {count} bins of 100 ms from 1 s: {:.2}-{:.2} Mbit/s",
-        low / 1e6,
-        high / 1e6
-    );
-    ensure!(count >= 45, "only {count} bins");
-    ensure!(
-        low > 0.95 * 5e6 && high < 1.05 * 5e6,
-        "a 100 ms bin left the rate: {low:.0}-{high:.0} bit/s"
-    );
+    bins_within("resize under load", &run, 0.95, 1.05)?;
     Ok(())
 }
 
@@ -519,23 +532,9 @@ fn a_failing_apply_rolls_back_under_load() -> Result<()> {
         udp["rate_bps"] == 5_000_000,
         "the change was not rolled back: {udp}"
     );
-    let (passed, dropped) = counted(&lab.router)?;
-    ensure!(
-        passed > at.0 && dropped > at.1,
-        "the counters did not carry on"
-    );
+    carried_on(&lab.router, at)?;
     assert_within("rate over the run", run.l2_bps_between(1.0, 6.0), 5e6, 0.03);
-    let (low, high, count) = bins(&run);
-    println!(
-        "failed apply under load: {count} bins of 100 ms from 1 s: {:.2}-{:.2} Mbit/s",
-        low / 1e6,
-        high / 1e6
-    );
-    ensure!(count >= 45, "only {count} bins");
-    ensure!(
-        low > 0.9 * 5e6 && high < 1.05 * 5e6,
-        "a 100 ms bin left the rate: {low:.0}-{high:.0} bit/s"
-    );
+    bins_within("failed apply under load", &run, 0.9, 1.05)?;
     Ok(())
 }
 
@@ -580,22 +579,8 @@ fn apply_switches_the_attach_mode_under_load_without_a_gap() -> Result<()> {
         "a clsact filter is left: {}",
         String::from_utf8_lossy(&filters.stdout)
     );
-    let (passed, dropped) = counted(&lab.router)?;
-    ensure!(
-        passed > at.0 && dropped > at.1,
-        "the counters did not carry on"
-    );
-    let (low, high, count) = bins(&run);
-    println!(
-        "attach mode switched under load: {count} bins of 100 ms from 1 s: {:.2}-{:.2} Mbit/s",
-        low / 1e6,
-        high / 1e6
-    );
-    ensure!(count >= 45, "only {count} bins");
-    ensure!(
-        low > 0.9 * 5e6 && high < 1.05 * 5e6,
-        "a 100 ms bin left the rate: {low:.0}-{high:.0} bit/s"
-    );
+    carried_on(&lab.router, at)?;
+    bins_within("attach mode switched under load", &run, 0.9, 1.05)?;
     // And back by `attach --attach-mode clsact`: one clsact filter, the TCX link gone.
     let switched = lab.router.attach(dev, &["--attach-mode", "clsact"])?;
     ensure!(

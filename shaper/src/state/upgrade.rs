@@ -52,22 +52,12 @@ pub fn upgrade(location: &Location, reload: bool) -> Result<Upgraded> {
         migrate(&attachment)?;
     }
     let status = attachment.status()?;
-    if let Some(problem) = status.problem {
-        return Err(runtime(format!(
-            "{} is not live ({problem}): run `shaper attach {}` to repair it before upgrading",
-            location.describe(),
-            location.dev
-        )));
-    }
+    require_live(location, &status, "before upgrading")?;
     let globals = attachment.globals()?;
     let old_program_id = status.program_id;
     let old_tag = aya::programs::ProgramInfo::from_pin(dir.join(PROG_PIN))?.tag();
     let mut ebpf = load_object(&dir, status.flow_table_size)?;
-    let name = if globals.link_header_len == 0 {
-        program_names::SHAPER_L3
-    } else {
-        program_names::SHAPER
-    };
+    let name = program_name(&globals);
     let program = load_program(&mut ebpf, name)?;
     let info = program.info()?;
     let mut new_program_id = old_program_id;
@@ -110,13 +100,7 @@ pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
     let dir = location.dir();
     let attachment = Attachment::open(location)?;
     let status = attachment.status()?;
-    if let Some(problem) = status.problem {
-        return Err(runtime(format!(
-            "{} is not live ({problem}): run `shaper attach {}` to repair it first",
-            location.describe(),
-            location.dev
-        )));
-    }
+    require_live(location, &status, "first")?;
     let staged = dir.join(format!("{}-new", map_names::KEYED_BUCKETS));
     let staged_program = dir.join(format!("{PROG_PIN}-new"));
     let _ = fs::remove_file(&staged);
@@ -124,11 +108,7 @@ pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
     let result = (|| -> Result<usize> {
         let mut ebpf = load_object_with_flow_table(&dir, size, &staged)?;
         let globals = attachment.globals()?;
-        let name = if globals.link_header_len == 0 {
-            program_names::SHAPER_L3
-        } else {
-            program_names::SHAPER
-        };
+        let name = program_name(&globals);
         // Verified first (a fraction of a second): the buckets are copied just before
         // the swap, so what the old program charges meanwhile is not lost.
         load_program(&mut ebpf, name)?;
@@ -161,6 +141,27 @@ pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
     let _ = fs::remove_file(&staged);
     let _ = fs::remove_file(&staged_program);
     result
+}
+
+/// Refuses an attachment that is not live: its program must be hooked to be swapped.
+fn require_live(location: &Location, status: &AttachmentStatus, when: &str) -> Result<()> {
+    match &status.problem {
+        Some(problem) => Err(runtime(format!(
+            "{} is not live ({problem}): run `shaper attach {}` to repair it {when}",
+            location.describe(),
+            location.dev
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The program of an attachment's kind: with a link-layer header, or bare IP.
+fn program_name(globals: &shaper_common::Globals) -> &'static str {
+    if globals.link_header_len == 0 {
+        program_names::SHAPER_L3
+    } else {
+        program_names::SHAPER
+    }
 }
 
 /// Every bucket of `old` into `new`, keeping the later theoretical arrival time where
