@@ -375,31 +375,46 @@ impl Lab {
 
     fn tcp_on_port(&self, port: u16, options: &Tcp) -> Result<TcpResult> {
         let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
-        let args: Vec<String> = [
-            "-c",
-            target,
-            "-t",
-            &options.seconds.to_string(),
-            "-C",
-            &options.congestion,
-            "-i",
-            &options.interval.to_string(),
-            "-P",
-            &options.flows.to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let json = iperf::run(
-            &self.client,
-            &self.server,
-            port,
-            &args,
-            options.interval,
-            options.seconds,
-        )?;
-        iperf::parse_tcp(&json)
+        tcp_from_to(&self.client, &self.server, target, port, options)
     }
+
+    /// A TCP run from namespace `from` to the iperf3 server in `to` at `target`.
+    pub fn tcp_between(
+        &mut self,
+        from: &Netns,
+        to: &Netns,
+        target: &str,
+        options: &Tcp,
+    ) -> Result<TcpResult> {
+        let port = self.port();
+        tcp_from_to(from, to, target, port, options)
+    }
+}
+
+fn tcp_from_to(
+    from: &Netns,
+    to: &Netns,
+    target: &str,
+    port: u16,
+    options: &Tcp,
+) -> Result<TcpResult> {
+    let args: Vec<String> = [
+        "-c",
+        target,
+        "-t",
+        &options.seconds.to_string(),
+        "-C",
+        &options.congestion,
+        "-i",
+        &options.interval.to_string(),
+        "-P",
+        &options.flows.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let json = iperf::run(from, to, port, &args, options.interval, options.seconds)?;
+    iperf::parse_tcp(&json)
 }
 
 /// Sends UDP from namespace `from` to `target:dport` at `rate_bps` (L3 payload bits)

@@ -275,3 +275,67 @@ fn shape_holds_a_udp_flood_to_the_rate_and_its_neighbours_within_15ms() {
     let row = lab.router.stats_row("bulk").unwrap();
     assert!(shaper_tests::counter(&row, "dropped_packets") > 1000);
 }
+
+/// `gso_max_segs` of `dev` in `ns`, as `ip -d link` shows it.
+fn gso_max_segs(ns: &shaper_tests::Netns, dev: &str) -> u64 {
+    let out = ns.run("ip", &["-j", "-d", "link", "show", dev]).unwrap();
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    links[0]["gso_max_segs"].as_u64().unwrap()
+}
+
+/// Issue 37: a shape class on the sending host's own egress, TSO on. Without the
+/// aggregate cap TCP builds 64 KiB aggregates on a µs path (52 ms each at 10 Mbit/s):
+/// Cubic's RTT read 17-38 ms and BBR got 0.76-0.79 of the rate. The class caps the
+/// device's aggregates at two segments (1 ms at the rate, at least two); shaper puts the
+/// device's own value back when the last shape class goes. Cubic and BBR run at once,
+/// each in a lab of its own (10 Mbit/s each: the machine is far from busy).
+#[test]
+fn shape_on_the_senders_own_egress_keeps_cubic_and_bbr_at_the_rate() {
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = ["cubic", "bbr"]
+            .into_iter()
+            .map(|congestion| scope.spawn(move || sender_egress_run(congestion)))
+            .collect();
+        for run in runs {
+            run.join().expect("a sender-egress run panicked");
+        }
+    });
+}
+
+fn sender_egress_run(congestion: &str) {
+    let mut lab = Lab::new().unwrap();
+    let before = gso_max_segs(&lab.client, CLIENT_DEV);
+    lab.client.attach(CLIENT_DEV, &[]).unwrap();
+    let options = [
+        "--rate",
+        "10mbit",
+        "--dst",
+        "198.18.2.2/32",
+        "--action",
+        "shape",
+    ];
+    lab.client.class_add("bulk", CLIENT_DEV, &options).unwrap();
+    assert_eq!(gso_max_segs(&lab.client, CLIENT_DEV), 2, "the class's cap");
+    let tcp = Tcp {
+        congestion: congestion.to_string(),
+        ..cubic(1)
+    };
+    let run = tcp_under_probe(&mut lab, &tcp, STEADY_FROM, None).unwrap();
+    let base_rtt_ms = lab.base_rtt().as_secs_f64() * 1e3;
+    let targets = Targets {
+        goodput: 0.93,
+        bulk_rtt_over_base_ms: 20.0,
+        ping: (5.0, 15.0),
+        queue: None,
+    };
+    let what = format!("10 Mbit/s on the sender's own egress, TSO on, 1 {congestion}");
+    check(&what, &run, 10e6, base_rtt_ms, &targets);
+    lab.client
+        .shaper(&["class", "del", "bulk", "--dev", CLIENT_DEV])
+        .unwrap();
+    assert_eq!(
+        gso_max_segs(&lab.client, CLIENT_DEV),
+        before,
+        "the device's own cap is back with the last shape class gone"
+    );
+}

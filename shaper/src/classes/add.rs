@@ -34,7 +34,11 @@ pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
 /// first error the classes before it stay and the error is returned.
 pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>> {
     let mut batch = Batch::open(attachment)?;
-    specs.iter().map(|spec| batch.add(spec)).collect()
+    let added = specs.iter().map(|spec| batch.add(spec)).collect();
+    if specs.iter().any(|spec| spec.action.action == Action::Shape) {
+        super::refresh_aggregate_cap(attachment);
+    }
+    added
 }
 
 /// The attachment's state a batch of adds reads once and keeps up to date.

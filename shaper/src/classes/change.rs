@@ -149,7 +149,14 @@ pub fn change(attachment: &Attachment, wanted: &ClassSpec) -> Result<()> {
     let (_, current) = read_class(attachment, &wanted.name)?
         .ok_or_else(|| super::table::not_found(attachment, &wanted.name))?;
     let change = Change::between(&current, wanted).map_err(usage)?;
-    apply(attachment, &wanted.name, change)
+    let changed = apply(attachment, &wanted.name, change);
+    if [&current, wanted]
+        .iter()
+        .any(|spec| spec.action.action == Action::Shape)
+    {
+        super::refresh_aggregate_cap(attachment);
+    }
+    changed
 }
 
 /// Where a change leaves a class in the tree.

@@ -2,7 +2,11 @@
 //! ([`encode`](mod@encode)), the rule shapes its entries use ([`shapes`](mod@shapes)), and
 //! adding, changing and deleting classes ([`table`](mod@table)).
 
-use crate::{actions::ActionSpec, rules::Rule, state::encode_name};
+use crate::{
+    actions::ActionSpec,
+    rules::Rule,
+    state::{encode_name, Attachment},
+};
 use anyhow::Result;
 use shaper_common::{
     codel::{CodelConfig, DEFAULT_INTERVAL_NS, DEFAULT_TARGET_NS, FRAME_BYTES},
@@ -321,6 +325,32 @@ pub struct ClassView {
     pub spec: ClassSpec,
     pub seq: u64,
     pub stats: ClassStats,
+}
+
+/// Makes the device's aggregate cap follow its shape classes (`crate::state::aggregates`): after
+/// every add, change and delete that involves one. Best effort: the classes are in place
+/// whatever happens here, so a device that refuses the cap is logged, not an error.
+pub(crate) fn refresh_aggregate_cap(attachment: &Attachment) {
+    let location = &attachment.location;
+    if location.direction != crate::state::Direction::Egress {
+        return;
+    }
+    let slowest = read_classes(attachment).map(|views| {
+        views
+            .iter()
+            .filter(|view| view.spec.action.action == shaper_common::Action::Shape)
+            .map(|view| view.spec.drain().0)
+            .min()
+    });
+    let refreshed =
+        slowest.and_then(|slowest| crate::state::aggregates::refresh(location, slowest));
+    if let Err(error) = refreshed {
+        log::warn!(
+            "{}: aggregates stay as they were ({error:#}); a TSO sender on this host may queue \
+             up to 64 KiB at a time in its shape classes",
+            location.describe()
+        );
+    }
 }
 
 /// Validates a class name without touching state.

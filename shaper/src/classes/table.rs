@@ -216,7 +216,11 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     }
     set_shape_count(attachment, shapes.count())?;
     write_shapes(attachment, &shapes, &before)?;
-    attachment.rules_changed()
+    attachment.rules_changed()?;
+    if config.action == Action::Shape as u8 {
+        super::refresh_aggregate_cap(attachment);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Loading the object with its maps pinned, attaching (TCX or clsact, all or nothing),
 //! re-attaching, detaching.
 
-use super::*;
+use super::{pins::remove_empty_parents, *};
 
 use crate::error::{one_line, runtime};
 use anyhow::Result;
@@ -258,16 +258,6 @@ fn detach_clsact_filter(dev: &str, direction: Direction, remove_qdisc: bool) {
     }
 }
 
-fn remove_empty_parents(dir: &Path) {
-    let mut current = dir.parent();
-    while let Some(parent) = current {
-        if parent == Path::new(BPFFS) || fs::remove_dir(parent).is_err() {
-            break;
-        }
-        current = parent.parent();
-    }
-}
-
 /// Hooks the pinned program of an existing attachment to its interface again (the
 /// interface was re-created: a VM's tap, a container's veth), keeping every class, bucket
 /// and counter.
@@ -390,6 +380,7 @@ pub fn switch_mode(location: &Location, mode: AttachMode) -> Result<()> {
 /// interfaces, TCX links, filters and qdiscs went with the namespace.
 pub fn forget(location: &Location) -> Result<()> {
     let dir = location.dir();
+    super::aggregates::forget(location);
     fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
     remove_empty_parents(&dir);
     Ok(())
@@ -443,6 +434,8 @@ pub fn detach(location: &Location) -> Result<()> {
     }
     if location.direction == Direction::Egress {
         crate::qdisc::remove_root(&location.dev);
+        let restored = super::aggregates::refresh(location, None);
+        restored.unwrap_or_else(|error| log::warn!("{}: {error:#}", location.describe()));
     }
     fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
     remove_empty_parents(&dir);

@@ -15,6 +15,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub(crate) mod aggregates;
 mod attachment;
 mod loader;
 mod names;

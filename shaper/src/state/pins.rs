@@ -172,3 +172,14 @@ fn lock_holder() -> Option<String> {
         format!("pid {pid} ({command})")
     })
 }
+
+/// Removes the empty directories above `dir` up to the bpffs mount.
+pub(super) fn remove_empty_parents(dir: &Path) {
+    let mut current = dir.parent();
+    while let Some(parent) = current {
+        if parent == Path::new(BPFFS) || fs::remove_dir(parent).is_err() {
+            break;
+        }
+        current = parent.parent();
+    }
+}

@@ -2,31 +2,29 @@
 //! configuration (`runtimeConfig.bandwidth` or top-level `ingressRate`, `ingressBurst`,
 //! `egressRate`, `egressBurst`; rates in bit/s, bursts in bits) and limits the container
 //! with shaper classes on its host-side veth: container ingress is the host veth's
-//! egress, container egress the host veth's ingress.
+//! egress, container egress the host veth's ingress, or with `egressAction: "shape"`
+//! the container's own interface's egress inside its namespace.
 //!
 //! ADD attaches and adds the classes (idempotent), CHECK verifies the kernel still
 //! matches, DEL detaches what ADD made and succeeds when there is nothing to remove.
-//! The host veth's name is kept in /run/shaper/cni so DEL finds it after the container's
-//! namespace is gone.
+//! The interfaces' names are kept in /run/shaper/cni so DEL finds them after the
+//! container's namespace is gone.
 
 use crate::{
-    class_input::ClassInput,
-    classes::ClassSpec,
-    config::{self, Desired, DesiredInterface, Prune},
-    netns,
-    state::{self, Direction},
-    units::MAX_BURST_BYTES,
+    config::{self, Desired, Prune},
+    netns, state,
 };
 use anyhow::{anyhow, bail, Context as _, Result};
-use serde::Deserialize;
 use serde_json::{json, Value};
-use shaper_common::{Action, DEFAULT_FLOW_TABLE_SIZE};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+mod limits;
+pub use limits::{desired, Bandwidth, Container, NetConf};
 
 pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
 /// Where ADD records the host-side interface of each container attachment.
 const RECORD_DIR: &str = "/run/shaper/cni";
-/// Class names shaper-cni owns on the host veth.
+/// Class names shaper-cni owns on the host veth (and the container's interface).
 pub(crate) const INGRESS_CLASS: &str = "cni-ingress";
 pub(crate) const EGRESS_CLASS: &str = "cni-egress";
 
@@ -60,67 +58,6 @@ fn cni_error(code: u32, message: impl Into<String>) -> anyhow::Error {
     .into()
 }
 
-#[derive(Deserialize, Default, Clone, Copy, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Bandwidth {
-    pub ingress_rate: Option<u64>,
-    pub ingress_burst: Option<u64>,
-    pub egress_rate: Option<u64>,
-    pub egress_burst: Option<u64>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct RuntimeConfig {
-    bandwidth: Option<Bandwidth>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NetConf {
-    pub cni_version: String,
-    #[serde(default)]
-    pub name: String,
-    #[serde(flatten)]
-    pub bandwidth: Bandwidth,
-    #[serde(default)]
-    runtime_config: RuntimeConfig,
-    /// What to do with traffic toward the container over its rate: drop (default),
-    /// ecn or shape (the host veth's egress can queue).
-    #[serde(default)]
-    pub ingress_action: Option<String>,
-    #[serde(default)]
-    pub prev_result: Option<Value>,
-}
-
-impl NetConf {
-    pub fn parse(text: &[u8]) -> Result<Self> {
-        let conf: NetConf = serde_json::from_slice(text).map_err(|e| {
-            cni_error(
-                ERR_DECODE,
-                format!("cannot decode the network configuration: {e}"),
-            )
-        })?;
-        if !SUPPORTED_VERSIONS.contains(&conf.cni_version.as_str()) {
-            bail!(cni_error(
-                ERR_INCOMPATIBLE_VERSION,
-                format!(
-                    "cniVersion {} is not supported (supported: {})",
-                    conf.cni_version,
-                    SUPPORTED_VERSIONS.join(", ")
-                )
-            ));
-        }
-        Ok(conf)
-    }
-
-    /// The runtime's `runtimeConfig.bandwidth` wins over the top-level keys, as in the
-    /// reference plugin.
-    pub fn limits(&self) -> Bandwidth {
-        self.runtime_config.bandwidth.unwrap_or(self.bandwidth)
-    }
-}
-
 /// The CNI_* environment.
 pub struct Env {
     pub command: String,
@@ -152,102 +89,6 @@ impl Env {
             command,
         })
     }
-}
-
-fn check_limit(rate: Option<u64>, burst: Option<u64>, what: &str) -> Result<Option<(u64, u64)>> {
-    match (rate.unwrap_or(0), burst.unwrap_or(0)) {
-        (0, 0) => Ok(None),
-        (0, _) | (_, 0) => bail!(cni_error(
-            ERR_INVALID_CONFIG,
-            format!("{what}Rate and {what}Burst must be set together")
-        )),
-        (rate, _) if !(8..=shaper_common::bucket::MAX_RATE_BITS_PER_SEC).contains(&rate) => {
-            bail!(cni_error(
-                ERR_INVALID_CONFIG,
-                format!("{what}Rate {rate} is outside 8..=400e9 bit/s")
-            ))
-        }
-        (rate, burst) => {
-            // Bits to bytes; at least one full frame, at most what the bucket holds.
-            let bytes = burst
-                .div_ceil(8)
-                .clamp(crate::units::MIN_BURST_BYTES, MAX_BURST_BYTES);
-            Ok(Some((rate, bytes)))
-        }
-    }
-}
-
-/// A class of the plugin, filled in and checked as every front end's classes are.
-fn class(
-    name: &str,
-    direction: Direction,
-    rate: u64,
-    burst: u64,
-    action: Action,
-) -> Result<(Direction, ClassSpec)> {
-    ClassInput {
-        name: Some(name.into()),
-        direction: Some(direction.name().into()),
-        rate: Some(format!("{rate}bit")),
-        burst: Some(burst.to_string()),
-        action: Some(action.name().into()),
-        ..ClassInput::default()
-    }
-    .check()
-    .map_err(|errors| cni_error(ERR_INVALID_CONFIG, errors[0].message.clone()))
-}
-
-/// What the configuration asks for on the host veth `dev`; None when it limits nothing.
-pub fn desired(conf: &NetConf, dev: &str) -> Result<Option<Desired>> {
-    let limits = conf.limits();
-    let ingress = check_limit(limits.ingress_rate, limits.ingress_burst, "ingress")?;
-    let egress = check_limit(limits.egress_rate, limits.egress_burst, "egress")?;
-    let ingress_action = match conf.ingress_action.as_deref().unwrap_or("drop") {
-        "drop" => Action::Drop,
-        "ecn" => Action::Ecn,
-        "shape" => Action::Shape,
-        other => bail!(cni_error(
-            ERR_INVALID_CONFIG,
-            format!("ingressAction '{other}' is not drop, ecn or shape")
-        )),
-    };
-    let mut interface = DesiredInterface {
-        netns: None,
-        dev: dev.into(),
-        directions: Vec::new(),
-        flow_table_size: DEFAULT_FLOW_TABLE_SIZE,
-        attach_mode: None,
-        classes: Vec::new(),
-    };
-    // Toward the container: the host veth's egress.
-    if let Some((rate, burst)) = ingress {
-        interface.directions.push(Direction::Egress);
-        interface.classes.push(class(
-            INGRESS_CLASS,
-            Direction::Egress,
-            rate,
-            burst,
-            ingress_action,
-        )?);
-    }
-    // From the container: the host veth's ingress, where packets can only be policed.
-    if let Some((rate, burst)) = egress {
-        interface.directions.push(Direction::Ingress);
-        interface.classes.push(class(
-            EGRESS_CLASS,
-            Direction::Ingress,
-            rate,
-            burst,
-            Action::Drop,
-        )?);
-    }
-    if interface.classes.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Desired {
-        coordination: None,
-        interfaces: vec![interface],
-    }))
 }
 
 /// The host-side peer of the container's veth `ifname` in the namespace at `path`.
@@ -288,6 +129,41 @@ fn ip_links(args: &[&str]) -> Result<Vec<Value>> {
 fn record_path(env: &Env) -> PathBuf {
     let safe = |s: &str| s.replace(['/', '.'], "_");
     PathBuf::from(RECORD_DIR).join(format!("{}-{}", safe(&env.container_id), safe(&env.ifname)))
+}
+
+/// The record's text: the host veth, then the container's namespace and interface.
+fn record_text(dev: &str, container: Option<&Container>) -> String {
+    match container {
+        Some(container) => format!("{dev}\n{} {}\n", container.netns, container.ifname),
+        None => format!("{dev}\n"),
+    }
+}
+
+/// The interfaces (netns, dev) a record names.
+fn recorded_interfaces(text: &str) -> Vec<(Option<String>, String)> {
+    let mut lines = text.lines().map(str::trim).filter(|line| !line.is_empty());
+    let mut interfaces: Vec<(Option<String>, String)> = lines
+        .next()
+        .map(|dev| (None, dev.to_string()))
+        .into_iter()
+        .collect();
+    if let Some((netns, ifname)) = lines.next().and_then(|line| line.split_once(' ')) {
+        interfaces.push((Some(netns.to_string()), ifname.to_string()));
+    }
+    interfaces
+}
+
+/// The container's side, when its namespace is a named one (`/run/netns/NAME`, as
+/// containerd, CRI-O and Podman make them): shaper reaches interfaces by namespace name.
+fn container(env: &Env) -> Option<Container> {
+    let path = Path::new(env.netns.as_deref()?);
+    let named = path.parent()?.canonicalize().ok()?
+        == Path::new(netns::NETNS_RUN_DIR).canonicalize().ok()?;
+    let name = path.file_name()?.to_str()?;
+    (named && netns::check_netns_name(name).is_ok()).then(|| Container {
+        netns: name.to_string(),
+        ifname: env.ifname.clone(),
+    })
 }
 
 /// The prevResult, checked to name the host interface when there is one.
@@ -335,11 +211,13 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Value> {
         "ADD" => {
             let mut result = prev_result(&conf)?;
             let dev = host_interface(&conf, env)?;
-            if let Some(wanted) = desired(&conf, &dev)? {
+            let container = container(env);
+            if let Some(wanted) = desired(&conf, &dev, container.as_ref())? {
                 let _lock = state::lock().map_err(shaper)?;
                 let plan = config::plan(&wanted, Prune::Nothing).map_err(shaper)?;
                 std::fs::create_dir_all(RECORD_DIR).map_err(|e| shaper(e.into()))?;
-                std::fs::write(record_path(env), &dev).map_err(|e| shaper(e.into()))?;
+                std::fs::write(record_path(env), record_text(&dev, container.as_ref()))
+                    .map_err(|e| shaper(e.into()))?;
                 config::execute(&plan).map_err(shaper)?;
             }
             result["cniVersion"] = json!(conf.cni_version);
@@ -347,7 +225,7 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Value> {
         }
         "CHECK" => {
             let dev = host_interface(&conf, env)?;
-            if let Some(wanted) = desired(&conf, &dev)? {
+            if let Some(wanted) = desired(&conf, &dev, container(env).as_ref())? {
                 let plan = config::plan(&wanted, Prune::Nothing).map_err(shaper)?;
                 if !plan.steps.is_empty() {
                     let steps: Vec<String> = plan.steps.iter().map(|s| s.to_string()).collect();
@@ -361,11 +239,11 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Value> {
         }
         "DEL" => {
             let record = record_path(env);
-            let Ok(dev) = std::fs::read_to_string(&record) else {
+            let Ok(text) = std::fs::read_to_string(&record) else {
                 return Ok(Value::Null); // nothing was added, or already deleted
             };
             let _lock = state::lock().map_err(shaper)?;
-            let ours = [(None, dev.trim().to_string())];
+            let ours = recorded_interfaces(&text);
             let plan = config::plan(&Desired::default(), Prune::These(&ours)).map_err(shaper)?;
             config::execute(&plan).map_err(shaper)?;
             std::fs::remove_file(&record).map_err(|e| shaper(e.into()))?;
@@ -391,60 +269,23 @@ pub fn error_json(version: &str, error: &anyhow::Error) -> Value {
 mod tests {
     use super::*;
 
-    fn conf(text: &str) -> NetConf {
-        NetConf::parse(text.as_bytes()).unwrap()
-    }
-
     #[test]
-    fn runtime_config_wins_and_bits_become_bytes() {
-        let c = conf(
-            r#"{"cniVersion":"1.0.0","name":"n","type":"shaper-cni","ingressRate":1,"ingressBurst":1,
-            "runtimeConfig":{"bandwidth":{"ingressRate":10000000,"ingressBurst":800000,"egressRate":2000000,"egressBurst":80}}}"#,
-        );
-        let wanted = desired(&c, "veth0").unwrap().unwrap();
-        let interface = &wanted.interfaces[0];
-        assert_eq!(
-            interface.directions,
-            vec![Direction::Egress, Direction::Ingress]
-        );
-        let (direction, ingress) = &interface.classes[0];
-        assert_eq!(*direction, Direction::Egress);
-        assert_eq!(
-            (ingress.rate_bits_per_sec, ingress.burst_bytes),
-            (10_000_000, 100_000)
-        );
-        // 80 bits is below one frame: raised to the minimum burst.
-        assert_eq!(
-            interface.classes[1].1.burst_bytes,
-            crate::units::MIN_BURST_BYTES
-        );
-    }
-
-    #[test]
-    fn bad_configurations_get_cni_error_codes() {
-        let code = |text: &str| -> u32 {
-            let error = NetConf::parse(text.as_bytes())
-                .and_then(|c| desired(&c, "v").map(|_| ()))
-                .unwrap_err();
-            error.downcast_ref::<CniError>().unwrap().code
+    fn a_record_names_the_host_veth_and_the_containers_interface() {
+        let container = Container {
+            netns: "cni-1".into(),
+            ifname: "eth0".into(),
         };
-        assert_eq!(code(r#"{"cniVersion":"9.9.9"}"#), ERR_INCOMPATIBLE_VERSION);
-        assert_eq!(code("not json"), ERR_DECODE);
         assert_eq!(
-            code(r#"{"cniVersion":"1.0.0","ingressRate":1000000}"#),
-            ERR_INVALID_CONFIG
+            recorded_interfaces(&record_text("veth1", Some(&container))),
+            vec![
+                (None, "veth1".into()),
+                (Some("cni-1".into()), "eth0".into())
+            ]
         );
+        // Records written before egressAction shape hold the host veth alone.
         assert_eq!(
-            code(
-                r#"{"cniVersion":"1.0.0","egressRate":1000000,"egressBurst":8000,"ingressAction":"x"}"#
-            ),
-            ERR_INVALID_CONFIG
+            recorded_interfaces("veth1"),
+            vec![(None, "veth1".to_string())]
         );
-    }
-
-    #[test]
-    fn no_limits_means_nothing_to_do() {
-        let c = conf(r#"{"cniVersion":"0.4.0","name":"n"}"#);
-        assert!(desired(&c, "v").unwrap().is_none());
     }
 }
