@@ -18,7 +18,7 @@ use crate::{
 };
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_UNSPEC},
-    helpers::{bpf_get_prandom_u32, bpf_skb_set_tstamp},
+    helpers::{bpf_get_prandom_u32, bpf_redirect, bpf_skb_set_tstamp},
     programs::TcContext,
 };
 use aya_log_ebpf::warn;
@@ -39,7 +39,8 @@ const SKB_TSTAMP_DELIVERY_MONO: u32 = 1;
 
 /// `shape`: with an HTB class id in `action_arg`, steer the packet into shaper's HTB class
 /// (skb->priority, so no tc filter runs); without one, pace it by earliest departure time
-/// (skb->tstamp, for the fq qdisc).
+/// (skb->tstamp, for the fq qdisc). On ingress (`action_mask`: an ifb's ifindex) the HTB
+/// is on the ifb, and the packet is redirected there.
 ///
 /// A BPF-to-BPF call, not inlined: the caller's stack is dead once it returns, so the
 /// verifier can merge the many paths classification leaves and walk this long path once
@@ -142,7 +143,13 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
         let leave_at = if sparse { now } else { leave_at };
         unsafe { bpf_skb_set_tstamp(ctx.skb.skb, leave_at, SKB_TSTAMP_DELIVERY_MONO) };
     }
-    count_pass(stats, packet.wire_len, marked)
+    let verdict = count_pass(stats, packet.wire_len, marked);
+    if class.action_mask != 0 {
+        // An ingress class queues on shaper's ifb (its ifindex here), which hands the
+        // packet back to this interface's ingress past this hook.
+        return unsafe { bpf_redirect(class.action_mask, 0) } as i32;
+    }
+    verdict
 }
 
 /// Whether a GSO aggregate CoDel chose to drop is let through instead: an aggregate of k

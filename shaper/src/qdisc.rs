@@ -148,14 +148,18 @@ fn ours(root: &Option<(String, String)>) -> Option<Backend> {
 
 /// Makes shaper's root the root qdisc of `dev`, refusing to replace one the user made:
 /// HTB by default; `fq` with EDT pacing when `SHAPER_SHAPE_BACKEND=edt` asks for it (an
-/// error where the kernel has no fq). `SHAPER_SHAPE_BACKEND=htb` is the default said
-/// explicitly.
-pub(crate) fn ensure_root(dev: &str) -> Result<Backend> {
+/// error where the kernel has no fq) and `edt_allowed` (an interface's egress; an
+/// ingress ifb is always HTB). `SHAPER_SHAPE_BACKEND=htb` is the default said explicitly.
+pub(crate) fn ensure_root(dev: &str, edt_allowed: bool) -> Result<Backend> {
     let current = root(dev)?;
     if let Some(backend) = ours(&current) {
         return Ok(backend);
     }
-    let wanted = wanted_backend()?;
+    let wanted = if edt_allowed {
+        wanted_backend()?
+    } else {
+        Backend::Htb
+    };
     if let Some((kind, handle)) = &current {
         if !DEFAULT_ROOTS.contains(&kind.as_str()) || handle != KERNEL_HANDLE {
             return Err(runtime(format!(
@@ -293,6 +297,84 @@ pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
     result
 }
 
+/// The ifb device an ingress attachment of `dev` queues its shape classes on, in the
+/// interface's namespace: shaper's own, named from the interface's name (`shpq` and 8 hex
+/// digits of its FNV-1a hash: 12 characters, within IFNAMSIZ).
+pub(crate) fn ifb_name(dev: &str) -> String {
+    let hash = dev.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    format!("shpq{hash:08x}")
+}
+
+/// The kind of link `name` is (`ip -d`'s `info_kind`: "ifb", "veth", ""), if it exists.
+fn link_kind(name: &str) -> Option<String> {
+    let output = Command::new("ip")
+        .args(["-j", "-d", "link", "show", "dev", name])
+        .output()
+        .ok()
+        .filter(|output| output.status.success())?;
+    let links: Value = serde_json::from_slice(&output.stdout).ok()?;
+    Some(
+        links[0]["linkinfo"]["info_kind"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+    )
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let output = Command::new("ip")
+        .args(args)
+        .output()
+        .context("cannot run ip (iproute2)")?;
+    if !output.status.success() {
+        return Err(runtime(format!(
+            "ip {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Makes the ifb of `dev`'s ingress (up, with `dev`'s MTU) unless it is there; its
+/// ifindex, which the program redirects the class's packets to. The ifb hands each packet
+/// back to `dev`'s ingress past the TC hook, so it is classified once.
+pub(crate) fn ensure_ifb(dev: &str) -> Result<u32> {
+    let ifb = ifb_name(dev);
+    match link_kind(&ifb).as_deref() {
+        Some("ifb") => {}
+        Some(kind) => {
+            return Err(runtime(format!(
+                "{ifb} exists and is not an ifb ({kind}): shaper queues {dev}'s ingress \
+                 shape classes on an ifb of that name; rename or delete it"
+            )))
+        }
+        None => {
+            let mtu = std::fs::read_to_string(format!("/sys/class/net/{dev}/mtu"))
+                .map(|mtu| mtu.trim().to_string())
+                .unwrap_or_else(|_| "1500".into());
+            ip(&["link", "add", &ifb, "mtu", &mtu, "type", "ifb"]).map_err(|error| {
+                runtime(format!(
+                    "--action shape on ingress queues on an ifb device, which this kernel \
+                     refused ({error}); load the ifb module (modprobe ifb) or police instead"
+                ))
+            })?;
+        }
+    }
+    ip(&["link", "set", "dev", &ifb, "up"])?;
+    crate::netns::ifindex(&ifb)
+}
+
+/// Deletes the ifb of `dev`'s ingress, with its qdiscs, if shaper made one.
+pub(crate) fn remove_ifb(dev: &str) {
+    let ifb = ifb_name(dev);
+    if link_kind(&ifb).as_deref() == Some("ifb") {
+        let _ = ip(&["link", "del", "dev", &ifb]);
+    }
+}
+
 /// Removes shaper's root (the kernel's default root comes back); no-op otherwise.
 pub(crate) fn remove_root(dev: &str) {
     if root(dev).is_ok_and(|r| ours(&r).is_some()) {
@@ -303,6 +385,13 @@ pub(crate) fn remove_root(dev: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ifb_name_fits_ifnamsiz_and_differs_by_interface() {
+        assert_eq!(ifb_name("tap0").len(), 12);
+        assert_ne!(ifb_name("tap0"), ifb_name("tap1"));
+        assert_eq!(ifb_name("tap0"), ifb_name("tap0"));
+    }
 
     #[test]
     fn class_handles_live_under_shapers_major() {

@@ -453,7 +453,7 @@ fn gso_max_segs(ns: &Netns, dev: &str) -> Result<u64> {
 /// Issue 37: `egressAction: "shape"` shapes the container's upload on its own
 /// interface's egress, inside its namespace (the reference plugin puts tbf on an ifb fed
 /// from the host veth's ingress; `cargo xtask bench` runs it beside). Asserted: TCP from
-/// the container (Cubic and BBR, TSO on, 30 s runs from 10 s) >= 0.93 of the rate with
+/// the container (BBR, TSO on, a 30 s run from 10 s) >= 0.93 of the rate with
 /// its RTT <= base + 20 ms; UDP at 10× the rate delivered within 1 %; DEL removes the
 /// HTB, the pins and the aggregate cap, and puts the device's own value back.
 #[test]
@@ -504,26 +504,25 @@ fn shaper_cni_shapes_the_containers_upload_inside_its_namespace() -> Result<()> 
     );
 
     let base_rtt_ms = shaper_tests::idle_rtt_ms(&container, GATEWAY)?;
-    for congestion in ["cubic", "bbr"] {
-        let tcp = shaper_tests::Tcp {
-            congestion: congestion.into(),
-            ..shaper_tests::Tcp::for_seconds(30)
-        };
-        let run = lab.tcp_between(&container, &host, GATEWAY, &tcp)?;
-        let fraction = run.steady_bps_from(10.0) / EGRESS_BPS as f64;
-        let rtt = run
-            .steady_rtt_ms_from(10.0)
-            .context("iperf3 reported no RTT")?;
-        println!(
-            "shaper-cni egressAction shape, {congestion} upload: {fraction:.3} of the rate, \
-             RTT {rtt:.1} ms (base {base_rtt_ms:.2} ms)"
-        );
-        shaper_tests::assert_goodput_fraction(congestion, fraction, 0.93);
-        ensure!(
-            rtt <= base_rtt_ms + 20.0,
-            "{congestion} upload: RTT {rtt:.1} ms > base {base_rtt_ms:.2} + 20 ms"
-        );
-    }
+    // BBR, the harder case (it ignores loss); Cubic's own egress is the latency tests'.
+    let tcp = shaper_tests::Tcp {
+        congestion: "bbr".into(),
+        ..shaper_tests::Tcp::for_seconds(30)
+    };
+    let run = lab.tcp_between(&container, &host, GATEWAY, &tcp)?;
+    let fraction = run.steady_bps_from(10.0) / EGRESS_BPS as f64;
+    let rtt = run
+        .steady_rtt_ms_from(10.0)
+        .context("iperf3 reported no RTT")?;
+    println!(
+        "shaper-cni egressAction shape, BBR upload: {fraction:.3} of the rate, RTT {rtt:.1} ms \
+         (base {base_rtt_ms:.2} ms)"
+    );
+    shaper_tests::assert_goodput_fraction("BBR upload", fraction, 0.93);
+    ensure!(
+        rtt <= base_rtt_ms + 20.0,
+        "BBR upload: RTT {rtt:.1} ms > base {base_rtt_ms:.2} + 20 ms"
+    );
     // From 2 s on: the class's burst (125 kB) lands in the first second.
     let udp = lab
         .udp_between(&container, &host, GATEWAY, &Udp::at("50M", 6))?

@@ -274,7 +274,7 @@ mod tests {
 
     #[test]
     fn combinations_are_checked_once_the_fields_are_good() {
-        let cases: [(ClassInput, &str); 7] = [
+        let cases: [(ClassInput, &str); 6] = [
             (
                 ClassInput {
                     exceed: Some("pass".into()),
@@ -314,14 +314,6 @@ mod tests {
             ),
             (
                 ClassInput {
-                    direction: Some("ingress".into()),
-                    action: Some("shape".into()),
-                    ..input("a", "1mbit")
-                },
-                "action",
-            ),
-            (
-                ClassInput {
                     dport: Some("53".into()),
                     ..input("a", "1mbit")
                 },
@@ -331,6 +323,20 @@ mod tests {
         for (class, field) in cases {
             assert_eq!(fields_of(class.check()), [field], "{class:?}");
         }
+    }
+
+    #[test]
+    fn shape_is_accepted_on_ingress_where_an_ifb_queues() {
+        let (direction, spec) = ClassInput {
+            direction: Some("ingress".into()),
+            action: Some("shape".into()),
+            ..input("a", "1mbit")
+        }
+        .check()
+        .unwrap();
+        assert_eq!(direction, Direction::Ingress);
+        assert_eq!(spec.action.action, Action::Shape);
+        assert!(spec.codel.is_some(), "CoDel judges its queue as on egress");
     }
 
     #[test]

@@ -48,13 +48,6 @@ impl ClassInput {
             );
             return None;
         }
-        if action.action == Action::Shape && f.direction == Direction::Ingress {
-            c.fail(
-                "action",
-                "--action shape works on egress only: a packet arriving on ingress cannot be held back; police it (drop/ecn) or shape on the sender's egress",
-            );
-            return None;
-        }
         if let Err((field, message)) = f.rule.validate() {
             c.fail(field, message);
             return None;

@@ -14,7 +14,7 @@ use super::{
 use crate::{
     error::runtime,
     qdisc,
-    state::{decode_name, Attachment},
+    state::{decode_name, Attachment, Direction},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuValues};
 use shaper_common::{
@@ -132,6 +132,10 @@ impl<'a> Batch<'a> {
         let mut config = rated.config(seq as u32, parent);
         if spec.action.action == Action::Shape && spec.action.arg != 0 {
             config.sparse_priority = qdisc::sparse_leaf(id);
+            if self.attachment.location.direction == Direction::Ingress {
+                // Where the program sends the class's packets to queue.
+                config.action_mask = qdisc::ensure_ifb(&self.attachment.location.dev)?;
+            }
         }
         if let Some(mut share) = share {
             config.global = 1;
@@ -172,8 +176,13 @@ impl<'a> Batch<'a> {
         rated: &ClassSpec,
         parent: Option<u32>,
     ) -> Result<u32> {
-        let dev = &self.attachment.location.dev;
-        match qdisc::ensure_root(dev)? {
+        let location = &self.attachment.location;
+        let dev = &location.queue_dev();
+        let ingress = location.direction == Direction::Ingress;
+        if ingress {
+            qdisc::ensure_ifb(&location.dev)?;
+        }
+        match qdisc::ensure_root(dev, !ingress)? {
             qdisc::Backend::Htb => {
                 let htb = rated.htb_class(parent, 0);
                 qdisc::set_class(dev, id, &htb, true)?;
@@ -223,7 +232,7 @@ impl<'a> Batch<'a> {
         self.globals.rules_changed();
         let _ = self.attachment.set_globals(self.globals);
         if spec.action.action == Action::Shape && spec.action.arg != 0 {
-            let _ = qdisc::delete_class(&self.attachment.location.dev, id);
+            let _ = qdisc::delete_class(&self.attachment.location.queue_dev(), id);
             if let Some(parent) = parent {
                 let _ = refresh_htb(self.attachment, &self.tree, parent, 0);
             }

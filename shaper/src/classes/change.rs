@@ -288,7 +288,7 @@ fn resync_shaping(
 ) -> Result<()> {
     let (drain_rate, _) = rated.drain();
     if config.action_arg != 0 {
-        let dev = &attachment.location.dev;
+        let dev = &attachment.location.queue_dev();
         let children = children_rate(&placement.tree, id);
         let htb = rated.htb_class(placement.new_parent, children);
         if placement.moved() {

@@ -202,7 +202,7 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
             .set(id, shaper_common::GlobalShare::default(), 0)?;
     }
     if in_htb {
-        qdisc::delete_class(&attachment.location.dev, id)?;
+        qdisc::delete_class(&attachment.location.queue_dev(), id)?;
         if let Some(parent) = tree.classes.get(&id).and_then(|node| node.parent) {
             let tree = TreeView::read(attachment, &attachment.class_list()?)?;
             refresh_htb(attachment, &tree, parent, 0)?;

@@ -287,7 +287,7 @@ pub(super) fn refresh_htb(
     let parent = tree.classes.get(&id).and_then(|node| node.parent);
     let spec = ClassSpec::from_meta(&meta, &config);
     let htb = spec.htb_class(parent, children_rate(tree, id) + joining);
-    qdisc::set_class(&attachment.location.dev, id, &htb, false)
+    qdisc::set_class(&attachment.location.queue_dev(), id, &htb, false)
 }
 
 /// A change keeps the tree's guarantees: a class's rate within what its parent has left

@@ -432,7 +432,9 @@ pub fn detach(location: &Location) -> Result<()> {
             detach_clsact_filter(&location.dev, location.direction, remove_qdisc);
         }
     }
-    if location.direction == Direction::Egress {
+    if location.direction == Direction::Ingress {
+        crate::qdisc::remove_ifb(&location.dev);
+    } else {
         crate::qdisc::remove_root(&location.dev);
         let restored = super::aggregates::refresh(location, None);
         restored.unwrap_or_else(|error| log::warn!("{}: {error:#}", location.describe()));

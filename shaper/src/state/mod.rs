@@ -151,6 +151,15 @@ impl Location {
             .join(self.direction.name())
     }
 
+    /// The device this attachment's shape classes queue on: the interface itself on
+    /// egress, shaper's ifb on ingress (`qdisc::ifb_name`).
+    pub(crate) fn queue_dev(&self) -> String {
+        match self.direction {
+            Direction::Egress => self.dev.clone(),
+            Direction::Ingress => crate::qdisc::ifb_name(&self.dev),
+        }
+    }
+
     pub fn describe(&self) -> String {
         match &self.netns {
             None => format!("{} {}", self.dev, self.direction.name()),
