@@ -1,6 +1,6 @@
 //! `cargo xtask demo`: the lab (client → router → server), UDP and TCP without shaper,
 //! then through 10 Mbit/s classes with each action, side by side with tc's tbf on the
-//! same link, and with the policer on the sending host's own egress. Beside every run a
+//! same link, and with the policer and the shaper on the sending host's own egress. Beside every run a
 //! 20 Hz ping from the client to the server measures the RTT the traffic adds.
 
 use anyhow::Result;
@@ -160,6 +160,16 @@ pub fn run(shaper: &Path) -> Result<()> {
         "drop",
         "shaper drop (sender's own egress)",
         &[Traffic::Tcp("cubic")],
+        &mut rows,
+    )?;
+    // TSO on at the client: the class caps the device's aggregates (issue 37).
+    with_shaper(
+        &mut lab,
+        &client,
+        CLIENT_DEV,
+        "shape",
+        "shaper shape (sender's own egress)",
+        &[Traffic::Tcp("cubic"), Traffic::Tcp("bbr")],
         &mut rows,
     )?;
 

@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: shaper measured side by side with its peers in one run, on the
 //! namespace lab. Every figure is a ratio of two measurements taken in the same run.
 //!
-//! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global] [--json FILE]
+//! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global|uploads] [--json FILE]
 //! [--report FILE], or shaper-bench --compare OBJECT,OBJECT[,…] (builds of the eBPF object
 //! timed against the first, turn by turn), or, in a guest of `cargo xtask bench --vm`,
 //! shaper-bench --only peers [--rows TEXT] --json FILE (`--rows`: only the rows whose
@@ -15,6 +15,7 @@ mod latency;
 mod peers;
 mod plots;
 mod traffic;
+mod uploads;
 
 use anyhow::{bail, Context as _, Result};
 use aya::{
@@ -74,11 +75,18 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
             "--quick" => options.quick = true,
             "--only" => {
                 let section = args.next().context("--only needs a section")?;
-                if !["latency", "per-packet", "global", "forwarding", "peers"]
-                    .contains(&section.as_str())
+                if ![
+                    "latency",
+                    "per-packet",
+                    "global",
+                    "forwarding",
+                    "peers",
+                    "uploads",
+                ]
+                .contains(&section.as_str())
                 {
                     bail!(
-                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global and peers"
+                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads and peers"
                     );
                 }
                 options.only = Some(section);
@@ -100,7 +108,7 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|uploads|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
             }
         }
     }
@@ -231,6 +239,16 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
+    if options.only.as_deref() == Some("uploads") {
+        // The uploads section alone, printed (a quick look).
+        let report = json!({ "uploads": uploads::uploads(&uploads::effort(options.quick))? });
+        println!("{}", uploads::markdown(&report));
+        let broken = uploads::check(&report);
+        if !broken.is_empty() {
+            bail!("broken: {}", broken.join("; "));
+        }
+        return Ok(());
+    }
     if !options.compare.is_empty() {
         let lab = Lab::new()?;
         return compare_objects(&lab, &options.compare);
@@ -272,6 +290,8 @@ fn main() -> Result<()> {
     drop(lab);
     println!("== latency under load (a 20 Hz probe beside bulk TCP; each row a fresh lab)");
     let (latency_rows, rtt_series) = latency::latency(&effort.latency)?;
+    println!("== uploads: a container's own traffic through each CNI plugin");
+    let uploads = uploads::uploads(&uploads::effort(options.quick))?;
     println!("== limits across hosts (three hosts, one Redis; many simulated hosts)");
     let global_effort = global::effort(options.quick);
     let global = json!({
@@ -298,6 +318,7 @@ fn main() -> Result<()> {
         "sender_max_udp_bps": accuracy["sender_max_udp_bps"],
         "accuracy": accuracy["rows"],
         "latency": latency_rows,
+        "uploads": uploads,
         "global": global,
         "plots": plot_files,
     });
@@ -1262,6 +1283,7 @@ fn markdown(report: &Value) -> String {
     ));
     out.push_str(&traffic_markdown(report));
     out.push_str(&latency::markdown(report));
+    out.push_str(&uploads::markdown(report));
     out.push_str(&global::markdown(report));
     out
 }
@@ -1718,6 +1740,7 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
     // Latency under load.
     broken.extend(latency::check(report, &expected.latency));
     // Limits across hosts.
+    broken.extend(uploads::check(report));
     broken.extend(global::check(report));
 
     if broken.is_empty() {

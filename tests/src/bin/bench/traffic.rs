@@ -186,14 +186,14 @@ fn remove(lab: &Lab, peer: Peer, rate_bps: u64) -> Result<()> {
 }
 
 #[derive(Clone, Copy)]
-enum Cni {
+pub enum Cni {
     Reference,
     Shaper,
 }
 
 /// CNI_CONTAINERID of the bench's plugin runs (with the pid, so the lab's sweep can tell
 /// the record of a dead run).
-fn cni_container_id() -> String {
+pub fn cni_container_id() -> String {
     format!("shaper-bench-{}", std::process::id())
 }
 
@@ -219,19 +219,32 @@ fn cni_leftovers(lab: &Lab, peer: Peer) -> Result<Option<CniLeftovers>> {
 /// router's network namespace only (nsenter --net), so shaper-cni's pins land in the
 /// host's bpffs as they would under a runtime.
 fn cni_plugin(lab: &Lab, plugin: Cni, command: &str, rate_bps: u64) -> Result<()> {
+    let bandwidth = json!({
+        "ingressRate": rate_bps,
+        "ingressBurst": shaper_burst(rate_bps) * 8,
+    });
+    cni_run(lab, plugin, command, bandwidth, &[])
+}
+
+/// Runs `plugin`'s `command` with `runtimeConfig.bandwidth` = `bandwidth` and the
+/// configuration's `extra` keys (shaper-cni's `egressAction`), as [`cni_plugin`] says.
+pub fn cni_run(
+    lab: &Lab,
+    plugin: Cni,
+    command: &str,
+    bandwidth: Value,
+    extra: &[(&str, Value)],
+) -> Result<()> {
     let sandbox = format!("/var/run/netns/{}", lab.server.name);
     let mac = |ns: &shaper_tests::Netns, dev: &str| -> Result<String> {
         let out = ns.run("cat", &[&format!("/sys/class/net/{dev}/address")])?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
-    let config = json!({
+    let mut config = json!({
         "cniVersion": "1.0.0",
         "name": "shaper-bench",
         "type": match plugin { Cni::Reference => "bandwidth", Cni::Shaper => "shaper-cni" },
-        "runtimeConfig": {"bandwidth": {
-            "ingressRate": rate_bps,
-            "ingressBurst": shaper_burst(rate_bps) * 8,
-        }},
+        "runtimeConfig": {"bandwidth": bandwidth},
         "prevResult": {
             "cniVersion": "1.0.0",
             "interfaces": [
@@ -241,6 +254,9 @@ fn cni_plugin(lab: &Lab, plugin: Cni, command: &str, rate_bps: u64) -> Result<()
             "ips": [{"address": format!("{SERVER_V4}/24"), "interface": 1}],
         },
     });
+    for (key, value) in extra {
+        config[*key] = value.clone();
+    }
     let binary = match plugin {
         Cni::Reference => format!("{CNI_DIR}/bandwidth"),
         Cni::Shaper => shaper_tests::shaper_bin()
