@@ -1,7 +1,8 @@
 //! `cargo xtask demo`: the lab (client → router → server), UDP and TCP without shaper,
 //! then through 10 Mbit/s classes with each action, side by side with tc's tbf on the
-//! same link, and with the policer and the shaper on the sending host's own egress. Beside every run a
-//! 20 Hz ping from the client to the server measures the RTT the traffic adds.
+//! same link, and with the policer and the shaper on the sending host's own egress.
+//! Beside every run a 20 Hz ping from the client to the server measures the RTT the
+//! traffic adds.
 
 use anyhow::Result;
 use comfy_table::Table;
