@@ -282,8 +282,12 @@ fn set_tree(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<
     Ok(())
 }
 
-/// Deletes the class's HTB classes, leaves first (HTB refuses to delete a parent).
+/// Deletes the class's HTB classes, leaves first (HTB refuses to delete a parent). A
+/// device that is gone (an ifb someone deleted) took them with it.
 pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
+    if link(dev).is_none() {
+        return Ok(());
+    }
     let mut result = Ok(());
     for handle in [sparse_leaf(class_id), bulk_leaf(class_id)] {
         let classid = handle_text(handle);
@@ -307,20 +311,26 @@ pub(crate) fn ifb_name(dev: &str) -> String {
     format!("shpq{hash:08x}")
 }
 
-/// The kind of link `name` is (`ip -d`'s `info_kind`: "ifb", "veth", ""), if it exists.
-fn link_kind(name: &str) -> Option<String> {
+/// `ip -j -d link show dev NAME` in this thread's namespace (sysfs would show the
+/// host's), if the link exists.
+fn link(name: &str) -> Option<Value> {
     let output = Command::new("ip")
         .args(["-j", "-d", "link", "show", "dev", name])
         .output()
         .ok()
         .filter(|output| output.status.success())?;
     let links: Value = serde_json::from_slice(&output.stdout).ok()?;
-    Some(
-        links[0]["linkinfo"]["info_kind"]
+    links.get(0).cloned()
+}
+
+/// The kind of link `name` is (`ip -d`'s `info_kind`: "ifb", "veth", ""), if it exists.
+fn link_kind(name: &str) -> Option<String> {
+    link(name).map(|link| {
+        link["linkinfo"]["info_kind"]
             .as_str()
             .unwrap_or("")
-            .to_string(),
-    )
+            .to_string()
+    })
 }
 
 fn ip(args: &[&str]) -> Result<()> {
@@ -352,9 +362,14 @@ pub(crate) fn ensure_ifb(dev: &str) -> Result<u32> {
             )))
         }
         None => {
-            let mtu = std::fs::read_to_string(format!("/sys/class/net/{dev}/mtu"))
-                .map(|mtu| mtu.trim().to_string())
-                .unwrap_or_else(|_| "1500".into());
+            let mtu = link(dev)
+                .and_then(|link| link["mtu"].as_u64())
+                .unwrap_or(1500)
+                .to_string();
+            if !std::path::Path::new("/sys/module/ifb").exists() {
+                // Loaded on demand it would also make ifb0 and ifb1 in the host's namespace.
+                let _ = Command::new("modprobe").args(["ifb", "numifbs=0"]).output();
+            }
             ip(&["link", "add", &ifb, "mtu", &mtu, "type", "ifb"]).map_err(|error| {
                 runtime(format!(
                     "--action shape on ingress queues on an ifb device, which this kernel \

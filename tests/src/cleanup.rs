@@ -183,8 +183,10 @@ pub(crate) fn sweep_stale() {
                 continue;
             }
             let path = Path::new(dir).join(&name);
-            let dev = std::fs::read_to_string(&path).unwrap_or_default();
-            let dev = dev.trim();
+            // A CNI record's first line is the host veth (a second may name the
+            // container's interface, which went with its namespace).
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let dev = text.lines().next().unwrap_or_default().trim();
             if dev.is_empty() || dev.contains('/') || dev.starts_with('.') {
                 let _ = std::fs::remove_file(&path);
             } else if !interface_exists_anywhere(dev) {

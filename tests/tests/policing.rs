@@ -534,6 +534,29 @@ fn udp_into_a_tun_device_is_policed_on_its_ingress() {
         .unwrap();
         assert_policed_at_l3(&router, &format!("ingress-{family}"), sent, seconds, packet);
     }
+    // An ingress shape class queues on an ifb, an Ethernet device a bare IP packet cannot
+    // be redirected to: refused with one line, and nothing made.
+    let refused = router.shaper_output(&[
+        "class",
+        "add",
+        "up",
+        "--dev",
+        "tun0",
+        "--direction",
+        "ingress",
+        "--rate",
+        "1mbit",
+        "--action",
+        "shape",
+    ]);
+    let stderr = shaper_tests::stderr(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("bare IP packets"), "{stderr}");
+    let links =
+        String::from_utf8_lossy(&router.run("ip", &["-br", "link"]).unwrap().stdout).to_string();
+    assert!(!links.contains("shpq"), "an ifb was made: {links}");
+    assert!(router.stats_row("up").is_err(), "the class was added");
 }
 
 #[test]

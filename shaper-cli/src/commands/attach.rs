@@ -55,6 +55,7 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
             // The interface was re-created or the program unhooked: hook the pinned
             // program again, keeping classes, buckets and counters.
             let mode = state::reattach(&location)?;
+            shaper::classes::shape_classes_changed(&state::Attachment::open(&location)?);
             println!(
                 "{}: re-attached ({}), classes kept",
                 location.describe(),

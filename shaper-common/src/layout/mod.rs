@@ -41,8 +41,9 @@ pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// from before the stamp). Layout 2 gave classes parents (`ClassConfig::parent`, the
 /// ceiling in `peak_cost`) in the sizes of layout 1; layout 3 added `KEY_STATS`, layout 4
 /// `SHARES`, layout 5 `VERDICT_CACHE` and `Globals::rules_generation` (a spare word),
-/// layout 6 `CODEL_FLOWS`.
-pub const LAYOUT_VERSION: u32 = 6;
+/// layout 6 `CODEL_FLOWS`, layout 7 shape classes on ingress (`ClassConfig::action_mask`:
+/// the ifb's ifindex, which an older program would not redirect to).
+pub const LAYOUT_VERSION: u32 = 7;
 
 /// Slots of the per-CPU verdict cache (`VERDICT_CACHE`): 56 bytes each, 56 KiB a CPU.
 pub const VERDICT_CACHE_SLOTS: u32 = 1024;

@@ -36,7 +36,7 @@ pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>
     let mut batch = Batch::open(attachment)?;
     let added = specs.iter().map(|spec| batch.add(spec)).collect();
     if specs.iter().any(|spec| spec.action.action == Action::Shape) {
-        super::refresh_aggregate_cap(attachment);
+        super::shape_classes_changed(attachment);
     }
     added
 }
@@ -119,8 +119,9 @@ impl<'a> Batch<'a> {
             Some(share) => at_share(&spec, share),
             None => spec.clone(),
         };
+        let mut ifb = 0;
         if spec.action.action == Action::Shape {
-            spec.action.arg = self.shape_leaf(id, &spec, &rated, parent)?;
+            (spec.action.arg, ifb) = self.shape_leaf(id, &spec, &rated, parent)?;
         }
         rated.action = spec.action;
         let seq = self.globals.next_seq;
@@ -132,10 +133,8 @@ impl<'a> Batch<'a> {
         let mut config = rated.config(seq as u32, parent);
         if spec.action.action == Action::Shape && spec.action.arg != 0 {
             config.sparse_priority = qdisc::sparse_leaf(id);
-            if self.attachment.location.direction == Direction::Ingress {
-                // Where the program sends the class's packets to queue.
-                config.action_mask = qdisc::ensure_ifb(&self.attachment.location.dev)?;
-            }
+            // On ingress, where the program sends the class's packets to queue.
+            config.action_mask = ifb;
         }
         if let Some(mut share) = share {
             config.global = 1;
@@ -168,20 +167,44 @@ impl<'a> Batch<'a> {
     }
 
     /// A shape class's HTB class, made before anything steers packets into it; its bulk
-    /// leaf, or 0 under fq (the program paces by departure time).
+    /// leaf, or 0 under fq (the program paces by departure time), and on ingress the
+    /// ifindex of the ifb it queues on (0 on egress).
     fn shape_leaf(
         &self,
         id: u32,
         spec: &ClassSpec,
         rated: &ClassSpec,
         parent: Option<u32>,
-    ) -> Result<u32> {
+    ) -> Result<(u32, u32)> {
         let location = &self.attachment.location;
         let dev = &location.queue_dev();
         let ingress = location.direction == Direction::Ingress;
-        if ingress {
-            qdisc::ensure_ifb(&location.dev)?;
-        }
+        let ifb = if ingress {
+            if self.globals.link_header_len == 0 {
+                // An ifb is an Ethernet device: a bare IP packet redirected to it is dropped.
+                return Err(runtime(format!(
+                    "{} carries bare IP packets (no link-layer header): an ingress shape \
+                     class queues on an ifb, which needs one; police or mark instead",
+                    location.dev
+                )));
+            }
+            qdisc::ensure_ifb(&location.dev)?
+        } else {
+            0
+        };
+        let leaf = self.htb_leaf(dev, id, spec, rated, parent, ingress)?;
+        Ok((leaf, ifb))
+    }
+
+    fn htb_leaf(
+        &self,
+        dev: &str,
+        id: u32,
+        spec: &ClassSpec,
+        rated: &ClassSpec,
+        parent: Option<u32>,
+        ingress: bool,
+    ) -> Result<u32> {
         match qdisc::ensure_root(dev, !ingress)? {
             qdisc::Backend::Htb => {
                 let htb = rated.htb_class(parent, 0);

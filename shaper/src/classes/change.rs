@@ -154,7 +154,7 @@ pub fn change(attachment: &Attachment, wanted: &ClassSpec) -> Result<()> {
         .iter()
         .any(|spec| spec.action.action == Action::Shape)
     {
-        super::refresh_aggregate_cap(attachment);
+        super::shape_classes_changed(attachment);
     }
     changed
 }

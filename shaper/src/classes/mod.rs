@@ -327,14 +327,13 @@ pub struct ClassView {
     pub stats: ClassStats,
 }
 
-/// Makes the device's aggregate cap follow its shape classes (`crate::state::aggregates`): after
-/// every add, change and delete that involves one. Best effort: the classes are in place
-/// whatever happens here, so a device that refuses the cap is logged, not an error.
-pub(crate) fn refresh_aggregate_cap(attachment: &Attachment) {
+/// After every add, change and delete that involves a shape class: on egress the
+/// device's aggregate cap follows its shape classes (`crate::state::aggregates`); on
+/// ingress the ifb goes with the last shape class (also after a failed add or a rolled
+/// back apply); and after a re-attach (a re-created device has its own value again). Best effort: the classes are in place whatever happens here, so a
+/// device that refuses the cap is logged, not an error.
+pub fn shape_classes_changed(attachment: &Attachment) {
     let location = &attachment.location;
-    if location.direction != crate::state::Direction::Egress {
-        return;
-    }
     let slowest = read_classes(attachment).map(|views| {
         views
             .iter()
@@ -342,6 +341,12 @@ pub(crate) fn refresh_aggregate_cap(attachment: &Attachment) {
             .map(|view| view.spec.drain().0)
             .min()
     });
+    if location.direction == crate::state::Direction::Ingress {
+        if let Ok(None) = slowest {
+            crate::qdisc::remove_ifb(&location.dev);
+        }
+        return;
+    }
     let refreshed =
         slowest.and_then(|slowest| crate::state::aggregates::refresh(location, slowest));
     if let Err(error) = refreshed {

@@ -218,7 +218,7 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     write_shapes(attachment, &shapes, &before)?;
     attachment.rules_changed()?;
     if config.action == Action::Shape as u8 {
-        super::refresh_aggregate_cap(attachment);
+        super::shape_classes_changed(attachment);
     }
     Ok(())
 }

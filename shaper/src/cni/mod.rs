@@ -147,7 +147,7 @@ fn recorded_interfaces(text: &str) -> Vec<(Option<String>, String)> {
         .map(|dev| (None, dev.to_string()))
         .into_iter()
         .collect();
-    if let Some((netns, ifname)) = lines.next().and_then(|line| line.split_once(' ')) {
+    if let Some((netns, ifname)) = lines.next().and_then(|line| line.rsplit_once(' ')) {
         interfaces.push((Some(netns.to_string()), ifname.to_string()));
     }
     interfaces

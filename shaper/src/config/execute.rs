@@ -97,7 +97,11 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
             done.push(Undo::Detach(location.clone()));
             Ok(())
         }),
-        Step::Reattach(location) => in_ns(location, &mut || state::reattach(location).map(|_| ())),
+        Step::Reattach(location) => in_ns(location, &mut || {
+            state::reattach(location)?;
+            classes::shape_classes_changed(&Attachment::open(location)?);
+            Ok(())
+        }),
         Step::SwitchMode { location, from, to } => in_ns(location, &mut || {
             state::switch_mode(location, *to)?;
             done.push(Undo::SwitchMode(location.clone(), *from));

@@ -255,8 +255,9 @@ fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
         // was padding before), and layout 5 VERDICT_CACHE (with the rules generation in a
         // spare word of GLOBALS, 0 in older pins, which no zeroed cache slot matches), layout 6
         // CODEL_FLOWS (an empty census counts one flow until an interval has passed):
-        // loading the object creates them (counting from the upgrade on).
-        2..=5 => Some(|_| Ok(())),
+        // loading the object creates them (counting from the upgrade on). Layout 7 only
+        // gave ingress shape classes a meaning (no older pins hold one).
+        2..=6 => Some(|_| Ok(())),
         _ => None,
     }
 }
