@@ -27,19 +27,24 @@ pub(crate) const HTB_MAJOR: u32 = 0x5348;
 const DEFAULT_ROOTS: &[&str] = &["noqueue", "pfifo_fast", "mq", "fq_codel", "pfifo", "noop"];
 const KERNEL_HANDLE: &str = "0:";
 
-fn tc(args: &[&str]) -> Result<String> {
-    let output = Command::new("tc")
+/// Runs an iproute2 command (`tc`, `ip`); its standard output, or its error in one line.
+fn iproute2(program: &str, args: &[&str]) -> Result<String> {
+    let output = Command::new(program)
         .args(args)
         .output()
-        .context("cannot run tc (iproute2)")?;
+        .with_context(|| format!("cannot run {program} (iproute2)"))?;
     if !output.status.success() {
         return Err(runtime(format!(
-            "tc {} failed: {}",
+            "{program} {} failed: {}",
             args.join(" "),
             String::from_utf8_lossy(&output.stderr).trim()
         )));
     }
     Ok(String::from_utf8_lossy(&output.stdout).to_string())
+}
+
+fn tc(args: &[&str]) -> Result<String> {
+    iproute2("tc", args)
 }
 
 /// The filters in the clsact hook of `dev` (`direction`: egress or ingress), as `tc -j`
@@ -334,18 +339,7 @@ fn link_kind(name: &str) -> Option<String> {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .context("cannot run ip (iproute2)")?;
-    if !output.status.success() {
-        return Err(runtime(format!(
-            "ip {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    Ok(())
+    iproute2("ip", args).map(|_| ())
 }
 
 /// Makes the ifb of `dev`'s ingress (up, with `dev`'s MTU) unless it is there; its

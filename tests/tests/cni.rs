@@ -316,6 +316,56 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
 }
 
 /// `limits_config` with `ingressAction` set.
+/// A lab whose server namespace the `bridge` plugin wired as a container (`eth1`), with
+/// the guard that removes what the plugins may leave.
+struct Wired {
+    lab: Lab,
+    host: Netns,
+    container: Netns,
+    _leftovers: CniLeftovers,
+    shaper_cni: PathBuf,
+    /// The bridge plugin's result (the chained plugins' prevResult).
+    result: Value,
+    address: String,
+    host_dev: String,
+}
+
+fn wired_container() -> Result<Wired> {
+    let lab = Lab::new()?;
+    let (host, container) = (lab.router.clone(), lab.server.clone());
+    let ipam_dir = std::env::temp_dir().join(format!("{CNI_IPAM_PREFIX}{}", std::process::id()));
+    let mut leftovers = CniLeftovers::new(
+        Some(host.name.clone()),
+        &container_id(),
+        "eth1",
+        Some(ipam_dir.clone()),
+    );
+    let bridge = Path::new(CNI_DIR).join("bridge");
+    let result = checked(
+        plugin(
+            &bridge,
+            &host,
+            &container,
+            "eth1",
+            "ADD",
+            &bridge_config(&ipam_dir),
+        ),
+        "bridge ADD",
+    )?;
+    let (address, host_dev) = wiring(&result)?;
+    leftovers.claim_host_dev(&host_dev)?;
+    Ok(Wired {
+        lab,
+        host,
+        container,
+        _leftovers: leftovers,
+        shaper_cni: shaper_bin().with_file_name("shaper-cni"),
+        result,
+        address,
+        host_dev,
+    })
+}
+
 fn limits_config_acting(prev_result: &Value, ingress_action: &str) -> Value {
     let mut config = limits_config("shaper-cni", prev_result);
     config["ingressAction"] = json!(ingress_action);
@@ -335,30 +385,16 @@ fn root_qdisc(host: &Netns, dev: &str) -> Result<String> {
 /// no pins and no record.
 #[test]
 fn shaper_cni_shapes_marks_and_deletes_after_the_container_is_gone() -> Result<()> {
-    let mut lab = Lab::new()?;
-    let (host, container) = (lab.router.clone(), lab.server.clone());
-    let ipam_dir = std::env::temp_dir().join(format!("{CNI_IPAM_PREFIX}{}", std::process::id()));
-    let mut leftovers = CniLeftovers::new(
-        Some(host.name.clone()),
-        &container_id(),
-        "eth1",
-        Some(ipam_dir.clone()),
-    );
-    let bridge = Path::new(CNI_DIR).join("bridge");
-    let shaper_cni = shaper_bin().with_file_name("shaper-cni");
-    let result = checked(
-        plugin(
-            &bridge,
-            &host,
-            &container,
-            "eth1",
-            "ADD",
-            &bridge_config(&ipam_dir),
-        ),
-        "bridge ADD",
-    )?;
-    let (address, host_dev) = wiring(&result)?;
-    leftovers.claim_host_dev(&host_dev)?;
+    let Wired {
+        mut lab,
+        host,
+        container,
+        _leftovers,
+        shaper_cni,
+        result,
+        address,
+        host_dev,
+    } = wired_container()?;
     let record = shaper_tests::cni_record_path(&container_id(), "eth1");
     let pins = PathBuf::from(format!("/sys/fs/bpf/shaper/host/{host_dev}"));
 
@@ -463,30 +499,15 @@ const UPLOAD_BPS: u64 = 10_000_000;
 /// HTB, the pins and the aggregate cap, and puts the device's own value back.
 #[test]
 fn shaper_cni_shapes_the_containers_upload_inside_its_namespace() -> Result<()> {
-    let mut lab = Lab::new()?;
-    let (host, container) = (lab.router.clone(), lab.server.clone());
-    let ipam_dir = std::env::temp_dir().join(format!("{CNI_IPAM_PREFIX}{}", std::process::id()));
-    let mut leftovers = CniLeftovers::new(
-        Some(host.name.clone()),
-        &container_id(),
-        "eth1",
-        Some(ipam_dir.clone()),
-    );
-    let bridge = Path::new(CNI_DIR).join("bridge");
-    let shaper_cni = shaper_bin().with_file_name("shaper-cni");
-    let result = checked(
-        plugin(
-            &bridge,
-            &host,
-            &container,
-            "eth1",
-            "ADD",
-            &bridge_config(&ipam_dir),
-        ),
-        "bridge ADD",
-    )?;
-    let (_, host_dev) = wiring(&result)?;
-    leftovers.claim_host_dev(&host_dev)?;
+    let Wired {
+        mut lab,
+        host,
+        container,
+        _leftovers,
+        shaper_cni,
+        result,
+        ..
+    } = wired_container()?;
     let segments_before = gso_max_segs(&container, "eth1")?;
     let mut config = limits_config("shaper-cni", &result);
     config["egressAction"] = json!("shape");

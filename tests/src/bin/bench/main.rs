@@ -1826,6 +1826,7 @@ mod tests {
                 "probes_lost": 0,
                 "sender_rtt_ms": 45.0,
             })).collect::<Vec<_>>(),
+            "uploads": uploads::sane_rows(),
             "global": {
                 "skewed": {"global": 0.95, "static_split": 0.33},
                 "redis": [{"hosts": 10, "script_ms_per_interval": 0.3}],
@@ -1930,6 +1931,12 @@ mod tests {
         let mut report = sane.clone();
         report["global"]["redis"] = json!([]);
         rejected(&report, &expected, "no simulated-hosts row");
+        let mut report = sane.clone();
+        report["uploads"].as_array_mut().unwrap().pop();
+        rejected(&report, &expected, "uploads: 8 rows, expected 9");
+        let mut report = sane.clone();
+        report["uploads"][0]["fraction"] = json!(0.0);
+        rejected(&report, &expected, "at 0.000 of the rate");
 
         // A zero ratio, of each kind; NaN, which JSON writes as null.
         let mut report = sane.clone();

@@ -155,3 +155,17 @@ pub fn check(report: &Value) -> Vec<String> {
     }
     broken
 }
+
+/// A report's rows as a run that measured everything gives them (the driver's tests).
+#[cfg(test)]
+pub fn sane_rows() -> Vec<Value> {
+    let traffics = ["TCP cubic", "TCP bbr", "UDP at 10× the rate"];
+    LIMITERS
+        .iter()
+        .flat_map(|(limiter, _, _)| {
+            traffics.iter().map(move |traffic| {
+                json!({"limiter": limiter, "traffic": traffic, "fraction": 0.95, "rtt_ms": 5.0})
+            })
+        })
+        .collect()
+}
