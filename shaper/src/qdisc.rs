@@ -318,7 +318,7 @@ pub(crate) fn ifb_name(dev: &str) -> String {
 
 /// `ip -j -d link show dev NAME` in this thread's namespace (sysfs would show the
 /// host's), if the link exists.
-fn link(name: &str) -> Option<Value> {
+pub(crate) fn link(name: &str) -> Option<Value> {
     let output = Command::new("ip")
         .args(["-j", "-d", "link", "show", "dev", name])
         .output()
@@ -338,7 +338,7 @@ fn link_kind(name: &str) -> Option<String> {
     })
 }
 
-fn ip(args: &[&str]) -> Result<()> {
+pub(crate) fn ip(args: &[&str]) -> Result<()> {
     iproute2("ip", args).map(|_| ())
 }
 

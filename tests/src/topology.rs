@@ -108,6 +108,16 @@ impl Netns {
         })
     }
 
+    /// `gso_max_segs` of `dev`: the largest aggregate its senders build (shaper caps it
+    /// on a device with shape classes).
+    pub fn gso_max_segs(&self, dev: &str) -> Result<u64> {
+        let out = self.run("ip", &["-j", "-d", "link", "show", dev])?;
+        let links: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        links[0]["gso_max_segs"]
+            .as_u64()
+            .with_context(|| format!("no gso_max_segs for {dev}"))
+    }
+
     /// Interface counters (rx_bytes, tx_packets, ...) as the kernel keeps them.
     pub fn link_stat(&self, dev: &str, stat: &str) -> Result<u64> {
         let out = self.run("cat", &[&format!("/sys/class/net/{dev}/statistics/{stat}")])?;

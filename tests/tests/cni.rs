@@ -477,15 +477,6 @@ fn shaper_cni_shapes_marks_and_deletes_after_the_container_is_gone() -> Result<(
     Ok(())
 }
 
-/// `gso_max_segs` of `dev` in `ns`.
-fn gso_max_segs(ns: &Netns, dev: &str) -> Result<u64> {
-    let output = ns.run("ip", &["-j", "-d", "link", "show", dev])?;
-    let links: Value = serde_json::from_slice(&output.stdout)?;
-    links[0]["gso_max_segs"]
-        .as_u64()
-        .with_context(|| format!("no gso_max_segs for {dev}"))
-}
-
 /// The upload test's rate, the (at 5 Mbit/s, with the same 125 kB burst, BBR's
 /// RTT had seconds near 90 ms: after a PROBE_RTT the burst passes at line rate and
 /// inflates BBR's bandwidth sample; 9.7-37 ms means in three runs).
@@ -508,7 +499,7 @@ fn shaper_cni_shapes_the_containers_upload_inside_its_namespace() -> Result<()> 
         result,
         ..
     } = wired_container()?;
-    let segments_before = gso_max_segs(&container, "eth1")?;
+    let segments_before = container.gso_max_segs("eth1")?;
     let mut config = limits_config("shaper-cni", &result);
     config["egressAction"] = json!("shape");
     config["runtimeConfig"]["bandwidth"]["egressRate"] = json!(UPLOAD_BPS);
@@ -526,7 +517,7 @@ fn shaper_cni_shapes_the_containers_upload_inside_its_namespace() -> Result<()> 
         "no shaper HTB on the container's eth1: {root}"
     );
     ensure!(
-        gso_max_segs(&container, "eth1")? == 2,
+        container.gso_max_segs("eth1")? == 2,
         "the upload class caps aggregates"
     );
 
@@ -583,7 +574,7 @@ fn shaper_cni_shapes_the_containers_upload_inside_its_namespace() -> Result<()> 
         "DEL left shaper's HTB in the container: {root}"
     );
     ensure!(
-        gso_max_segs(&container, "eth1")? == segments_before,
+        container.gso_max_segs("eth1")? == segments_before,
         "DEL put the device's own aggregate size back"
     );
     let pins = PathBuf::from(format!("/sys/fs/bpf/shaper/netns-{}", container.name));

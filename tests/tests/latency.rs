@@ -276,13 +276,6 @@ fn shape_holds_a_udp_flood_to_the_rate_and_its_neighbours_within_15ms() {
     assert!(shaper_tests::counter(&row, "dropped_packets") > 1000);
 }
 
-/// `gso_max_segs` of `dev` in `ns`, as `ip -d link` shows it.
-fn gso_max_segs(ns: &shaper_tests::Netns, dev: &str) -> u64 {
-    let out = ns.run("ip", &["-j", "-d", "link", "show", dev]).unwrap();
-    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    links[0]["gso_max_segs"].as_u64().unwrap()
-}
-
 /// Issue 37: a shape class on the sending host's own egress, TSO on. Without the
 /// aggregate cap TCP builds 64 KiB aggregates on a µs path (52 ms each at 10 Mbit/s):
 /// Cubic's RTT read 17-38 ms and BBR got 0.76-0.79 of the rate. The class caps the
@@ -304,7 +297,7 @@ fn shape_on_the_senders_own_egress_keeps_cubic_and_bbr_at_the_rate() {
 
 fn sender_egress_run(congestion: &str) {
     let mut lab = Lab::new().unwrap();
-    let before = gso_max_segs(&lab.client, CLIENT_DEV);
+    let before = lab.client.gso_max_segs(CLIENT_DEV).unwrap();
     lab.client.attach(CLIENT_DEV, &[]).unwrap();
     let options = [
         "--rate",
@@ -315,7 +308,11 @@ fn sender_egress_run(congestion: &str) {
         "shape",
     ];
     lab.client.class_add("bulk", CLIENT_DEV, &options).unwrap();
-    assert_eq!(gso_max_segs(&lab.client, CLIENT_DEV), 2, "the class's cap");
+    assert_eq!(
+        lab.client.gso_max_segs(CLIENT_DEV).unwrap(),
+        2,
+        "the class's cap"
+    );
     let tcp = Tcp {
         congestion: congestion.to_string(),
         ..cubic(1)
@@ -334,7 +331,7 @@ fn sender_egress_run(congestion: &str) {
         .shaper(&["class", "del", "bulk", "--dev", CLIENT_DEV])
         .unwrap();
     assert_eq!(
-        gso_max_segs(&lab.client, CLIENT_DEV),
+        lab.client.gso_max_segs(CLIENT_DEV).unwrap(),
         before,
         "the device's own cap is back with the last shape class gone"
     );

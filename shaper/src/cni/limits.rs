@@ -154,6 +154,21 @@ fn interface(netns: Option<String>, dev: &str) -> DesiredInterface {
     }
 }
 
+/// Attaches `interface` in `direction` with class `name` limiting everything there.
+fn limit(
+    interface: &mut DesiredInterface,
+    name: &str,
+    direction: Direction,
+    (rate, burst): (u64, u64),
+    action: Action,
+) -> Result<()> {
+    interface.directions.push(direction);
+    interface
+        .classes
+        .push(class(name, direction, rate, burst, action)?);
+    Ok(())
+}
+
 /// What the configuration asks for on the host veth `dev` and, for `egressAction:
 /// "shape"`, on the container's interface; None when it limits nothing.
 pub fn desired(
@@ -170,14 +185,13 @@ pub fn desired(
     let mut interfaces = Vec::new();
     // Toward the container: the host veth's egress.
     if let Some((rate, burst)) = ingress {
-        host.directions.push(Direction::Egress);
-        host.classes.push(class(
+        limit(
+            &mut host,
             INGRESS_CLASS,
             Direction::Egress,
-            rate,
-            burst,
+            (rate, burst),
             ingress_action,
-        )?);
+        )?;
     }
     // From the container. Shaped on the container's own interface's egress: a queue
     // there pushes back on the container's sockets (TCP small queues), and its processes
@@ -192,24 +206,22 @@ pub fn desired(
                 ));
             };
             let mut inside = interface(Some(container.netns.clone()), &container.ifname);
-            inside.directions.push(Direction::Egress);
-            inside.classes.push(class(
+            limit(
+                &mut inside,
                 EGRESS_CLASS,
                 Direction::Egress,
-                rate,
-                burst,
+                (rate, burst),
                 Action::Shape,
-            )?);
+            )?;
             interfaces.push(inside);
         } else {
-            host.directions.push(Direction::Ingress);
-            host.classes.push(class(
+            limit(
+                &mut host,
                 EGRESS_CLASS,
                 Direction::Ingress,
-                rate,
-                burst,
+                (rate, burst),
                 egress_action,
-            )?);
+            )?;
         }
     }
     if !host.classes.is_empty() {

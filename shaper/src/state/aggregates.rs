@@ -18,11 +18,7 @@
 use super::{Location, PIN_ROOT, RUN_DIR};
 use crate::error::runtime;
 use anyhow::{Context as _, Result};
-use serde_json::Value;
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::path::{Path, PathBuf};
 
 /// How long an aggregate may take to drain at the slowest shape class's rate.
 const DRAIN_NS: u64 = 1_000_000;
@@ -48,44 +44,28 @@ struct Device {
 }
 
 fn device(dev: &str) -> Result<Device> {
-    let output = Command::new("ip")
-        .args(["-j", "-d", "link", "show", "dev", dev])
-        .output()
-        .context("cannot run ip (iproute2)")?;
-    let json: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
-    let link = json.as_array().and_then(|links| links.first());
-    let field = |name: &str| link.and_then(|link| link[name].as_u64());
+    let link = crate::qdisc::link(dev);
+    let field = |name: &str| link.as_ref().and_then(|link| link[name].as_u64());
     match (field("ifindex"), field("gso_max_segs")) {
         (Some(ifindex), Some(segs)) => Ok(Device {
             ifindex,
             gso_max_segs: u32::try_from(segs).unwrap_or(u32::MAX),
         }),
         _ => Err(runtime(format!(
-            "cannot read gso_max_segs of {dev} (ip -j -d link show: {})",
-            String::from_utf8_lossy(&output.stderr).trim()
+            "cannot read gso_max_segs of {dev} (ip -j -d link show dev {dev})"
         ))),
     }
 }
 
 fn set_segments(dev: &str, segments: u32) -> Result<()> {
-    let output = Command::new("ip")
-        .args([
-            "link",
-            "set",
-            "dev",
-            dev,
-            "gso_max_segs",
-            &segments.to_string(),
-        ])
-        .output()
-        .context("cannot run ip (iproute2)")?;
-    if !output.status.success() {
-        return Err(runtime(format!(
-            "cannot set gso_max_segs {segments} on {dev}: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    Ok(())
+    crate::qdisc::ip(&[
+        "link",
+        "set",
+        "dev",
+        dev,
+        "gso_max_segs",
+        &segments.to_string(),
+    ])
 }
 
 /// The record of a device shaper capped, `<ifindex> <original> <cap set>`, beside the
