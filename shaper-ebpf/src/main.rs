@@ -50,7 +50,7 @@ mod entry {
         act::act,
         bucket::charge_bucket,
         classify::classify,
-        maps::{CLASSES, SHAPE_PACKET, SHARES},
+        maps::{CLASSES, SHAPE_PACKET, SHARES, SPLIT_TO},
         meter::meter,
         parse::{parse, Packet},
         shape::shape,
@@ -58,7 +58,7 @@ mod entry {
     };
     use aya_ebpf::{
         bindings::{TC_ACT_OK, TC_ACT_UNSPEC},
-        helpers::bpf_ktime_get_ns,
+        helpers::{bpf_ktime_get_ns, bpf_redirect},
         macros::classifier,
         programs::TcContext,
     };
@@ -66,7 +66,23 @@ mod entry {
 
     #[classifier]
     pub fn shaper(ctx: TcContext) -> i32 {
-        run::<false, false, true>(&ctx)
+        split(run::<false, false, true>(&ctx))
+    }
+
+    /// A packet the hook lets pass goes to the attachment's splitting ifb, if it has one
+    /// (`SPLIT_TO`, ingress on Ethernet only): the ifb cuts a GSO/GRO aggregate into
+    /// wire-size segments and hands them back to this interface past the hook, so an
+    /// egress shape class downstream judges segments, not 64 KiB at once. Every packet
+    /// goes, not only aggregates, to keep each flow in order.
+    #[inline(always)]
+    fn split(verdict: i32) -> i32 {
+        if verdict != TC_ACT_OK as i32 && verdict != TC_ACT_UNSPEC {
+            return verdict;
+        }
+        match SPLIT_TO.get(0) {
+            Some(&ifb) if ifb != 0 => unsafe { bpf_redirect(ifb, 0) as i32 },
+            _ => verdict,
+        }
     }
 
     /// The same for devices that carry bare IP packets (no link-layer header).

@@ -75,3 +75,8 @@ pub(crate) static CLASS_META: Array<ClassMeta> = Array::with_max_entries(MAX_CLA
 #[map]
 pub(crate) static CLASS_INDEX: HashMap<[u8; CLASS_NAME_LEN], u32> =
     HashMap::with_max_entries(MAX_CLASSES, BPF_F_NO_PREALLOC as u32);
+
+/// Element 0: the ifb every packet this (ingress) attachment lets pass is handed to, which
+/// splits aggregates into wire-size segments; 0 passes in place (`map_names::SPLIT_TO`).
+#[map]
+pub(crate) static SPLIT_TO: Array<u32> = Array::with_max_entries(1, 0);

@@ -309,7 +309,7 @@ pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
 /// The ifb device an ingress attachment of `dev` queues its shape classes on, in the
 /// interface's namespace: shaper's own, named from the interface's name (`shpq` and 8 hex
 /// digits of its FNV-1a hash: 12 characters, within IFNAMSIZ).
-pub(crate) fn ifb_name(dev: &str) -> String {
+pub fn ifb_name(dev: &str) -> String {
     let hash = dev.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
         (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
     });

@@ -311,6 +311,8 @@ pub struct AttachmentRow {
     pub problem: Option<String>,
     pub classes: Option<usize>,
     pub flow_table_size: Option<u32>,
+    /// The ifb an ingress attachment splits aggregates through (`--split-aggregates`).
+    pub split_through: Option<String>,
 }
 
 /// The attachment at `location`: pins of another shaper's layout are shown, not read (the
@@ -327,6 +329,7 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
         problem: None,
         classes: None,
         flow_table_size: attachment.flow_table_size().ok(),
+        split_through: None,
     };
     if let Some(problem) = attachment.layout_problem() {
         row.problem = Some(problem.to_string());
@@ -348,5 +351,6 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
     row.problem = status.problem.map(str::to_string);
     row.classes = Some(attachment.class_list()?.len());
     row.flow_table_size = Some(status.flow_table_size);
+    row.split_through = classes::split_through(&attachment)?;
     Ok(row)
 }

@@ -47,7 +47,7 @@ const fn map(
 
 const U32: usize = size_of::<u32>();
 
-const EXPECTED: [Expected; 17] = [
+const EXPECTED: [Expected; 18] = [
     map(map_names::LAYOUT, ARRAY, U32, U32, 1),
     map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
     map(
@@ -153,6 +153,8 @@ const EXPECTED: [Expected; 17] = [
         size_of::<FlowCensus>(),
         MAX_CLASSES,
     ),
+    // The ifb an ingress attachment splits aggregates through (layout 8).
+    map(map_names::SPLIT_TO, ARRAY, U32, U32, 1),
 ];
 
 fn object() -> aya_obj::Object {
@@ -208,8 +210,8 @@ fn the_ebpf_object_declares_the_maps_userspace_expects() {
 /// change of any pinned type changes them: the test then asks for a new layout version
 /// (with the migration `shaper upgrade` needs), so pins of the old layout are never read
 /// as the new one.
-const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 17]) = (
-    7,
+const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 18]) = (
+    8,
     [
         ("LAYOUT", 4, 4),
         ("GLOBALS", 4, 32),
@@ -228,6 +230,7 @@ const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 17]) = (
         ("SHARES", 4, 176),
         ("VERDICT_CACHE", 4, 56),
         ("CODEL_FLOWS", 4, 24),
+        ("SPLIT_TO", 4, 4),
     ],
 );
 

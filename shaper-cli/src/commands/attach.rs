@@ -1,5 +1,5 @@
 use super::{directions, prepare};
-use crate::cli::{AttachArgs, AttachModeArg};
+use crate::cli::{AttachArgs, AttachModeArg, DirectionArg};
 use anyhow::Result;
 use shaper::state::{self, AttachMode, Attachment, Location};
 
@@ -8,16 +8,58 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
         AttachModeArg::Tcx => AttachMode::Tcx,
         AttachModeArg::Clsact => AttachMode::Clsact,
     });
+    if args.split_aggregates.is_some() && args.direction != DirectionArg::Ingress {
+        return Err(shaper::error::usage(
+            "--split-aggregates splits traffic where it arrives: use it with --direction \
+             ingress, on the interfaces forwarded traffic comes in on",
+        ));
+    }
     prepare(&netns)?;
     shaper::netns::ifindex(&args.dev)?;
     let _lock = state::lock()?;
     let mut attached_now = Vec::new();
-    for direction in directions(args.direction) {
-        let location = Location {
+    let locations: Vec<Location> = directions(args.direction)
+        .into_iter()
+        .map(|direction| Location {
             netns: netns.clone(),
             dev: args.dev.clone(),
             direction,
-        };
+        })
+        .collect();
+    hook(&args, forced_mode, &locations, &mut attached_now)?;
+    if let Some(on) = args.split_aggregates {
+        for location in &locations {
+            let split = shaper::classes::set_split(&Attachment::open(location)?, on);
+            if let Err(error) = split {
+                // All or nothing: undo the directions this call attached.
+                for location in &attached_now {
+                    let _ = state::detach(location);
+                }
+                return Err(error);
+            }
+            match on {
+                true => println!(
+                    "{}: aggregates split through {}",
+                    location.describe(),
+                    shaper::qdisc::ifb_name(&location.dev)
+                ),
+                false => println!("{}: aggregates pass whole", location.describe()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Hooks each location (fresh, re-attached, resized or switched); the fresh ones are
+/// pushed to `attached_now`. On an error every fresh one is detached again.
+fn hook(
+    args: &AttachArgs,
+    forced_mode: Option<AttachMode>,
+    locations: &[Location],
+    attached_now: &mut Vec<Location>,
+) -> Result<()> {
+    for location in locations {
+        let location = location.clone();
         if location.dir().exists() {
             let status = Attachment::open(&location)?.status()?;
             let resize = args
@@ -73,7 +115,7 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
             }
             Err(error) => {
                 // All or nothing: undo the directions this call attached.
-                for location in &attached_now {
+                for location in attached_now.iter() {
                     let _ = state::detach(location);
                 }
                 return Err(error);

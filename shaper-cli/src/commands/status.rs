@@ -26,6 +26,7 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
         "STATE",
         "CLASSES",
         "FLOW TABLE",
+        "SPLIT",
     ];
     print_rows(&rows, args.json, &header, |row| {
         let state = match row["problem"].as_str() {
@@ -44,6 +45,7 @@ pub fn run(netns: Option<String>, args: StatusArgs) -> Result<()> {
             state,
             text(&row["classes"]),
             text(&row["flow_table_size"]),
+            row["split_through"].as_str().unwrap_or("-").to_string(),
         ]
     })
 }

@@ -42,8 +42,9 @@ pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// ceiling in `peak_cost`) in the sizes of layout 1; layout 3 added `KEY_STATS`, layout 4
 /// `SHARES`, layout 5 `VERDICT_CACHE` and `Globals::rules_generation` (a spare word),
 /// layout 6 `CODEL_FLOWS`, layout 7 shape classes on ingress (`ClassConfig::action_mask`:
-/// the ifb's ifindex, which an older program would not redirect to).
-pub const LAYOUT_VERSION: u32 = 7;
+/// the ifb's ifindex, which an older program would not redirect to), layout 8 `SPLIT_TO`
+/// (an older program would not split).
+pub const LAYOUT_VERSION: u32 = 8;
 
 /// Slots of the per-CPU verdict cache (`VERDICT_CACHE`): 56 bytes each, 56 KiB a CPU.
 pub const VERDICT_CACHE_SLOTS: u32 = 1024;
@@ -79,8 +80,12 @@ pub mod map_names {
     pub const VERDICT_CACHE: &str = "VERDICT_CACHE";
     /// Per shape class: its bulk flows in the last CoDel interval (`codel::FlowCensus`).
     pub const CODEL_FLOWS: &str = "CODEL_FLOWS";
+    /// Element 0: the ifindex of the ifb an ingress attachment hands every packet it lets
+    /// pass to, which splits GSO/GRO aggregates into wire-size segments and gives them
+    /// back to the interface (`shaper attach --split-aggregates`); 0: pass in place.
+    pub const SPLIT_TO: &str = "SPLIT_TO";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         LAYOUT,
         GLOBALS,
         SHAPES,
@@ -98,6 +103,7 @@ pub mod map_names {
         SHARES,
         VERDICT_CACHE,
         CODEL_FLOWS,
+        SPLIT_TO,
     ];
 }
 

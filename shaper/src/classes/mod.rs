@@ -20,6 +20,7 @@ mod encode;
 mod replace;
 mod shapes;
 mod share;
+mod split;
 mod table;
 mod tree;
 
@@ -30,6 +31,7 @@ pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
 pub use replace::replace;
 pub use share::{renew_share, set_share, share_of, Renewal, ShareUpdate};
+pub use split::{set_split, split_through};
 pub use table::{delete, find};
 
 /// Everything that defines a class.
@@ -329,8 +331,8 @@ pub struct ClassView {
 
 /// After every add, change and delete that involves a shape class: on egress the
 /// device's aggregate cap follows its shape classes (`crate::state::aggregates`); on
-/// ingress the ifb goes with the last shape class (also after a failed add or a rolled
-/// back apply); and after a re-attach (a re-created device has its own value again). Best effort: the classes are in place whatever happens here, so a
+/// ingress the ifb goes with the last shape class unless it splits aggregates (also after
+/// a failed add or a rolled back apply); and after a re-attach (a re-created device has its own value again). Best effort: the classes are in place whatever happens here, so a
 /// device that refuses the cap is logged, not an error.
 pub fn shape_classes_changed(attachment: &Attachment) {
     let location = &attachment.location;
@@ -342,7 +344,8 @@ pub fn shape_classes_changed(attachment: &Attachment) {
             .min()
     });
     if location.direction == crate::state::Direction::Ingress {
-        if let Ok(None) = slowest {
+        let splitting = !matches!(split_through(attachment), Ok(None));
+        if let (Ok(None), false) = (slowest, splitting) {
             crate::qdisc::remove_ifb(&location.dev);
         }
         return;

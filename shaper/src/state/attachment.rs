@@ -274,6 +274,11 @@ impl Attachment {
         self.map(map_names::CODEL_FLOWS)
     }
 
+    /// Element 0: the ifb this ingress attachment splits aggregates through, or 0.
+    pub fn split_to(&self) -> Result<Array<MapData, u32>> {
+        self.map(map_names::SPLIT_TO)
+    }
+
     /// A shape class's virtual queue now: its predicted queueing delay (ns) and whether
     /// CoDel is in its dropping state.
     pub fn shape_queue(&self, class_id: u32) -> Result<(u64, bool)> {

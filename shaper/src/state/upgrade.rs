@@ -256,8 +256,9 @@ fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
         // spare word of GLOBALS, 0 in older pins, which no zeroed cache slot matches), layout 6
         // CODEL_FLOWS (an empty census counts one flow until an interval has passed):
         // loading the object creates them (counting from the upgrade on). Layout 7 only
-        // gave ingress shape classes a meaning (no older pins hold one).
-        2..=6 => Some(|_| Ok(())),
+        // gave ingress shape classes a meaning (no older pins hold one), layout 8 added
+        // SPLIT_TO (created empty: nothing split until `attach --split-aggregates`).
+        2..=7 => Some(|_| Ok(())),
         _ => None,
     }
 }
