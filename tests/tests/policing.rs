@@ -557,6 +557,30 @@ fn udp_into_a_tun_device_is_policed_on_its_ingress() {
         String::from_utf8_lossy(&router.run("ip", &["-br", "link"]).unwrap().stdout).to_string();
     assert!(!links.contains("shpq"), "an ifb was made: {links}");
     assert!(router.stats_row("up").is_err(), "the class was added");
+    // Splitting aggregates goes through the same ifb: refused alike, the attachment and
+    // its classes left as they were; and on egress (where nothing arrives) a usage error.
+    for (direction, code, says) in [
+        ("ingress", 1, "bare IP packets"),
+        ("egress", 2, "--direction ingress"),
+    ] {
+        let refused = router.shaper_output(&[
+            "attach",
+            "tun0",
+            "--direction",
+            direction,
+            "--split-aggregates",
+        ]);
+        let stderr = shaper_tests::stderr(&refused);
+        assert_eq!(refused.status.code(), Some(code), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    let links =
+        String::from_utf8_lossy(&router.run("ip", &["-br", "link"]).unwrap().stdout).to_string();
+    assert!(!links.contains("shpq"), "an ifb was made: {links}");
+    let status = router.shaper(&["status", "--json"]).unwrap();
+    assert!(!status.contains("\"split_through\": \"shpq"), "{status}");
+    assert!(router.stats_row("ingress-v4").is_ok(), "a class was lost");
 }
 
 #[test]
