@@ -184,7 +184,7 @@ pub struct AttachArgs {
     /// under traffic (buckets, classes and counters kept).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
     pub flow_table_size: Option<u32>,
-    /// Ingress only: hand every packet the hook lets pass to shaper's ifb of the
+    /// Ingress (or both): hand every packet the hook lets pass to shaper's ifb of the
     /// interface, which cuts GSO/GRO aggregates into wire-size segments, so shape classes
     /// on the way out judge segments, not 64 KiB at once (forwarded TSO or GRO traffic).
     /// `--split-aggregates=false` turns it off.

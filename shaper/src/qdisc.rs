@@ -342,19 +342,31 @@ pub(crate) fn ip(args: &[&str]) -> Result<()> {
     iproute2("ip", args).map(|_| ())
 }
 
-/// Makes the ifb of `dev`'s ingress (up, with `dev`'s MTU) unless it is there; its
-/// ifindex, which the program redirects the class's packets to. The ifb hands each packet
-/// back to `dev`'s ingress past the TC hook, so it is classified once.
-pub(crate) fn ensure_ifb(dev: &str) -> Result<u32> {
+/// Fails when the name of `dev`'s ifb is taken by a device that is not an ifb.
+pub(crate) fn check_ifb_name(dev: &str) -> Result<()> {
     let ifb = ifb_name(dev);
     match link_kind(&ifb).as_deref() {
-        Some("ifb") => {}
-        Some(kind) => {
-            return Err(runtime(format!(
-                "{ifb} exists and is not an ifb ({kind}): shaper queues {dev}'s ingress \
-                 shape classes on an ifb of that name; rename or delete it"
-            )))
-        }
+        None | Some("ifb") => Ok(()),
+        Some(kind) => Err(runtime(format!(
+            "{ifb} exists and is not an ifb ({kind}): shaper queues and splits {dev}'s \
+             ingress on an ifb of that name; rename or delete it"
+        ))),
+    }
+}
+
+/// The ifb's queue length: with splitting every packet of the interface crosses it (an
+/// ifb's default, 32, would drop bursts), and HTB's direct queue takes the same length.
+const IFB_TXQUEUELEN: &str = "1000";
+
+/// Makes the ifb of `dev`'s ingress (up, with `dev`'s MTU, a transmit queue per CPU)
+/// unless it is there; its ifindex, which the program redirects the class's packets to.
+/// The ifb hands each packet back to `dev`'s ingress past the TC hook, so it is
+/// classified once.
+pub(crate) fn ensure_ifb(dev: &str) -> Result<u32> {
+    check_ifb_name(dev)?;
+    let ifb = ifb_name(dev);
+    match link_kind(&ifb).as_deref() {
+        Some(_) => {}
         None => {
             let mtu = link(dev)
                 .and_then(|link| link["mtu"].as_u64())
@@ -364,7 +376,15 @@ pub(crate) fn ensure_ifb(dev: &str) -> Result<u32> {
                 // Loaded on demand it would also make ifb0 and ifb1 in the host's namespace.
                 let _ = Command::new("modprobe").args(["ifb", "numifbs=0"]).output();
             }
-            ip(&["link", "add", &ifb, "mtu", &mtu, "type", "ifb"]).map_err(|error| {
+            let queues = std::thread::available_parallelism()
+                .map_or(1, |cpus| cpus.get())
+                .to_string();
+            #[rustfmt::skip]
+            let add = [
+                "link", "add", &ifb, "mtu", &mtu, "txqueuelen", IFB_TXQUEUELEN,
+                "numtxqueues", &queues, "numrxqueues", &queues, "type", "ifb",
+            ];
+            ip(&add).map_err(|error| {
                 runtime(format!(
                     "--action shape on ingress queues on an ifb device, which this kernel \
                      refused ({error}); load the ifb module (modprobe ifb) or police instead"
@@ -374,6 +394,17 @@ pub(crate) fn ensure_ifb(dev: &str) -> Result<u32> {
     }
     ip(&["link", "set", "dev", &ifb, "up"])?;
     crate::netns::ifindex(&ifb)
+}
+
+/// Sets the `gso_max_segs` of `dev`'s ifb, if it exists: 1 splits every aggregate it
+/// takes; `None` gives the kernel's default back.
+pub(crate) fn ifb_gso_max_segs(dev: &str, segments: Option<u32>) -> Result<()> {
+    let ifb = ifb_name(dev);
+    if link_kind(&ifb).as_deref() != Some("ifb") {
+        return Ok(());
+    }
+    let segments = segments.unwrap_or(65_535).to_string();
+    ip(&["link", "set", "dev", &ifb, "gso_max_segs", &segments])
 }
 
 /// Deletes the ifb of `dev`'s ingress, with its qdiscs, if shaper made one.

@@ -311,7 +311,8 @@ pub struct AttachmentRow {
     pub problem: Option<String>,
     pub classes: Option<usize>,
     pub flow_table_size: Option<u32>,
-    /// The ifb an ingress attachment splits aggregates through (`--split-aggregates`).
+    /// The ifb an ingress attachment splits aggregates through (`--split-aggregates`),
+    /// "NAME (gone)" when it was deleted or made again since.
     pub split_through: Option<String>,
 }
 
@@ -336,14 +337,19 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
         return Ok(row);
     }
     // Interface lookups happen in the attachment's own namespace.
-    let status = if location
+    let (status, split) = if location
         .netns
         .as_ref()
         .is_some_and(|ns| !crate::netns::netns_exists(ns))
     {
-        attachment.status_without_namespace()?
+        (attachment.status_without_namespace()?, None)
     } else {
-        crate::netns::in_namespace(&location.netns, || attachment.status())?
+        crate::netns::in_namespace(&location.netns, || {
+            Ok((
+                attachment.status()?,
+                Some(classes::split_state(&attachment)?),
+            ))
+        })?
     };
     row.attach_mode = status.mode.name();
     row.program_id = Some(status.program_id);
@@ -351,6 +357,10 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
     row.problem = status.problem.map(str::to_string);
     row.classes = Some(attachment.class_list()?.len());
     row.flow_table_size = Some(status.flow_table_size);
-    row.split_through = classes::split_through(&attachment)?;
+    row.split_through = match split {
+        None | Some(classes::Split::Off) => None,
+        Some(classes::Split::On(ifb)) => Some(ifb),
+        Some(classes::Split::Stale(ifb)) => Some(format!("{ifb} (gone)")),
+    };
     Ok(row)
 }

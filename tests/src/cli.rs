@@ -117,6 +117,18 @@ impl Netns {
         self.shaper(&[&["class", "add", name, "--dev", dev][..], options].concat())
     }
 
+    /// `status --json`'s `split_through` for `dev`'s ingress attachment: the ifb it splits
+    /// aggregates through, or None.
+    pub fn split_through(&self, dev: &str) -> Result<Option<String>> {
+        let rows: Value = serde_json::from_str(&self.shaper(&["status", "--json"])?)?;
+        Ok(rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|row| row["dev"] == dev && row["direction"] == "ingress")
+            .and_then(|row| row["split_through"].as_str().map(str::to_string)))
+    }
+
     /// `shaper stats --json` in this namespace: one row per class.
     pub fn stats(&self) -> Result<Vec<Value>> {
         Ok(self

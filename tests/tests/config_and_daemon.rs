@@ -7,7 +7,7 @@ use serde_json::Value;
 use shaper_tests::{
     assert_within, counter, dies_with_parent, man_page_names, shaper, shaper_bin, stderr, stdout,
     wait_bounded, wait_with_output_bounded, BoundedCommand, Lab, Netns, StateLockHolder, Udp,
-    COMMANDS, COMMAND_LIMIT,
+    COMMANDS, COMMAND_LIMIT, ROUTER_TO_CLIENT, SERVER_V4,
 };
 use std::{
     io::{Read as _, Write as _},
@@ -1231,5 +1231,71 @@ fn the_daemon_runs_in_its_units_sandbox() -> Result<()> {
     let log = daemon.log();
     assert!(!log.contains("ERROR"), "{log}");
     assert_eq!(daemon.stop()?.code(), Some(0));
+    Ok(())
+}
+
+/// `split_aggregates` in a file: apply turns it on (the plan says `split`), export
+/// writes it back and a second apply changes nothing; an ifb deleted behind shaper's back
+/// shows as gone in `status` and the next apply makes it again, pointing the program at
+/// the new one; a file without the key turns it off and the ifb goes.
+#[test]
+fn apply_splits_aggregates_and_makes_a_deleted_ifb_good() -> Result<()> {
+    let lab = Lab::new()?;
+    let router = lab.router.clone();
+    let netns = router.name.clone();
+    let config = |split: &str| {
+        format!(
+            "[[interface]]\ndev = \"{ROUTER_TO_CLIENT}\"\nnetns = \"{netns}\"\n\
+             direction = \"ingress\"\n{split}\n"
+        )
+    };
+    let file = ConfigFile::new("split", &config("split_aggregates = true"));
+    let apply = || {
+        let output = shaper(&["apply", "-f", file.path()]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        stdout(&output)
+    };
+    let plan = apply();
+    assert!(plan.contains("split   "), "{plan}");
+    let ifb = shaper::qdisc::ifb_name(ROUTER_TO_CLIENT);
+    assert_eq!(router.split_through(ROUTER_TO_CLIENT)?, Some(ifb.clone()));
+    let exported = stdout(&shaper(&["export", "--netns", &netns]));
+    assert!(exported.contains("split_aggregates = true"), "{exported}");
+    assert!(
+        apply().contains("no changes"),
+        "a second apply changed something"
+    );
+
+    router.run("ip", &["link", "del", "dev", &ifb])?;
+    let gone = router.split_through(ROUTER_TO_CLIENT)?;
+    assert_eq!(
+        gone,
+        Some(format!("{ifb} (gone)")),
+        "status after the ifb went"
+    );
+    let plan = apply();
+    assert!(
+        plan.contains("split   "),
+        "apply did not make the ifb again: {plan}"
+    );
+    assert_eq!(router.split_through(ROUTER_TO_CLIENT)?, Some(ifb.clone()));
+    // Traffic from the client crosses the new ifb and still arrives.
+    let ping = lab
+        .client
+        .run("ping", &["-c", "3", "-i", "0.2", "-W", "1", SERVER_V4])?;
+    assert!(ping.status.success(), "ping through the split: {ping:?}");
+    assert!(router.link_stat(&ifb, "tx_packets")? >= 3);
+
+    file.write(&config(""));
+    let plan = apply();
+    assert!(plan.contains("split   ") && plan.contains("off"), "{plan}");
+    assert_eq!(router.split_through(ROUTER_TO_CLIENT)?, None);
+    let links = router.run("ip", &["-br", "link"])?;
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(!links.contains(&ifb), "splitting off left {ifb}: {links}");
+    let ping = lab
+        .client
+        .run("ping", &["-c", "2", "-i", "0.2", "-W", "1", SERVER_V4])?;
+    assert!(ping.status.success(), "ping after splitting off: {ping:?}");
     Ok(())
 }

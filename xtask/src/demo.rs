@@ -8,7 +8,7 @@ use anyhow::Result;
 use comfy_table::Table;
 use shaper_tests::{
     latency::{idle_rtt_ms, LatencyProbe, PROBE_HZ},
-    Lab, Netns, Udp, CLIENT_DEV, ROUTER_TO_SERVER, SERVER_V4,
+    Lab, Netns, Udp, CLIENT_DEV, ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_V4,
 };
 use std::{path::Path, time::Duration};
 
@@ -154,6 +154,7 @@ pub fn run(shaper: &Path) -> Result<()> {
         &both,
         &mut rows,
     )?;
+    split_rows(&mut lab, &router, &mut rows)?;
     with_shaper(
         &mut lab,
         &client,
@@ -178,6 +179,24 @@ pub fn run(shaper: &Path) -> Result<()> {
 
     print_table(&rows);
     println!("[demo] cleaning up the lab");
+    Ok(())
+}
+
+/// The router's receiving interface splits the client's TSO aggregates, so the shape
+/// class on its way out judges segments (issue 37).
+fn split_rows(lab: &mut Lab, router: &Netns, rows: &mut Vec<Row>) -> Result<()> {
+    let split = ["--direction", "ingress", "--split-aggregates"];
+    router.shaper(&[&["attach", ROUTER_TO_CLIENT][..], &split].concat())?;
+    with_shaper(
+        lab,
+        router,
+        ROUTER_TO_SERVER,
+        "shape",
+        "shaper shape (router, aggregates split)",
+        &[Traffic::Tcp("cubic"), Traffic::Tcp("bbr")],
+        rows,
+    )?;
+    router.shaper(&["detach", ROUTER_TO_CLIENT, "--direction", "ingress"])?;
     Ok(())
 }
 

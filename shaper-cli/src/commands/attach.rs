@@ -1,14 +1,14 @@
 use super::{directions, prepare};
 use crate::cli::{AttachArgs, AttachModeArg, DirectionArg};
 use anyhow::Result;
-use shaper::state::{self, AttachMode, Attachment, Location};
+use shaper::state::{self, AttachMode, Attachment, Direction, Location};
 
 pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
     let forced_mode = args.attach_mode.map(|m| match m {
         AttachModeArg::Tcx => AttachMode::Tcx,
         AttachModeArg::Clsact => AttachMode::Clsact,
     });
-    if args.split_aggregates.is_some() && args.direction != DirectionArg::Ingress {
+    if args.split_aggregates.is_some() && args.direction == DirectionArg::Egress {
         return Err(shaper::error::usage(
             "--split-aggregates splits traffic where it arrives: use it with --direction \
              ingress, on the interfaces forwarded traffic comes in on",
@@ -17,6 +17,10 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
     prepare(&netns)?;
     shaper::netns::ifindex(&args.dev)?;
     let _lock = state::lock()?;
+    if args.split_aggregates == Some(true) {
+        // Before anything is hooked, resized or switched: all or nothing.
+        shaper::classes::check_split(&args.dev)?;
+    }
     let mut attached_now = Vec::new();
     let locations: Vec<Location> = directions(args.direction)
         .into_iter()
@@ -28,7 +32,11 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
         .collect();
     hook(&args, forced_mode, &locations, &mut attached_now)?;
     if let Some(on) = args.split_aggregates {
-        for location in &locations {
+        // With --direction both, the ingress attachment splits.
+        for location in locations
+            .iter()
+            .filter(|l| l.direction == Direction::Ingress)
+        {
             let split = shaper::classes::set_split(&Attachment::open(location)?, on);
             if let Err(error) = split {
                 // All or nothing: undo the directions this call attached.
@@ -97,7 +105,9 @@ fn hook(
             // The interface was re-created or the program unhooked: hook the pinned
             // program again, keeping classes, buckets and counters.
             let mode = state::reattach(&location)?;
-            shaper::classes::shape_classes_changed(&state::Attachment::open(&location)?);
+            let attachment = state::Attachment::open(&location)?;
+            shaper::classes::refresh_split(&attachment)?;
+            shaper::classes::shape_classes_changed(&attachment);
             println!(
                 "{}: re-attached ({}), classes kept",
                 location.describe(),

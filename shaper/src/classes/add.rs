@@ -188,7 +188,10 @@ impl<'a> Batch<'a> {
                     location.dev
                 )));
             }
-            qdisc::ensure_ifb(&location.dev)?
+            let ifb = qdisc::ensure_ifb(&location.dev)?;
+            // A re-made ifb has another ifindex: splitting follows it.
+            super::refresh_split(self.attachment)?;
+            ifb
         } else {
             0
         };

@@ -31,7 +31,7 @@ pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
 pub use replace::replace;
 pub use share::{renew_share, set_share, share_of, Renewal, ShareUpdate};
-pub use split::{set_split, split_through};
+pub use split::{check_split, refresh_split, set_split, split_state, Split};
 pub use table::{delete, find};
 
 /// Everything that defines a class.
@@ -344,7 +344,7 @@ pub fn shape_classes_changed(attachment: &Attachment) {
             .min()
     });
     if location.direction == crate::state::Direction::Ingress {
-        let splitting = !matches!(split_through(attachment), Ok(None));
+        let splitting = !matches!(split_state(attachment), Ok(Split::Off));
         if let (Ok(None), false) = (slowest, splitting) {
             crate::qdisc::remove_ifb(&location.dev);
         }

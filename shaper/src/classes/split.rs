@@ -6,8 +6,35 @@
 //! classes queue on), whose `gso_max_segs` of 1 cuts aggregates into wire-size segments
 //! before it gives them back to the interface past the hook.
 
-use crate::{error::runtime, qdisc, state::Attachment, state::Direction};
+use crate::{
+    error::runtime,
+    qdisc,
+    state::{Attachment, Direction},
+};
 use anyhow::Result;
+
+/// Where an ingress attachment's splitting stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Split {
+    Off,
+    /// On, through this ifb.
+    On(String),
+    /// On, but the ifb it points at is gone or was made again (another ifindex): what
+    /// the hook sends there is lost until `attach … --split-aggregates` or `apply`.
+    Stale(String),
+}
+
+/// What splitting on `dev` needs, checked before anything is attached: an Ethernet
+/// device (an ifb needs a link-layer header) and the ifb's name free or shaper's.
+pub fn check_split(dev: &str) -> Result<()> {
+    if crate::netns::link_header_len(dev)? == 0 {
+        return Err(runtime(format!(
+            "{dev} carries bare IP packets (no link-layer header): splitting goes through an \
+             ifb, which needs one"
+        )));
+    }
+    qdisc::check_ifb_name(dev)
+}
 
 /// Turns splitting on or off for an ingress attachment; on makes (or reuses) its ifb.
 pub fn set_split(attachment: &Attachment, on: bool) -> Result<()> {
@@ -20,37 +47,48 @@ pub fn set_split(attachment: &Attachment, on: bool) -> Result<()> {
     }
     if !on {
         attachment.split_to()?.set(0, 0, 0)?;
+        // The ifb goes unless ingress shape classes queue on it; theirs stop being split.
         super::shape_classes_changed(attachment);
+        qdisc::ifb_gso_max_segs(&location.dev, None)?;
         return Ok(());
     }
-    if attachment.globals()?.link_header_len == 0 {
-        return Err(runtime(format!(
-            "{} carries bare IP packets (no link-layer header): splitting goes through an \
-             ifb, which needs one",
-            location.dev
-        )));
-    }
-    let ifb = qdisc::ensure_ifb(&location.dev)?;
-    let split = qdisc::ip(&[
-        "link",
-        "set",
-        "dev",
-        &qdisc::ifb_name(&location.dev),
-        "gso_max_segs",
-        "1",
-    ])
-    .and_then(|()| Ok(attachment.split_to()?.set(0, ifb, 0)?));
-    if split.is_err() {
+    check_split(&location.dev)?;
+    point_at_ifb(attachment)
+}
+
+/// Makes the ifb (if missing), lets it split, and points `SPLIT_TO` at it.
+fn point_at_ifb(attachment: &Attachment) -> Result<()> {
+    let dev = &attachment.location.dev;
+    let ifb = qdisc::ensure_ifb(dev)?;
+    let pointed = qdisc::ifb_gso_max_segs(dev, Some(1))
+        .and_then(|()| Ok(attachment.split_to()?.set(0, ifb, 0)?));
+    if pointed.is_err() && attachment.split_to()?.get(&0, 0)? == 0 {
         // An ifb made for nothing goes again (unless shape classes queue on it).
         super::shape_classes_changed(attachment);
     }
-    split
+    pointed
 }
 
-/// The ifb an ingress attachment splits through, if splitting is on.
-pub fn split_through(attachment: &Attachment) -> Result<Option<String>> {
-    Ok(match attachment.split_to()?.get(&0, 0)? {
-        0 => None,
-        _ => Some(qdisc::ifb_name(&attachment.location.dev)),
+/// After a re-attach, or an ifb made again for an ingress shape class: splitting that is
+/// on points at the ifb as it is now (a re-created ifb has another ifindex).
+pub fn refresh_split(attachment: &Attachment) -> Result<()> {
+    if attachment.location.direction != Direction::Ingress
+        || attachment.split_to()?.get(&0, 0)? == 0
+    {
+        return Ok(());
+    }
+    point_at_ifb(attachment)
+}
+
+/// Where the attachment's splitting stands (run in its namespace).
+pub fn split_state(attachment: &Attachment) -> Result<Split> {
+    let pointed = attachment.split_to()?.get(&0, 0)?;
+    if pointed == 0 {
+        return Ok(Split::Off);
+    }
+    let name = qdisc::ifb_name(&attachment.location.dev);
+    Ok(match crate::netns::ifindex(&name) {
+        Ok(index) if index == pointed => Split::On(name),
+        _ => Split::Stale(name),
     })
 }

@@ -150,6 +150,7 @@ fn interface(netns: Option<String>, dev: &str) -> DesiredInterface {
         directions: Vec::new(),
         flow_table_size: DEFAULT_FLOW_TABLE_SIZE,
         attach_mode: None,
+        split_aggregates: false,
         classes: Vec::new(),
     }
 }

@@ -20,6 +20,8 @@ enum Undo {
     Detach(Location),
     Resize(Location, u32),
     SwitchMode(Location, state::AttachMode),
+    /// Splitting aggregates as it was.
+    Split(Location, bool),
     /// A step that is not undone (a detach, forgotten pins): named in the error.
     Kept(String),
 }
@@ -97,11 +99,7 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
             done.push(Undo::Detach(location.clone()));
             Ok(())
         }),
-        Step::Reattach(location) => in_ns(location, &mut || {
-            state::reattach(location)?;
-            classes::shape_classes_changed(&Attachment::open(location)?);
-            Ok(())
-        }),
+        Step::Reattach(location) => in_ns(location, &mut || reattach(location)),
         Step::SwitchMode { location, from, to } => in_ns(location, &mut || {
             state::switch_mode(location, *to)?;
             done.push(Undo::SwitchMode(location.clone(), *from));
@@ -111,6 +109,10 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
             state::resize_flow_table(location, *to)?;
             done.push(Undo::Resize(location.clone(), *from));
             Ok(())
+        }),
+        Step::Split { location, on } => in_ns(location, &mut || {
+            classes::set_split(&Attachment::open(location)?, *on)
+                .map(|()| done.push(Undo::Split(location.clone(), !*on)))
         }),
         // Not undone (a pruned interface, a removed direction): named if a later step fails.
         Step::Detach(location) => in_ns(location, &mut || {
@@ -160,6 +162,16 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
     (1, result)
 }
 
+/// Hooks a re-created interface's pinned program again; its splitting and aggregate cap
+/// follow the interface as it is now.
+fn reattach(location: &Location) -> Result<()> {
+    state::reattach(location)?;
+    let attachment = Attachment::open(location)?;
+    classes::refresh_split(&attachment)?;
+    classes::shape_classes_changed(&attachment);
+    Ok(())
+}
+
 /// The adds to `location` from `index` on, in one batch; the steps taken and the result.
 fn add_batch(
     plan: &Plan,
@@ -196,7 +208,8 @@ fn undo_step(undo: Undo) -> Result<()> {
         | Undo::Restore(location, ..)
         | Undo::Detach(location)
         | Undo::Resize(location, _)
-        | Undo::SwitchMode(location, _) => location.clone(),
+        | Undo::SwitchMode(location, _)
+        | Undo::Split(location, _) => location.clone(),
         Undo::Kept(_) => return Ok(()),
     };
     netns::in_namespace(&location.netns.clone(), || match &undo {
@@ -221,6 +234,7 @@ fn undo_step(undo: Undo) -> Result<()> {
         Undo::Detach(location) => state::detach(location),
         Undo::Resize(location, size) => state::resize_flow_table(location, *size).map(|_| ()),
         Undo::SwitchMode(location, mode) => state::switch_mode(location, *mode),
+        Undo::Split(location, on) => classes::set_split(&Attachment::open(location)?, *on),
         Undo::Kept(_) => Ok(()),
     })
 }

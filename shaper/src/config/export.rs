@@ -20,6 +20,7 @@ pub fn export(netns_filter: Option<&Option<String>>, dev: Option<&str>) -> Resul
         let globals = attachment.globals()?;
         let flow_table_size = attachment.flow_table_size()?;
         let mode = AttachMode::from_globals(globals.attach_mode);
+        let split_aggregates = classes::split_state(&attachment)? != classes::Split::Off;
         let classes: Vec<ClassInput> = classes::read_classes(&attachment)?
             .iter()
             .map(|view| ClassInput::from_spec(location.direction, &view.spec))
@@ -30,6 +31,7 @@ pub fn export(netns_filter: Option<&Option<String>>, dev: Option<&str>) -> Resul
         {
             Some(existing) => {
                 existing.direction = "both".into();
+                existing.split_aggregates |= split_aggregates;
                 existing.class.extend(classes);
             }
             None => interfaces.push(ExportInterface {
@@ -38,6 +40,7 @@ pub fn export(netns_filter: Option<&Option<String>>, dev: Option<&str>) -> Resul
                 direction: location.direction.name().into(),
                 flow_table_size,
                 attach_mode: mode.name().into(),
+                split_aggregates,
                 class: classes,
             }),
         }

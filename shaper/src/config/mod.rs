@@ -8,6 +8,7 @@
 //! netns = "blue"          # optional: a named network namespace (ip netns)
 //! direction = "both"      # egress (default), ingress or both: where shaper attaches
 //! flow_table_size = 65536 # optional, as attach --flow-table-size
+//! split_aggregates = true # optional, ingress: as attach --split-aggregates
 //!
 //! [[interface.class]]
 //! name = "voip"

@@ -27,14 +27,9 @@ pub struct Problems {
 impl fmt::Display for Problems {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (index, problem) in self.problems.iter().enumerate() {
-            if index > 0 {
-                writeln!(f)?;
-            }
-            write!(
-                f,
-                "{}:{}: {}: {}",
-                self.file, problem.line, problem.field, problem.message
-            )?;
+            let separator = if index > 0 { "\n" } else { "" };
+            let (file, line, field) = (&self.file, problem.line, &problem.field);
+            write!(f, "{separator}{file}:{line}: {field}: {}", problem.message)?;
         }
         Ok(())
     }
@@ -50,6 +45,8 @@ pub struct DesiredInterface {
     pub directions: Vec<Direction>,
     pub flow_table_size: u32,
     pub attach_mode: Option<AttachMode>,
+    /// The ingress attachment splits aggregates (`attach --split-aggregates`).
+    pub split_aggregates: bool,
     /// Classes per direction, in file order.
     pub classes: Vec<(Direction, ClassSpec)>,
 }
@@ -291,6 +288,7 @@ impl FileChecker<'_> {
         };
         let flow_table_size = self.flow_table_size(entry);
         let attach_mode = self.attach_mode(entry);
+        let split_aggregates = self.split_aggregates(entry, &directions);
         let classes = self.classes(entry, &dev, &directions);
         DesiredInterface {
             netns,
@@ -298,6 +296,7 @@ impl FileChecker<'_> {
             directions,
             flow_table_size,
             attach_mode,
+            split_aggregates,
             classes,
         }
     }
@@ -316,15 +315,24 @@ impl FileChecker<'_> {
         }
     }
 
+    fn split_aggregates(&mut self, entry: &InterfaceEntry, directions: &[Direction]) -> bool {
+        let split = entry
+            .split_aggregates
+            .as_ref()
+            .filter(|split| *split.get_ref());
+        if let (Some(split), false) = (split, directions.contains(&Direction::Ingress)) {
+            let message = "splits traffic where it arrives: needs direction ingress or both";
+            self.report(split.span(), "split_aggregates", message.into());
+        }
+        split.is_some()
+    }
+
     fn attach_mode(&mut self, entry: &InterfaceEntry) -> Option<AttachMode> {
         let mode = entry.attach_mode.as_ref()?;
-        match mode.get_ref().parse::<AttachMode>() {
-            Ok(mode) => Some(mode),
-            Err(message) => {
-                self.report(mode.span(), "attach_mode", message);
-                None
-            }
-        }
+        let parsed = mode.get_ref().parse::<AttachMode>();
+        parsed
+            .map_err(|message| self.report(mode.span(), "attach_mode", message))
+            .ok()
     }
 
     /// The interface's classes: each checked by the validator, then against the
@@ -655,6 +663,22 @@ dev = "eth0"
             vec![(8, "exceed"), (13, "direction"), (20, "name"), (24, "dev")],
             "{problems}"
         );
+    }
+
+    #[test]
+    fn splitting_aggregates_needs_an_ingress_attachment() {
+        let file = |direction: &str| {
+            format!("[[interface]]\ndev = \"r0\"\ndirection = \"{direction}\"\nsplit_aggregates = true\n")
+        };
+        for direction in ["ingress", "both"] {
+            let desired = parse("split.toml", &file(direction)).unwrap();
+            assert!(desired.interfaces[0].split_aggregates, "{direction}");
+        }
+        let problems = parse("split.toml", &file("egress")).unwrap_err();
+        assert_eq!(problems.problems[0].line, 4, "{problems}");
+        assert_eq!(problems.problems[0].field, "split_aggregates");
+        let unsaid = parse("split.toml", "[[interface]]\ndev = \"r0\"\n").unwrap();
+        assert!(!unsaid.interfaces[0].split_aggregates);
     }
 
     #[test]

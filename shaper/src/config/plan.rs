@@ -35,6 +35,11 @@ pub enum Step {
         from: u32,
         to: u32,
     },
+    /// Splitting aggregates on an ingress attachment turned on or off.
+    Split {
+        location: Location,
+        on: bool,
+    },
     Detach(Location),
     /// Pins of a namespace or interface that is gone.
     Forget(Location),
@@ -76,6 +81,12 @@ impl fmt::Display for Step {
                 f,
                 "resize  {} flow table {from} -> {to} (under traffic, buckets kept)",
                 location.describe()
+            ),
+            Step::Split { location, on } => write!(
+                f,
+                "split   {} aggregates {}",
+                location.describe(),
+                if *on { "on" } else { "off" }
             ),
             Step::Detach(location) => write!(f, "detach  {}", location.describe()),
             Step::Forget(location) => write!(f, "forget  {} (gone)", location.describe()),
@@ -232,8 +243,16 @@ fn attachment_steps(
         flow_table_size: interface.flow_table_size,
         mode: interface.attach_mode,
     };
+    let split = (location.direction == Direction::Ingress).then_some(interface.split_aggregates);
+    let split_step = |on| Step::Split {
+        location: location.clone(),
+        on,
+    };
     if !location.dir().exists() {
         plan.steps.push(attach);
+        if split == Some(true) {
+            plan.steps.push(split_step(true));
+        }
         return Ok(Vec::new());
     }
     let attachment = Attachment::open(location)?;
@@ -254,6 +273,15 @@ fn attachment_steps(
             from: status.flow_table_size,
             to: interface.flow_table_size,
         });
+    }
+    // A stale split (its ifb deleted or made again) is made good by turning it on again.
+    let splitting = classes::split_state(&attachment)?;
+    let wrong = |on: bool| match on {
+        true => !matches!(splitting, classes::Split::On(_)),
+        false => splitting != classes::Split::Off,
+    };
+    if let Some(on) = split.filter(|&on| wrong(on)) {
+        plan.steps.push(split_step(on));
     }
     Ok(classes::read_classes(&attachment)?
         .into_iter()

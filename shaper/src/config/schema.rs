@@ -55,6 +55,7 @@ pub(super) struct InterfaceEntry {
     pub(super) direction: Field<String>,
     pub(super) flow_table_size: Field<i64>,
     pub(super) attach_mode: Field<String>,
+    pub(super) split_aggregates: Field<bool>,
     #[serde(default)]
     pub(super) class: Vec<ClassEntry>,
 }
@@ -78,5 +79,7 @@ pub(super) struct ExportInterface {
     pub(super) direction: String,
     pub(super) flow_table_size: u32,
     pub(super) attach_mode: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(super) split_aggregates: bool,
     pub(super) class: Vec<ClassInput>,
 }

@@ -400,6 +400,10 @@ pub fn detach(location: &Location) -> Result<()> {
         ),
         _ => (attachment.mode_from_pins(), false),
     };
+    // Nothing goes to the ifb before it is deleted (the hook lets go a little later).
+    if let (Direction::Ingress, Ok(mut split_to)) = (location.direction, attachment.split_to()) {
+        let _ = split_to.set(0, 0, 0);
+    }
     match mode {
         // Unpinning the link drops its last reference: the kernel detaches the program.
         AttachMode::Tcx => {

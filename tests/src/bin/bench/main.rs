@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: shaper measured side by side with its peers in one run, on the
 //! namespace lab. Every figure is a ratio of two measurements taken in the same run.
 //!
-//! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global|uploads] [--json FILE]
+//! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global|uploads|senders] [--json FILE]
 //! [--report FILE], or shaper-bench --compare OBJECT,OBJECT[,…] (builds of the eBPF object
 //! timed against the first, turn by turn), or, in a guest of `cargo xtask bench --vm`,
 //! shaper-bench --only peers [--rows TEXT] --json FILE (`--rows`: only the rows whose
@@ -14,6 +14,7 @@ mod global;
 mod latency;
 mod peers;
 mod plots;
+mod senders;
 mod traffic;
 mod uploads;
 
@@ -82,11 +83,12 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                     "forwarding",
                     "peers",
                     "uploads",
+                    "senders",
                 ]
                 .contains(&section.as_str())
                 {
                     bail!(
-                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads and peers"
+                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads, senders and peers"
                     );
                 }
                 options.only = Some(section);
@@ -108,7 +110,7 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|uploads|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|uploads|senders|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
             }
         }
     }
@@ -249,6 +251,16 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
+    if options.only.as_deref() == Some("senders") {
+        // The every-sender section alone, printed (a quick look).
+        let report = json!({ "senders": senders::senders(&senders::effort(options.quick))? });
+        println!("{}", senders::markdown(&report));
+        let broken = senders::check(&report);
+        if !broken.is_empty() {
+            bail!("broken: {}", broken.join("; "));
+        }
+        return Ok(());
+    }
     if !options.compare.is_empty() {
         let lab = Lab::new()?;
         return compare_objects(&lab, &options.compare);
@@ -292,6 +304,8 @@ fn main() -> Result<()> {
     let (latency_rows, rtt_series) = latency::latency(&effort.latency)?;
     println!("== uploads: a container's own traffic through each CNI plugin");
     let uploads = uploads::uploads(&uploads::effort(options.quick))?;
+    println!("== every sender: the class on the sender's egress, through a router split or whole");
+    let senders = senders::senders(&senders::effort(options.quick))?;
     println!("== limits across hosts (three hosts, one Redis; many simulated hosts)");
     let global_effort = global::effort(options.quick);
     let global = json!({
@@ -319,6 +333,7 @@ fn main() -> Result<()> {
         "accuracy": accuracy["rows"],
         "latency": latency_rows,
         "uploads": uploads,
+        "senders": senders,
         "global": global,
         "plots": plot_files,
     });
@@ -1284,6 +1299,7 @@ fn markdown(report: &Value) -> String {
     out.push_str(&traffic_markdown(report));
     out.push_str(&latency::markdown(report));
     out.push_str(&uploads::markdown(report));
+    out.push_str(&senders::markdown(report));
     out.push_str(&global::markdown(report));
     out
 }
@@ -1741,6 +1757,7 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
     broken.extend(latency::check(report, &expected.latency));
     // Limits across hosts.
     broken.extend(uploads::check(report));
+    broken.extend(senders::check(report));
     broken.extend(global::check(report));
 
     if broken.is_empty() {
@@ -1827,6 +1844,7 @@ mod tests {
                 "sender_rtt_ms": 45.0,
             })).collect::<Vec<_>>(),
             "uploads": uploads::sane_rows(),
+            "senders": senders::sane_rows(),
             "global": {
                 "skewed": {"global": 0.95, "static_split": 0.33},
                 "redis": [{"hosts": 10, "script_ms_per_interval": 0.3}],
@@ -1937,6 +1955,21 @@ mod tests {
         let mut report = sane.clone();
         report["uploads"][0]["fraction"] = json!(0.0);
         rejected(&report, &expected, "at 0.000 of the rate");
+        let mut report = sane.clone();
+        report["senders"] = json!([]);
+        rejected(&report, &expected, "senders: no rows");
+        let mut report = sane.clone();
+        report["senders"][1]["fraction"] = json!(0.9);
+        rejected(&report, &expected, "0.900 < 0.93");
+        let mut report = sane.clone();
+        report["senders"][0]["rtt_over_base_ms"] = json!(25.0);
+        rejected(&report, &expected, "RTT base + 25.0 ms");
+        let mut report = sane.clone();
+        report["senders"][2]["fraction"] = json!(0.8);
+        assert!(
+            check_targets(&report, &expected).is_ok(),
+            "an unsplit row has no target"
+        );
 
         // A zero ratio, of each kind; NaN, which JSON writes as null.
         let mut report = sane.clone();
