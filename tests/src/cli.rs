@@ -199,3 +199,16 @@ impl Lab {
         Ok(lab)
     }
 }
+
+/// `class add` options of a shape class at `rate` for everything to the lab's server (the
+/// bulk class of the latency tests and the bench).
+pub fn shape_to_server(rate: &str) -> [&str; 6] {
+    [
+        "--rate",
+        rate,
+        "--dst",
+        "198.18.2.2/32",
+        "--action",
+        "shape",
+    ]
+}

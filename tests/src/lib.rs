@@ -42,7 +42,9 @@ pub use assertions::{
     status_program_ids,
 };
 pub use capture::Capture;
-pub use cli::{counter, man_page_names, shaper, stderr, stdout, CLASS_COMMANDS, COMMANDS};
+pub use cli::{
+    counter, man_page_names, shape_to_server, shaper, stderr, stdout, CLASS_COMMANDS, COMMANDS,
+};
 pub use cni::{
     cni_record_path, CniLeftovers, CNI_IPAM_PREFIX, CNI_RECORD_DIR, CNI_TEST_CONTAINER_PREFIXES,
 };

@@ -18,7 +18,7 @@ use shaper_common::codel::SPARSE_RATE_DIVISOR;
 use shaper_tests::{
     assert_goodput_fraction,
     latency::{tcp_under_probe, udp_under_probe, AddedRtt, LoadedRun},
-    Lab, Tcp, Udp, CLIENT_DEV, ROUTER_TO_CLIENT,
+    shape_to_server, Lab, Tcp, Udp, CLIENT_DEV, ROUTER_TO_CLIENT,
 };
 use std::time::Duration;
 
@@ -32,18 +32,7 @@ const QUEUE_PROBE_OVER_SPARSE: f64 = 1.5;
 const PROBE_LOSS: f64 = 0.01;
 
 fn shape_class(lab: &Lab, rate: &str, extra: &[&str]) {
-    let options = [
-        &[
-            "--rate",
-            rate,
-            "--dst",
-            "198.18.2.2/32",
-            "--action",
-            "shape",
-        ][..],
-        extra,
-    ]
-    .concat();
+    let options = [&shape_to_server(rate)[..], extra].concat();
     lab.router.class_add("bulk", "r1", &options).unwrap();
 }
 
@@ -365,14 +354,7 @@ fn sender_egress_run(congestion: &str) {
     let mut lab = Lab::new().unwrap();
     let before = lab.client.gso_max_segs(CLIENT_DEV).unwrap();
     lab.client.attach(CLIENT_DEV, &[]).unwrap();
-    let options = [
-        "--rate",
-        "10mbit",
-        "--dst",
-        "198.18.2.2/32",
-        "--action",
-        "shape",
-    ];
+    let options = shape_to_server("10mbit");
     lab.client.class_add("bulk", CLIENT_DEV, &options).unwrap();
     assert_eq!(
         lab.client.gso_max_segs(CLIENT_DEV).unwrap(),

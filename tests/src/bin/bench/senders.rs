@@ -10,7 +10,9 @@
 
 use anyhow::{Context as _, Result};
 use serde_json::{json, Value};
-use shaper_tests::{latency::tcp_under_probe, Lab, Tcp, CLIENT_DEV, ROUTER_TO_CLIENT};
+use shaper_tests::{
+    latency::tcp_under_probe, shape_to_server, Lab, Tcp, CLIENT_DEV, ROUTER_TO_CLIENT,
+};
 use std::time::Duration;
 
 /// Where the class is and what the aggregates meet, as the report names it.
@@ -122,14 +124,7 @@ fn lab(one_way: Option<Duration>) -> Result<Lab> {
 
 /// The class at `rate` where `place` puts it, in `lab`.
 fn configure(lab: &Lab, place: Place, rate: &str) -> Result<()> {
-    let options = [
-        "--rate",
-        rate,
-        "--dst",
-        "198.18.2.2/32",
-        "--action",
-        "shape",
-    ];
+    let options = shape_to_server(rate);
     if let Place::OwnEgress = place {
         lab.client.attach(CLIENT_DEV, &[])?;
         lab.client.class_add("bulk", CLIENT_DEV, &options)?;
