@@ -342,11 +342,13 @@ pub(crate) fn ip(args: &[&str]) -> Result<()> {
     iproute2("ip", args).map(|_| ())
 }
 
-/// Fails when the name of `dev`'s ifb is taken by a device that is not an ifb.
-pub(crate) fn check_ifb_name(dev: &str) -> Result<()> {
+/// Fails when the name of `dev`'s ifb is taken by a device that is not an ifb; whether
+/// the ifb exists.
+pub(crate) fn check_ifb_name(dev: &str) -> Result<bool> {
     let ifb = ifb_name(dev);
     match link_kind(&ifb).as_deref() {
-        None | Some("ifb") => Ok(()),
+        None => Ok(false),
+        Some("ifb") => Ok(true),
         Some(kind) => Err(runtime(format!(
             "{ifb} exists and is not an ifb ({kind}): shaper queues and splits {dev}'s \
              ingress on an ifb of that name; rename or delete it"
@@ -363,37 +365,38 @@ const IFB_TXQUEUELEN: &str = "1000";
 /// The ifb hands each packet back to `dev`'s ingress past the TC hook, so it is
 /// classified once.
 pub(crate) fn ensure_ifb(dev: &str) -> Result<u32> {
-    check_ifb_name(dev)?;
     let ifb = ifb_name(dev);
-    match link_kind(&ifb).as_deref() {
-        Some(_) => {}
-        None => {
-            let mtu = link(dev)
-                .and_then(|link| link["mtu"].as_u64())
-                .unwrap_or(1500)
-                .to_string();
-            if !std::path::Path::new("/sys/module/ifb").exists() {
-                // Loaded on demand it would also make ifb0 and ifb1 in the host's namespace.
-                let _ = Command::new("modprobe").args(["ifb", "numifbs=0"]).output();
-            }
-            let queues = std::thread::available_parallelism()
-                .map_or(1, |cpus| cpus.get())
-                .to_string();
-            #[rustfmt::skip]
-            let add = [
-                "link", "add", &ifb, "mtu", &mtu, "txqueuelen", IFB_TXQUEUELEN,
-                "numtxqueues", &queues, "numrxqueues", &queues, "type", "ifb",
-            ];
-            ip(&add).map_err(|error| {
-                runtime(format!(
-                    "--action shape on ingress queues on an ifb device, which this kernel \
-                     refused ({error}); load the ifb module (modprobe ifb) or police instead"
-                ))
-            })?;
-        }
+    if !check_ifb_name(dev)? {
+        add_ifb(dev, &ifb)?;
     }
     ip(&["link", "set", "dev", &ifb, "up"])?;
     crate::netns::ifindex(&ifb)
+}
+
+/// Makes `ifb` for `dev` (loading the module if need be).
+fn add_ifb(dev: &str, ifb: &str) -> Result<()> {
+    let mtu = link(dev)
+        .and_then(|link| link["mtu"].as_u64())
+        .unwrap_or(1500)
+        .to_string();
+    if !std::path::Path::new("/sys/module/ifb").exists() {
+        // Loaded on demand it would also make ifb0 and ifb1 in the host's namespace.
+        let _ = Command::new("modprobe").args(["ifb", "numifbs=0"]).output();
+    }
+    let queues = std::thread::available_parallelism()
+        .map_or(1, |cpus| cpus.get())
+        .to_string();
+    #[rustfmt::skip]
+    let add = [
+        "link", "add", ifb, "mtu", &mtu, "txqueuelen", IFB_TXQUEUELEN,
+        "numtxqueues", &queues, "numrxqueues", &queues, "type", "ifb",
+    ];
+    ip(&add).map_err(|error| {
+        runtime(format!(
+            "--action shape on ingress queues on an ifb device, which this kernel \
+             refused ({error}); load the ifb module (modprobe ifb) or police instead"
+        ))
+    })
 }
 
 /// Sets the `gso_max_segs` of `dev`'s ifb, if it exists: 1 splits every aggregate it

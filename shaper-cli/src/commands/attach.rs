@@ -9,10 +9,7 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
         AttachModeArg::Clsact => AttachMode::Clsact,
     });
     if args.split_aggregates.is_some() && args.direction == DirectionArg::Egress {
-        return Err(shaper::error::usage(
-            "--split-aggregates splits traffic where it arrives: use it with --direction \
-             ingress, on the interfaces forwarded traffic comes in on",
-        ));
+        return Err(shaper::classes::split_needs_ingress());
     }
     prepare(&netns)?;
     shaper::netns::ifindex(&args.dev)?;
@@ -39,10 +36,7 @@ pub fn run(netns: Option<String>, args: AttachArgs) -> Result<()> {
         {
             let split = shaper::classes::set_split(&Attachment::open(location)?, on);
             if let Err(error) = split {
-                // All or nothing: undo the directions this call attached.
-                for location in &attached_now {
-                    let _ = state::detach(location);
-                }
+                undo(&attached_now);
                 return Err(error);
             }
             match on {
@@ -124,13 +118,17 @@ fn hook(
                 attached_now.push(location);
             }
             Err(error) => {
-                // All or nothing: undo the directions this call attached.
-                for location in attached_now.iter() {
-                    let _ = state::detach(location);
-                }
+                undo(attached_now);
                 return Err(error);
             }
         }
     }
     Ok(())
+}
+
+/// All or nothing: detaches the directions this call attached.
+fn undo(attached_now: &[Location]) {
+    for location in attached_now {
+        let _ = state::detach(location);
+    }
 }

@@ -33,17 +33,22 @@ pub fn check_split(dev: &str) -> Result<()> {
              ifb, which needs one"
         )));
     }
-    qdisc::check_ifb_name(dev)
+    qdisc::check_ifb_name(dev).map(|_| ())
+}
+
+/// Splitting asked of an egress attachment: a usage error.
+pub fn split_needs_ingress() -> anyhow::Error {
+    crate::error::usage(
+        "--split-aggregates splits traffic where it arrives: use it with --direction \
+         ingress, on the interfaces forwarded traffic comes in on",
+    )
 }
 
 /// Turns splitting on or off for an ingress attachment; on makes (or reuses) its ifb.
 pub fn set_split(attachment: &Attachment, on: bool) -> Result<()> {
     let location = &attachment.location;
     if location.direction != Direction::Ingress {
-        return Err(crate::error::usage(
-            "--split-aggregates splits traffic where it arrives: use it with --direction \
-             ingress, on the interfaces forwarded traffic comes in on",
-        ));
+        return Err(split_needs_ingress());
     }
     if !on {
         attachment.split_to()?.set(0, 0, 0)?;
@@ -70,14 +75,16 @@ fn point_at_ifb(attachment: &Attachment) -> Result<()> {
 }
 
 /// After a re-attach, or an ifb made again for an ingress shape class: splitting that is
-/// on points at the ifb as it is now (a re-created ifb has another ifindex).
+/// on points at the ifb as it is now (a re-created ifb has another ifindex); one that
+/// already does is left alone.
 pub fn refresh_split(attachment: &Attachment) -> Result<()> {
-    if attachment.location.direction != Direction::Ingress
-        || attachment.split_to()?.get(&0, 0)? == 0
-    {
+    if attachment.location.direction != Direction::Ingress {
         return Ok(());
     }
-    point_at_ifb(attachment)
+    match split_state(attachment)? {
+        Split::Stale(_) => point_at_ifb(attachment),
+        Split::Off | Split::On(_) => Ok(()),
+    }
 }
 
 /// Where the attachment's splitting stands (run in its namespace).
