@@ -1951,10 +1951,52 @@ mod tests {
         rejected(&report, &expected, "no simulated-hosts row");
         let mut report = sane.clone();
         report["uploads"].as_array_mut().unwrap().pop();
-        rejected(&report, &expected, "uploads: 8 rows, expected 9");
+        rejected(
+            &report,
+            &expected,
+            "uploads: 8 rows, expected a multiple of 9",
+        );
         let mut report = sane.clone();
         report["uploads"][0]["fraction"] = json!(0.0);
-        rejected(&report, &expected, "at 0.000 of the rate");
+        rejected(
+            &report,
+            &expected,
+            "TCP cubic at 10mbit over 0.0 ms: 0.000 of the rate",
+        );
+        let mut report = sane.clone();
+        report["uploads"][4]["fraction"] = json!(0.92);
+        rejected(
+            &report,
+            &expected,
+            "TCP bbr at 10mbit over 0.0 ms: 0.920 < 0.93",
+        );
+        let mut report = sane.clone();
+        report["uploads"][5]["fraction"] = json!(1.02);
+        rejected(&report, &expected, "1.020 of the rate, not within 0.01");
+        let mut report = sane.clone();
+        report["uploads"][3]["rtt_ms"] = json!(21.0);
+        rejected(&report, &expected, "RTT base + 21.0 ms > + 20");
+        // BBR over 100 Mbit/s x 40 ms is held to the reference's tbf beside it.
+        let mut report = sane.clone();
+        for (row, fraction) in [(1, 0.935), (4, 0.92)] {
+            let long_path = json!({"rate": "100mbit", "rate_bps": 100e6, "base_rtt_ms": 40.0});
+            for (key, value) in long_path.as_object().unwrap() {
+                report["uploads"][row][key] = value.clone();
+            }
+            report["uploads"][row]["fraction"] = json!(fraction);
+        }
+        rejected(&report, &expected, "0.920 < the reference's 0.935 − 0.01");
+        report["uploads"][1]["fraction"] = json!(0.925);
+        assert!(
+            check_targets(&report, &expected).is_ok(),
+            "within 0.01 of tbf"
+        );
+        let mut report = sane.clone();
+        report["uploads"][7]["fraction"] = json!(0.05);
+        assert!(
+            check_targets(&report, &expected).is_ok(),
+            "a policer's TCP may get little"
+        );
         let mut report = sane.clone();
         report["senders"] = json!([]);
         rejected(&report, &expected, "senders: no rows");
@@ -1970,6 +2012,12 @@ mod tests {
             check_targets(&report, &expected).is_ok(),
             "an unsplit row has no target"
         );
+        let mut report = sane.clone();
+        report["senders"][3]["fraction"] = json!(0.92);
+        rejected(&report, &expected, "0.920 < tbf's 0.935 − 0.01");
+        let mut report = sane.clone();
+        report["senders"].as_array_mut().unwrap().pop();
+        rejected(&report, &expected, "no tbf row beside it");
 
         // A zero ratio, of each kind; NaN, which JSON writes as null.
         let mut report = sane.clone();

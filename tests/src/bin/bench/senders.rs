@@ -3,10 +3,12 @@
 //! run), side by side in three places: on the sending host's own egress (its aggregates
 //! capped), through the router with GRO on at its receiving interface and
 //! `--split-aggregates` there, and the same with aggregates passing whole. Each row is a
-//! fresh lab; figures from `steady_from` on. The full run holds the first two places to
-//! the issue's targets (`Hold`); one flow over a path whose BDP is above 100 KB (100
-//! Mbit/s over 40 ms: 0.909-0.956 in every place, aggregates whole included, in runs of
-//! this bench) is CoDel's one-flow long-path limit, reported.
+//! fresh lab; figures from `steady_from` on. Where one flow's BDP is above 100 KB (100
+//! Mbit/s over 40 ms) two more places: the split class with `--target 10ms` (CoDel's
+//! default 5 ms target leaves one Cubic flow 0.92 there: the one-flow long-path limit) and
+//! tbf with a 200 ms buffer, BBR's reference (BBR v1's PROBE_RTT caps one flow near 0.93
+//! on that path whatever queues it). The full run holds the rows to the issue's targets
+//! (`Hold`).
 
 use anyhow::{Context as _, Result};
 use serde_json::{json, Value};
@@ -21,53 +23,117 @@ enum Place {
     OwnEgress,
     Split,
     Whole,
+    /// Split, with CoDel's target for a long path.
+    SplitLongPath,
+    /// tbf in the class's place (no shaper), with a buffer no flow here fills.
+    Tbf,
 }
+
+/// CoDel's target for one flow over a path whose BDP is above `HELD_BDP_BYTES` (a quarter
+/// of the 40 ms RTT).
+const LONG_PATH_TARGET: &str = "10ms";
 
 impl Place {
     const ALL: [Place; 3] = [Place::OwnEgress, Place::Split, Place::Whole];
+    const LONG_PATH: [Place; 5] = [
+        Place::OwnEgress,
+        Place::Split,
+        Place::Whole,
+        Place::SplitLongPath,
+        Place::Tbf,
+    ];
+
+    fn on_path(long_path: bool) -> &'static [Place] {
+        match long_path {
+            true => &Self::LONG_PATH,
+            false => &Self::ALL,
+        }
+    }
 
     fn name(self) -> &'static str {
         match self {
             Place::OwnEgress => "the sender's own egress",
             Place::Split => "through the router, aggregates split",
             Place::Whole => "through the router, aggregates whole",
+            Place::SplitLongPath => "through the router, aggregates split, --target 10ms",
+            Place::Tbf => TBF,
         }
     }
 
-    /// What the full run holds a row here to (the whole-aggregate rows are the
-    /// comparison): goodput on the µs lab and up to a 100 KB BDP, and the flow's RTT on
-    /// the sender's own egress and for Cubic through the router (BBR through a router
-    /// keeps its own queue above CoDel's target: the issue sets no bound there).
-    fn hold(self, congestion: &str, rate_bps: f64, base_rtt_ms: f64) -> Hold {
-        let short_path = rate_bps / 8.0 * base_rtt_ms / 1e3 <= HELD_BDP_BYTES;
-        match self {
-            Place::Whole => Hold::default(),
-            Place::OwnEgress => Hold {
-                goodput: short_path,
+    /// What the full run holds a row here to (the whole-aggregate and tbf rows are the
+    /// comparison). Goodput: everywhere on paths up to a 100 KB BDP; above it Cubic on
+    /// the sender's own egress and with the long-path target, and BBR there no more than
+    /// 0.01 under tbf's. RTT: on the sender's own egress and for Cubic through the router
+    /// (BBR through a router keeps its own queue above CoDel's target: the issue sets no
+    /// bound there).
+    fn hold(self, congestion: &str, long_path: bool) -> Hold {
+        let cubic = congestion == "cubic";
+        let long_path_goodput = match cubic {
+            true => Goodput::Target,
+            false => Goodput::LikeTbf,
+        };
+        match (self, long_path) {
+            (Place::Whole | Place::Tbf, _) => Hold::default(),
+            (Place::OwnEgress, false) | (Place::Split, false) => Hold {
+                goodput: Goodput::Target,
+                rtt: cubic || matches!(self, Place::OwnEgress),
+            },
+            (Place::OwnEgress, true) => Hold {
+                goodput: long_path_goodput,
                 rtt: true,
             },
-            Place::Split => Hold {
-                goodput: short_path,
-                rtt: congestion == "cubic",
+            (Place::Split, true) => Hold {
+                goodput: Goodput::None,
+                rtt: cubic,
+            },
+            (Place::SplitLongPath, _) => Hold {
+                goodput: long_path_goodput,
+                rtt: cubic,
             },
         }
     }
+}
+
+const TBF: &str = "through the router, tbf with a 200 ms buffer (reference)";
+
+/// What a row's goodput is held to.
+#[derive(Clone, Copy, Default, PartialEq)]
+enum Goodput {
+    #[default]
+    None,
+    /// At least `TARGET_FRACTION` of the rate.
+    Target,
+    /// No more than `BELOW_TBF` under the tbf row of the same rate, path and flow.
+    LikeTbf,
 }
 
 /// Which targets a row is held to.
 #[derive(Clone, Copy, Default)]
 struct Hold {
-    goodput: bool,
+    goodput: Goodput,
     rtt: bool,
 }
 
 impl Hold {
-    fn describe(self) -> &'static str {
-        match (self.goodput, self.rtt) {
-            (true, true) => "goodput, RTT",
-            (true, false) => "goodput",
-            (false, true) => "RTT",
-            (false, false) => "-",
+    fn describe(self) -> String {
+        let goodput = match self.goodput {
+            Goodput::None => None,
+            Goodput::Target => Some("goodput".to_string()),
+            Goodput::LikeTbf => Some(format!("goodput ≥ tbf's − {BELOW_TBF}")),
+        };
+        let rtt = self.rtt.then(|| "RTT".to_string());
+        let held: Vec<String> = goodput.into_iter().chain(rtt).collect();
+        match held.is_empty() {
+            true => "-".to_string(),
+            false => held.join(", "),
+        }
+    }
+
+    fn goodput_name(self) -> Value {
+        match self.goodput {
+            Goodput::None => Value::Null,
+            Goodput::Target => json!("target"),
+            Goodput::LikeTbf => json!("tbf"),
         }
     }
 }
@@ -75,6 +141,8 @@ impl Hold {
 /// Above this bandwidth-delay product one flow under CoDel's 5 ms target is the
 /// accepted long-path limit (reported, not held).
 const HELD_BDP_BYTES: f64 = 100_000.0;
+/// How far under tbf's goodput a BBR row over a long path may be.
+const BELOW_TBF: f64 = 0.01;
 
 pub struct SenderEffort {
     seconds: u32,
@@ -124,7 +192,10 @@ fn lab(one_way: Option<Duration>) -> Result<Lab> {
 
 /// The class at `rate` where `place` puts it, in `lab`.
 fn configure(lab: &Lab, place: Place, rate: &str) -> Result<()> {
-    let options = shape_to_server(rate);
+    let mut options = shape_to_server(rate).to_vec();
+    if let Place::SplitLongPath = place {
+        options.extend(["--target", LONG_PATH_TARGET]);
+    }
     if let Place::OwnEgress = place {
         lab.client.attach(CLIENT_DEV, &[])?;
         lab.client.class_add("bulk", CLIENT_DEV, &options)?;
@@ -134,7 +205,19 @@ fn configure(lab: &Lab, place: Place, rate: &str) -> Result<()> {
         .router
         .run("ethtool", &["-K", ROUTER_TO_CLIENT, "gro", "on"])?;
     anyhow::ensure!(gro.status.success(), "GRO on {ROUTER_TO_CLIENT}: {gro:?}");
-    if let Place::Split = place {
+    if let Place::Tbf = place {
+        let tbf = [
+            "root", "tbf", "rate", rate, "burst", "128k", "latency", "200ms",
+        ];
+        let args: Vec<&str> = ["qdisc", "replace", "dev", "r1"]
+            .into_iter()
+            .chain(tbf)
+            .collect();
+        let out = lab.router.run("tc", &args)?;
+        anyhow::ensure!(out.status.success(), "tbf on r1: {out:?}");
+        return Ok(());
+    }
+    if let Place::Split | Place::SplitLongPath = place {
         lab.router.attach(
             ROUTER_TO_CLIENT,
             &["--direction", "ingress", "--split-aggregates"],
@@ -150,7 +233,9 @@ pub fn senders(effort: &SenderEffort) -> Result<Vec<Value>> {
     let mut rows = Vec::new();
     for &one_way in effort.one_way {
         for &(rate, rate_bps) in effort.rates {
-            for place in Place::ALL {
+            let bdp_bytes = rate_bps / 8.0 * 2.0 * one_way.unwrap_or_default().as_secs_f64();
+            let long_path = bdp_bytes > HELD_BDP_BYTES;
+            for &place in Place::on_path(long_path) {
                 for &congestion in effort.congestions {
                     println!("[senders] {} at {rate}, {congestion}", place.name());
                     let mut lab = lab(one_way)?;
@@ -164,12 +249,12 @@ pub fn senders(effort: &SenderEffort) -> Result<Vec<Value>> {
                     let base_rtt_ms = lab.base_rtt().as_secs_f64() * 1e3;
                     let rtt = run.sender_rtt_ms.context("iperf3 reported no RTT")?;
                     let hold = match effort.targets {
-                        true => place.hold(congestion, rate_bps, base_rtt_ms),
+                        true => place.hold(congestion, long_path),
                         false => Hold::default(),
                     };
                     rows.push(json!({
                         "place": place.name(),
-                        "hold_goodput": hold.goodput,
+                        "hold_goodput": hold.goodput_name(),
                         "hold_rtt": hold.rtt,
                         "held": hold.describe(),
                         "rate": rate,
@@ -188,7 +273,7 @@ pub fn senders(effort: &SenderEffort) -> Result<Vec<Value>> {
 
 pub fn markdown(report: &Value) -> String {
     let mut out = format!(
-        "\n## Every sender: where the class is and what aggregates meet it\n\nOne shape class, one flow with TSO on at the sender; GRO on at the router's receiving interface for the rows through the router. The flow's own mean RTT over the base, and a 20 Hz ping's added p99 beside it. Held in the full run (column *held*): goodput ≥ {TARGET_FRACTION} of the rate, RTT ≤ base + {TARGET_RTT_OVER_BASE_MS} ms; one flow over a BDP above 100 KB is CoDel's one-flow long-path limit (reported), BBR's RTT through a router its own queue (reported). `cargo xtask test` asserts the 10 Mbit/s µs rows (`latency.rs`, every-sender test).\n\n| class | rate | base RTT ms | flow | of the rate | RTT over base ms | ping p99 ms | held |\n|---|---|---|---|---|---|---|---|\n",
+        "\n## Every sender: where the class is and what aggregates meet it\n\nOne shape class, one flow with TSO on at the sender; GRO on at the router's receiving interface for the rows through the router. The flow's own mean RTT over the base, and a 20 Hz ping's added p99 beside it. Held in the full run (column *held*): goodput ≥ {TARGET_FRACTION} of the rate, RTT ≤ base + {TARGET_RTT_OVER_BASE_MS} ms. Where one flow's BDP is above 100 KB (100 Mbit/s over 40 ms) CoDel's default 5 ms target is the one-flow long-path limit (reported) and the class with `--target {LONG_PATH_TARGET}` is held; BBR there is held to tbf's goodput in the same run less {BELOW_TBF} (BBR v1's PROBE_RTT caps one flow near 0.93 on that path, with any queue); BBR's RTT through a router is its own queue (reported). `cargo xtask test` asserts the 10 Mbit/s µs rows (`latency.rs`, every-sender test).\n\n| class | rate | base RTT ms | flow | of the rate | RTT over base ms | ping p99 ms | held |\n|---|---|---|---|---|---|---|---|\n",
     );
     for row in report["senders"].as_array().into_iter().flatten() {
         out.push_str(&format!(
@@ -213,7 +298,7 @@ pub fn check(report: &Value) -> Vec<String> {
     if rows.is_empty() {
         broken.push("senders: no rows".to_string());
     }
-    for row in rows {
+    for row in rows.iter().cloned() {
         let what = format!(
             "senders: {} at {} over {} ms, {}",
             row["place"].as_str().unwrap_or_default(),
@@ -225,8 +310,20 @@ pub fn check(report: &Value) -> Vec<String> {
         if !(0.3..=1.1).contains(&fraction) {
             broken.push(format!("{what} at {fraction:.3} of the rate"));
         }
-        if row["hold_goodput"].as_bool() == Some(true) && fraction < TARGET_FRACTION {
-            broken.push(format!("{what}: {fraction:.3} < {TARGET_FRACTION}"));
+        match row["hold_goodput"].as_str() {
+            Some("target") if fraction < TARGET_FRACTION => {
+                broken.push(format!("{what}: {fraction:.3} < {TARGET_FRACTION}"));
+            }
+            Some("tbf") => match tbf_fraction(&rows, &row) {
+                None => broken.push(format!("{what}: no tbf row beside it")),
+                Some(tbf) if fraction < tbf - BELOW_TBF => {
+                    broken.push(format!(
+                        "{what}: {fraction:.3} < tbf's {tbf:.3} − {BELOW_TBF}"
+                    ));
+                }
+                Some(_) => {}
+            },
+            _ => {}
         }
         let rtt = row["rtt_over_base_ms"].as_f64().unwrap_or(f64::NAN);
         let held_rtt = row["hold_rtt"].as_bool() == Some(true);
@@ -239,17 +336,35 @@ pub fn check(report: &Value) -> Vec<String> {
     broken
 }
 
+/// The goodput of the tbf row beside `row` (same rate, path and flow).
+fn tbf_fraction(rows: &[Value], row: &Value) -> Option<f64> {
+    let same = |key: &str, other: &Value| other[key] == row[key];
+    rows.iter()
+        .find(|other| {
+            other["place"].as_str() == Some(TBF)
+                && ["rate", "base_rtt_ms", "congestion"]
+                    .iter()
+                    .all(|key| same(key, other))
+        })
+        .and_then(|tbf| tbf["fraction"].as_f64())
+}
+
 /// A report's rows as a run that measured everything gives them (the driver's tests).
 #[cfg(test)]
 pub fn sane_rows() -> Vec<Value> {
-    Place::ALL
-        .iter()
-        .map(|place| {
-            let hold = place.hold("cubic", 10e6, 0.0);
-            json!({"place": place.name(), "hold_goodput": hold.goodput, "hold_rtt": hold.rtt,
-                "held": hold.describe(), "rate": "10mbit", "base_rtt_ms": 0.0,
-                "congestion": "cubic", "fraction": 0.95, "rtt_over_base_ms": 5.0,
-                "ping_p99_ms": 0.1})
+    let short_path = Place::ALL.map(|place| (place, "10mbit", "cubic", 0.0, 0.95));
+    // BBR over 40 ms at 100 Mbit/s, beside tbf: 0.93 and tbf's 0.935.
+    let long_path = [(Place::SplitLongPath, 0.93), (Place::Tbf, 0.935)]
+        .map(|(place, fraction)| (place, "100mbit", "bbr", 40.0, fraction));
+    short_path
+        .into_iter()
+        .chain(long_path)
+        .map(|(place, rate, congestion, base_rtt_ms, fraction)| {
+            let hold = place.hold(congestion, base_rtt_ms > 0.0);
+            json!({"place": place.name(), "hold_goodput": hold.goodput_name(),
+                "hold_rtt": hold.rtt, "held": hold.describe(), "rate": rate,
+                "base_rtt_ms": base_rtt_ms, "congestion": congestion, "fraction": fraction,
+                "rtt_over_base_ms": 5.0, "ping_p99_ms": 0.1})
         })
         .collect()
 }
