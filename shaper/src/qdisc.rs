@@ -288,22 +288,20 @@ fn set_tree(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<
 }
 
 /// Deletes the class's HTB classes, leaves first (HTB refuses to delete a parent). A
-/// device that is gone (an ifb someone deleted) took them with it.
+/// device that is gone (an ifb someone deleted) took them with it; one made again never
+/// had them.
 pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
-    if link(dev).is_none() {
+    let handle = handle_text(class_handle(class_id));
+    let listed = |dev: &str| tc(&["class", "show", "dev", dev, "classid", &handle]);
+    if link(dev).is_none() || listed(dev).is_ok_and(|text| text.trim().is_empty()) {
         return Ok(());
     }
-    let mut result = Ok(());
-    for handle in [sparse_leaf(class_id), bulk_leaf(class_id)] {
-        let classid = handle_text(handle);
+    for leaf in [sparse_leaf(class_id), bulk_leaf(class_id)] {
+        let classid = handle_text(leaf);
         // A leaf that was never made (a failed add) is not an error.
         let _ = tc(&["class", "del", "dev", dev, "classid", &classid]);
     }
-    let classid = handle_text(class_handle(class_id));
-    if let Err(error) = tc(&["class", "del", "dev", dev, "classid", &classid]) {
-        result = Err(error);
-    }
-    result
+    tc(&["class", "del", "dev", dev, "classid", &handle]).map(drop)
 }
 
 /// The ifb device an ingress attachment of `dev` queues its shape classes on, in the

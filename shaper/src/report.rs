@@ -337,17 +337,18 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
         return Ok(row);
     }
     // Interface lookups happen in the attachment's own namespace.
-    let (status, split) = if location
+    let (status, split, stale_queues) = if location
         .netns
         .as_ref()
         .is_some_and(|ns| !crate::netns::netns_exists(ns))
     {
-        (attachment.status_without_namespace()?, None)
+        (attachment.status_without_namespace()?, None, Vec::new())
     } else {
         crate::netns::in_namespace(&location.netns, || {
             Ok((
                 attachment.status()?,
                 Some(classes::split_state(&attachment)?),
+                classes::stale_queues(&attachment)?,
             ))
         })?
     };
@@ -355,6 +356,14 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
     row.program_id = Some(status.program_id);
     row.live = status.live;
     row.problem = status.problem.map(str::to_string);
+    if row.problem.is_none() && !stale_queues.is_empty() {
+        row.problem = Some(format!(
+            "ifb {} was deleted: shape classes {} lose their traffic until `shaper apply` \
+             or re-adding them queues them again",
+            crate::qdisc::ifb_name(&location.dev),
+            stale_queues.join(", ")
+        ));
+    }
     row.classes = Some(attachment.class_list()?.len());
     row.flow_table_size = Some(status.flow_table_size);
     row.split_through = match split {

@@ -1243,18 +1243,24 @@ fn apply_splits_aggregates_and_makes_a_deleted_ifb_good() -> Result<()> {
     let lab = Lab::new()?;
     let router = lab.router.clone();
     let netns = router.name.clone();
-    let config = |split: &str| {
+    let config = |extra: &str| {
         format!(
             "[[interface]]\ndev = \"{ROUTER_TO_CLIENT}\"\nnetns = \"{netns}\"\n\
-             direction = \"ingress\"\n{split}\n"
+             direction = \"ingress\"\n{extra}\n"
         )
     };
-    let file = ConfigFile::new("split", &config("split_aggregates = true"));
+    // Splitting, and an ingress shape class queueing on the same ifb.
+    let both = config(
+        "split_aggregates = true\n[[interface.class]]\nname = \"up\"\n\
+         direction = \"ingress\"\nrate = \"10mbit\"\naction = \"shape\"",
+    );
+    let file = ConfigFile::new("split", &both);
     let apply = || {
         let output = shaper(&["apply", "-f", file.path()]);
         assert!(output.status.success(), "{}", stderr(&output));
         stdout(&output)
     };
+    let problem = || -> Result<Value> { Ok(router.status_row()?["problem"].clone()) };
     let plan = apply();
     assert!(plan.contains("split   "), "{plan}");
     let ifb = shaper::qdisc::ifb_name(ROUTER_TO_CLIENT);
@@ -1273,18 +1279,28 @@ fn apply_splits_aggregates_and_makes_a_deleted_ifb_good() -> Result<()> {
         Some(format!("{ifb} (gone)")),
         "status after the ifb went"
     );
+    let problem_then = problem()?;
+    let told = problem_then.as_str().unwrap_or_default();
+    assert!(
+        told.contains(&format!("ifb {ifb} was deleted")) && told.contains("classes up "),
+        "status did not tell the class's queue is gone: {problem_then}"
+    );
     let plan = apply();
     assert!(
-        plan.contains("split   "),
-        "apply did not make the ifb again: {plan}"
+        plan.contains("split   ") && plan.contains("requeue class up "),
+        "apply did not make the ifb and the class's queue again: {plan}"
     );
     assert_eq!(router.split_through(ROUTER_TO_CLIENT)?, Some(ifb.clone()));
-    // Traffic from the client crosses the new ifb and still arrives.
+    assert_eq!(problem()?, Value::Null, "a problem left after apply");
+    assert!(apply().contains("no changes"), "apply after the repair");
+    // Traffic from the client crosses the new ifb, through the class, and arrives.
     let ping = lab
         .client
         .run("ping", &["-c", "3", "-i", "0.2", "-W", "1", SERVER_V4])?;
     assert!(ping.status.success(), "ping through the split: {ping:?}");
     assert!(router.link_stat(&ifb, "tx_packets")? >= 3);
+    let passed = counter(&router.stats_row("up")?, "passed_packets");
+    assert!(passed >= 3, "the class passed {passed} packets");
 
     file.write(&config(""));
     let plan = apply();

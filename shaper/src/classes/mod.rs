@@ -31,7 +31,9 @@ pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
 pub use replace::replace;
 pub use share::{renew_share, set_share, share_of, Renewal, ShareUpdate};
-pub use split::{check_split, refresh_split, set_split, split_needs_ingress, split_state, Split};
+pub use split::{
+    check_split, refresh_split, set_split, split_needs_ingress, split_state, stale_queues, Split,
+};
 pub use table::{delete, find};
 
 /// Everything that defines a class.

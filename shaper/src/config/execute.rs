@@ -136,17 +136,16 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
             ));
             Ok(())
         }),
-        Step::Replace(location, spec) => in_ns(location, &mut || {
-            let attachment = Attachment::open(location)?;
-            let before = current(&attachment, &spec.name)?;
-            classes::replace(&attachment, spec)?;
-            done.push(Undo::Restore(
-                location.clone(),
-                Box::new(before),
-                Restore::Replace,
-            ));
-            Ok(())
-        }),
+        Step::Replace(location, spec) | Step::Requeue(location, spec) => {
+            in_ns(location, &mut || {
+                let attachment = Attachment::open(location)?;
+                let before = current(&attachment, &spec.name)?;
+                classes::replace(&attachment, spec)?;
+                let undo = Undo::Restore(location.clone(), Box::new(before), Restore::Replace);
+                done.push(undo);
+                Ok(())
+            })
+        }
         Step::Delete(location, name) => in_ns(location, &mut || {
             let attachment = Attachment::open(location)?;
             let before = current(&attachment, name)?;

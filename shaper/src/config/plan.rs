@@ -52,6 +52,9 @@ pub enum Step {
     },
     /// The rule, scope, priority or meter differs: delete and add again.
     Replace(Location, ClassSpec),
+    /// An ingress shape class whose ifb was deleted: added again (a new ifb), as a
+    /// replacement.
+    Requeue(Location, ClassSpec),
     Delete(Location, String),
 }
 
@@ -115,6 +118,12 @@ impl fmt::Display for Step {
                 spec.name,
                 location.describe(),
                 summary(spec)
+            ),
+            Step::Requeue(location, spec) => write!(
+                f,
+                "requeue class {} on {}: its ifb was deleted (counters restart)",
+                spec.name,
+                location.describe()
             ),
             Step::Delete(location, name) => {
                 write!(f, "delete  class {name} on {}", location.describe())
@@ -225,19 +234,20 @@ fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
             }
             continue;
         }
-        let current = attachment_steps(interface, &location, plan)?;
-        class_steps(&location, &current, wanted, plan);
+        let (current, stale_queues) = attachment_steps(interface, &location, plan)?;
+        class_steps(&location, &current, &stale_queues, wanted, plan);
     }
     Ok(())
 }
 
 /// Attaches, re-attaches or attaches afresh where the interface needs it; the classes
-/// the attachment keeps (none when it starts afresh).
+/// the attachment keeps (none when it starts afresh) and those of them whose queue (an
+/// ingress shape class's ifb) was deleted.
 fn attachment_steps(
     interface: &DesiredInterface,
     location: &Location,
     plan: &mut Plan,
-) -> Result<Vec<ClassSpec>> {
+) -> Result<(Vec<ClassSpec>, Vec<String>)> {
     let attach = Step::Attach {
         location: location.clone(),
         flow_table_size: interface.flow_table_size,
@@ -253,7 +263,7 @@ fn attachment_steps(
         if split == Some(true) {
             plan.steps.push(split_step(true));
         }
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let attachment = Attachment::open(location)?;
     let status = attachment.status()?;
@@ -283,10 +293,9 @@ fn attachment_steps(
     if let Some(on) = split.filter(|&on| wrong(on)) {
         plan.steps.push(split_step(on));
     }
-    Ok(classes::read_classes(&attachment)?
-        .into_iter()
-        .map(|view| view.spec)
-        .collect())
+    let current = classes::read_classes(&attachment)?;
+    let current = current.into_iter().map(|view| view.spec).collect();
+    Ok((current, classes::stale_queues(&attachment)?))
 }
 
 /// The classes' steps on one attachment: children are deleted before their parents and
@@ -295,6 +304,7 @@ fn attachment_steps(
 fn class_steps(
     location: &Location,
     current: &[ClassSpec],
+    stale_queues: &[String],
     mut wanted: Vec<&ClassSpec>,
     plan: &mut Plan,
 ) {
@@ -323,6 +333,10 @@ fn class_steps(
     for spec in wanted {
         let step = match current.iter().find(|c| c.name == spec.name) {
             None => Step::Add(location.clone(), spec.clone()),
+            // Its ifb was deleted: added again, with whatever else changed.
+            Some(_) if stale_queues.contains(&spec.name) => {
+                Step::Requeue(location.clone(), spec.clone())
+            }
             Some(existing) if classes::same_class(existing, spec) => {
                 plan.unchanged += 1;
                 continue;
