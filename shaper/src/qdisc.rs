@@ -291,17 +291,25 @@ fn set_tree(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<
 /// device that is gone (an ifb someone deleted) took them with it; one made again never
 /// had them.
 pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
-    let handle = handle_text(class_handle(class_id));
-    let listed = |dev: &str| tc(&["class", "show", "dev", dev, "classid", &handle]);
-    if link(dev).is_none() || listed(dev).is_ok_and(|text| text.trim().is_empty()) {
+    if !has_class(dev, class_id) {
         return Ok(());
     }
+    let handle = handle_text(class_handle(class_id));
     for leaf in [sparse_leaf(class_id), bulk_leaf(class_id)] {
         let classid = handle_text(leaf);
         // A leaf that was never made (a failed add) is not an error.
         let _ = tc(&["class", "del", "dev", dev, "classid", &classid]);
     }
     tc(&["class", "del", "dev", dev, "classid", &handle]).map(drop)
+}
+
+/// Whether `dev` exists and has the class's HTB class (a listing tc cannot give counts
+/// as yes: the caller then tries, and says what failed).
+pub(crate) fn has_class(dev: &str, class_id: u32) -> bool {
+    let handle = handle_text(class_handle(class_id));
+    link(dev).is_some()
+        && !tc(&["class", "show", "dev", dev, "classid", &handle])
+            .is_ok_and(|text| text.trim().is_empty())
 }
 
 /// The ifb device an ingress attachment of `dev` queues its shape classes on, in the

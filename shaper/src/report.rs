@@ -348,7 +348,8 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
             Ok((
                 attachment.status()?,
                 Some(classes::split_state(&attachment)?),
-                classes::stale_queues(&attachment)?,
+                // A class map that cannot be read must not hide the row.
+                classes::stale_queues(&attachment).unwrap_or_default(),
             ))
         })?
     };
@@ -357,11 +358,13 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
     row.live = status.live;
     row.problem = status.problem.map(str::to_string);
     if row.problem.is_none() && !stale_queues.is_empty() {
+        let names: Vec<String> = stale_queues.into_iter().map(|(_, name)| name).collect();
         row.problem = Some(format!(
-            "ifb {} was deleted: shape classes {} lose their traffic until `shaper apply` \
-             or re-adding them queues them again",
+            "ifb {} was deleted: shape classes {} lose their traffic until `shaper attach \
+             {} --direction ingress` or `apply` queues them again",
             crate::qdisc::ifb_name(&location.dev),
-            stale_queues.join(", ")
+            names.join(", "),
+            location.dev
         ));
     }
     row.classes = Some(attachment.class_list()?.len());

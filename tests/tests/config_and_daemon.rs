@@ -1249,10 +1249,14 @@ fn apply_splits_aggregates_and_makes_a_deleted_ifb_good() -> Result<()> {
              direction = \"ingress\"\n{extra}\n"
         )
     };
-    // Splitting, and an ingress shape class queueing on the same ifb.
+    // Splitting, and a tree of ingress shape classes queueing on the same ifb; the pings
+    // go through the child.
     let both = config(
-        "split_aggregates = true\n[[interface.class]]\nname = \"up\"\n\
-         direction = \"ingress\"\nrate = \"10mbit\"\naction = \"shape\"",
+        "split_aggregates = true\n\
+         [[interface.class]]\nname = \"up\"\ndirection = \"ingress\"\nrate = \"10mbit\"\n\
+         action = \"shape\"\n\
+         [[interface.class]]\nname = \"ping\"\nparent = \"up\"\ndirection = \"ingress\"\n\
+         rate = \"5mbit\"\nproto = \"icmp\"\naction = \"shape\"",
     );
     let file = ConfigFile::new("split", &both);
     let apply = || {
@@ -1272,6 +1276,18 @@ fn apply_splits_aggregates_and_makes_a_deleted_ifb_good() -> Result<()> {
         "a second apply changed something"
     );
 
+    let ping = |count: &str| {
+        let args = ["-c", count, "-i", "0.2", "-W", "1", SERVER_V4];
+        lab.client.run("ping", &args).map(drop)
+    };
+    let passed = || Ok::<_, anyhow::Error>(counter(&router.stats_row("ping")?, "passed_packets"));
+    ping("2")?;
+    let passed_before = passed()?;
+    assert!(
+        passed_before >= 2,
+        "the child passed {passed_before} packets"
+    );
+
     router.run("ip", &["link", "del", "dev", &ifb])?;
     let gone = router.split_through(ROUTER_TO_CLIENT)?;
     assert_eq!(
@@ -1282,25 +1298,35 @@ fn apply_splits_aggregates_and_makes_a_deleted_ifb_good() -> Result<()> {
     let problem_then = problem()?;
     let told = problem_then.as_str().unwrap_or_default();
     assert!(
-        told.contains(&format!("ifb {ifb} was deleted")) && told.contains("classes up "),
-        "status did not tell the class's queue is gone: {problem_then}"
+        told.contains(&format!("ifb {ifb} was deleted")) && told.contains("classes up, ping "),
+        "status did not tell the classes' queues are gone: {problem_then}"
     );
     let plan = apply();
     assert!(
-        plan.contains("split   ") && plan.contains("requeue class up "),
-        "apply did not make the ifb and the class's queue again: {plan}"
+        plan.contains("split   ") && plan.contains("requeue classes up, ping on"),
+        "apply did not make the ifb and the classes' queues again: {plan}"
     );
     assert_eq!(router.split_through(ROUTER_TO_CLIENT)?, Some(ifb.clone()));
     assert_eq!(problem()?, Value::Null, "a problem left after apply");
     assert!(apply().contains("no changes"), "apply after the repair");
-    // Traffic from the client crosses the new ifb, through the class, and arrives.
-    let ping = lab
-        .client
-        .run("ping", &["-c", "3", "-i", "0.2", "-W", "1", SERVER_V4])?;
-    assert!(ping.status.success(), "ping through the split: {ping:?}");
+    // Traffic from the client crosses the new ifb, through the child, and arrives; the
+    // class kept its counters.
+    ping("3")?;
     assert!(router.link_stat(&ifb, "tx_packets")? >= 3);
-    let passed = counter(&router.stats_row("up")?, "passed_packets");
-    assert!(passed >= 3, "the class passed {passed} packets");
+    let passed_after = passed()?;
+    assert!(
+        passed_after >= passed_before + 3,
+        "the child passed {passed_before}, then {passed_after} packets"
+    );
+    // Without a file: `attach` on the live attachment queues them again too.
+    router.run("ip", &["link", "del", "dev", &ifb])?;
+    let attached = router.shaper(&["attach", ROUTER_TO_CLIENT, "--direction", "ingress"])?;
+    assert!(
+        attached.contains("already attached") && attached.contains("up, ping queued again"),
+        "{attached}"
+    );
+    assert_eq!(problem()?, Value::Null, "a problem left after attach");
+    ping("2")?;
 
     file.write(&config(""));
     let plan = apply();
@@ -1309,9 +1335,6 @@ fn apply_splits_aggregates_and_makes_a_deleted_ifb_good() -> Result<()> {
     let links = router.run("ip", &["-br", "link"])?;
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(&ifb), "splitting off left {ifb}: {links}");
-    let ping = lab
-        .client
-        .run("ping", &["-c", "2", "-i", "0.2", "-W", "1", SERVER_V4])?;
-    assert!(ping.status.success(), "ping after splitting off: {ping:?}");
+    ping("2")?;
     Ok(())
 }

@@ -89,10 +89,16 @@ fn hook(
                 continue;
             }
             if status.live {
+                // Ingress shape classes whose ifb was deleted are queued on it again.
+                let requeued = shaper::classes::requeue(&Attachment::open(&location)?)?;
                 println!(
-                    "{}: already attached ({})",
+                    "{}: already attached ({}){}",
                     location.describe(),
-                    status.mode.name()
+                    status.mode.name(),
+                    match requeued.is_empty() {
+                        true => String::new(),
+                        false => format!("; {} queued again on a new ifb", requeued.join(", ")),
+                    }
                 );
                 continue;
             }
@@ -101,6 +107,7 @@ fn hook(
             let mode = state::reattach(&location)?;
             let attachment = state::Attachment::open(&location)?;
             shaper::classes::refresh_split(&attachment)?;
+            shaper::classes::requeue(&attachment)?;
             shaper::classes::shape_classes_changed(&attachment);
             println!(
                 "{}: re-attached ({}), classes kept",

@@ -189,8 +189,10 @@ impl<'a> Batch<'a> {
                 )));
             }
             let ifb = qdisc::ensure_ifb(&location.dev)?;
-            // A re-made ifb has another ifindex: splitting follows it.
+            // A re-made ifb has another ifindex: splitting, and the classes that queued
+            // on the old one, follow it.
             super::refresh_split(self.attachment)?;
+            super::requeue(self.attachment)?;
             ifb
         } else {
             0

@@ -18,6 +18,7 @@ mod add;
 mod change;
 mod encode;
 mod replace;
+mod requeue;
 mod shapes;
 mod share;
 mod split;
@@ -30,10 +31,9 @@ pub use change::{change, Change};
 pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
 pub use replace::replace;
+pub use requeue::{requeue, stale_queues};
 pub use share::{renew_share, set_share, share_of, Renewal, ShareUpdate};
-pub use split::{
-    check_split, refresh_split, set_split, split_needs_ingress, split_state, stale_queues, Split,
-};
+pub use split::{check_split, refresh_split, set_split, split_needs_ingress, split_state, Split};
 pub use table::{delete, find};
 
 /// Everything that defines a class.

@@ -99,24 +99,3 @@ pub fn split_state(attachment: &Attachment) -> Result<Split> {
         _ => Split::Stale(name),
     })
 }
-
-/// Ingress shape classes whose ifb is gone or was made again (another ifindex): what they
-/// send there is lost until `apply` queues them again (run in the attachment's namespace).
-pub fn stale_queues(attachment: &Attachment) -> Result<Vec<String>> {
-    if attachment.location.direction != Direction::Ingress {
-        return Ok(Vec::new());
-    }
-    let ifb = crate::netns::ifindex(&qdisc::ifb_name(&attachment.location.dev)).ok();
-    let configs = attachment.classes()?;
-    let mut stale = Vec::new();
-    for view in super::read_classes(attachment)? {
-        if view.spec.action.action != shaper_common::Action::Shape {
-            continue;
-        }
-        let queued_on = configs.get(&view.id, 0)?.action_mask;
-        if queued_on != 0 && Some(queued_on) != ifb {
-            stale.push(view.spec.name);
-        }
-    }
-    Ok(stale)
-}

@@ -202,11 +202,7 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
             .set(id, shaper_common::GlobalShare::default(), 0)?;
     }
     if in_htb {
-        qdisc::delete_class(&attachment.location.queue_dev(), id)?;
-        if let Some(parent) = tree.classes.get(&id).and_then(|node| node.parent) {
-            let tree = TreeView::read(attachment, &attachment.class_list()?)?;
-            refresh_htb(attachment, &tree, parent, 0)?;
-        }
+        release_htb(attachment, &tree, id)?;
     }
     // Free shapes no class uses any more.
     for (index, slot) in shapes.slots.iter_mut().enumerate() {
@@ -219,6 +215,19 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     attachment.rules_changed()?;
     if config.action == Action::Shape as u8 {
         super::shape_classes_changed(attachment);
+    }
+    Ok(())
+}
+
+/// A deleted shape class's HTB classes go, and its parent gives their guarantee back to
+/// its other leaves (unless the parent's queue went with a deleted ifb).
+fn release_htb(attachment: &Attachment, tree: &TreeView, id: u32) -> Result<()> {
+    let queue_dev = attachment.location.queue_dev();
+    qdisc::delete_class(&queue_dev, id)?;
+    let parent = tree.classes.get(&id).and_then(|node| node.parent);
+    if let Some(parent) = parent.filter(|&parent| qdisc::has_class(&queue_dev, parent)) {
+        let tree = TreeView::read(attachment, &attachment.class_list()?)?;
+        refresh_htb(attachment, &tree, parent, 0)?;
     }
     Ok(())
 }

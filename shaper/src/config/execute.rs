@@ -126,39 +126,50 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
         Step::Change {
             location, wanted, ..
         } => in_ns(location, &mut || {
-            let attachment = Attachment::open(location)?;
-            let before = current(&attachment, &wanted.name)?;
-            classes::change(&attachment, wanted)?;
-            done.push(Undo::Restore(
-                location.clone(),
-                Box::new(before),
+            restoring(
+                location,
+                &wanted.name,
                 Restore::Change,
-            ));
-            Ok(())
+                done,
+                &|attachment| classes::change(attachment, wanted),
+            )
         }),
-        Step::Replace(location, spec) | Step::Requeue(location, spec) => {
-            in_ns(location, &mut || {
-                let attachment = Attachment::open(location)?;
-                let before = current(&attachment, &spec.name)?;
-                classes::replace(&attachment, spec)?;
-                let undo = Undo::Restore(location.clone(), Box::new(before), Restore::Replace);
-                done.push(undo);
-                Ok(())
-            })
-        }
+        Step::Replace(location, spec) => in_ns(location, &mut || {
+            restoring(
+                location,
+                &spec.name,
+                Restore::Replace,
+                done,
+                &|attachment| classes::replace(attachment, spec),
+            )
+        }),
+        // Nothing to undo: the queues are where the classes always meant them to be.
+        Step::Requeue(location, _) => in_ns(location, &mut || {
+            classes::requeue(&Attachment::open(location)?).map(drop)
+        }),
         Step::Delete(location, name) => in_ns(location, &mut || {
-            let attachment = Attachment::open(location)?;
-            let before = current(&attachment, name)?;
-            classes::delete(&attachment, name)?;
-            done.push(Undo::Restore(
-                location.clone(),
-                Box::new(before),
-                Restore::Add,
-            ));
-            Ok(())
+            restoring(location, name, Restore::Add, done, &|attachment| {
+                classes::delete(attachment, name)
+            })
         }),
     };
     (1, result)
+}
+
+/// Runs `step` on class `name`, remembering the class as it was, so that a later step's
+/// failure restores it (`how`).
+fn restoring(
+    location: &Location,
+    name: &str,
+    how: Restore,
+    done: &mut Vec<Undo>,
+    step: &dyn Fn(&Attachment) -> Result<()>,
+) -> Result<()> {
+    let attachment = Attachment::open(location)?;
+    let before = current(&attachment, name)?;
+    step(&attachment)?;
+    done.push(Undo::Restore(location.clone(), Box::new(before), how));
+    Ok(())
 }
 
 /// Hooks a re-created interface's pinned program again; its splitting and aggregate cap
@@ -167,6 +178,7 @@ fn reattach(location: &Location) -> Result<()> {
     state::reattach(location)?;
     let attachment = Attachment::open(location)?;
     classes::refresh_split(&attachment)?;
+    classes::requeue(&attachment)?;
     classes::shape_classes_changed(&attachment);
     Ok(())
 }

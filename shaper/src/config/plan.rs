@@ -52,9 +52,9 @@ pub enum Step {
     },
     /// The rule, scope, priority or meter differs: delete and add again.
     Replace(Location, ClassSpec),
-    /// An ingress shape class whose ifb was deleted: added again (a new ifb), as a
-    /// replacement.
-    Requeue(Location, ClassSpec),
+    /// The ifb of these ingress shape classes was deleted: made again, their queues put
+    /// back on it (ids, buckets and counters kept).
+    Requeue(Location, Vec<String>),
     Delete(Location, String),
 }
 
@@ -119,10 +119,10 @@ impl fmt::Display for Step {
                 location.describe(),
                 summary(spec)
             ),
-            Step::Requeue(location, spec) => write!(
+            Step::Requeue(location, names) => write!(
                 f,
-                "requeue class {} on {}: its ifb was deleted (counters restart)",
-                spec.name,
+                "requeue classes {} on {}: their ifb was deleted (made again; counters kept)",
+                names.join(", "),
                 location.describe()
             ),
             Step::Delete(location, name) => {
@@ -234,20 +234,19 @@ fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
             }
             continue;
         }
-        let (current, stale_queues) = attachment_steps(interface, &location, plan)?;
-        class_steps(&location, &current, &stale_queues, wanted, plan);
+        let current = attachment_steps(interface, &location, plan)?;
+        class_steps(&location, &current, wanted, plan);
     }
     Ok(())
 }
 
 /// Attaches, re-attaches or attaches afresh where the interface needs it; the classes
-/// the attachment keeps (none when it starts afresh) and those of them whose queue (an
-/// ingress shape class's ifb) was deleted.
+/// the attachment keeps (none when it starts afresh).
 fn attachment_steps(
     interface: &DesiredInterface,
     location: &Location,
     plan: &mut Plan,
-) -> Result<(Vec<ClassSpec>, Vec<String>)> {
+) -> Result<Vec<ClassSpec>> {
     let attach = Step::Attach {
         location: location.clone(),
         flow_table_size: interface.flow_table_size,
@@ -263,7 +262,7 @@ fn attachment_steps(
         if split == Some(true) {
             plan.steps.push(split_step(true));
         }
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(Vec::new());
     }
     let attachment = Attachment::open(location)?;
     let status = attachment.status()?;
@@ -293,9 +292,16 @@ fn attachment_steps(
     if let Some(on) = split.filter(|&on| wrong(on)) {
         plan.steps.push(split_step(on));
     }
-    let current = classes::read_classes(&attachment)?;
-    let current = current.into_iter().map(|view| view.spec).collect();
-    Ok((current, classes::stale_queues(&attachment)?))
+    // Ingress shape classes whose ifb was deleted are queued on it again.
+    let stale = classes::stale_queues(&attachment)?;
+    if !stale.is_empty() {
+        let names = stale.into_iter().map(|(_, name)| name).collect();
+        plan.steps.push(Step::Requeue(location.clone(), names));
+    }
+    Ok(classes::read_classes(&attachment)?
+        .into_iter()
+        .map(|view| view.spec)
+        .collect())
 }
 
 /// The classes' steps on one attachment: children are deleted before their parents and
@@ -304,7 +310,6 @@ fn attachment_steps(
 fn class_steps(
     location: &Location,
     current: &[ClassSpec],
-    stale_queues: &[String],
     mut wanted: Vec<&ClassSpec>,
     plan: &mut Plan,
 ) {
@@ -333,10 +338,6 @@ fn class_steps(
     for spec in wanted {
         let step = match current.iter().find(|c| c.name == spec.name) {
             None => Step::Add(location.clone(), spec.clone()),
-            // Its ifb was deleted: added again, with whatever else changed.
-            Some(_) if stale_queues.contains(&spec.name) => {
-                Step::Requeue(location.clone(), spec.clone())
-            }
             Some(existing) if classes::same_class(existing, spec) => {
                 plan.unchanged += 1;
                 continue;

@@ -141,8 +141,10 @@ impl Hold {
 /// Above this bandwidth-delay product one flow under CoDel's 5 ms target is the
 /// accepted long-path limit (reported, not held).
 const HELD_BDP_BYTES: f64 = 100_000.0;
-/// How far under tbf's goodput a BBR row over a long path may be.
+/// How far under tbf's goodput a BBR row over a long path may be, and never under the
+/// floor (tbf may fall too).
 const BELOW_TBF: f64 = 0.01;
+const BBR_FLOOR: f64 = 0.9;
 
 pub struct SenderEffort {
     seconds: u32,
@@ -316,9 +318,9 @@ pub fn check(report: &Value) -> Vec<String> {
             }
             Some("tbf") => match tbf_fraction(&rows, &row) {
                 None => broken.push(format!("{what}: no tbf row beside it")),
-                Some(tbf) if fraction < tbf - BELOW_TBF => {
+                Some(tbf) if fraction < (tbf - BELOW_TBF).max(BBR_FLOOR) => {
                     broken.push(format!(
-                        "{what}: {fraction:.3} < tbf's {tbf:.3} − {BELOW_TBF}"
+                        "{what}: {fraction:.3} < tbf's {tbf:.3} − {BELOW_TBF} (at least {BBR_FLOOR})"
                     ));
                 }
                 Some(_) => {}

@@ -4,7 +4,9 @@
 //! (shaper's HTB and CoDel on the container's own interface, inside its namespace) and
 //! shaper-cni's default (the host veth's ingress polices). The router is the host, the
 //! server's namespace the container, `s0` its interface, `r1` its host veth; the uploads
-//! go from the server to the client. TSO is on in the container, as in any pod.
+//! go from the server to the client. TSO is on in the container, as in any pod, on the µs
+//! lab; over the 40 ms path it is off (the delay line beside the container carries
+//! wire-size frames only).
 
 use crate::traffic::{cni_run, Cni};
 use anyhow::{Context as _, Result};
@@ -35,8 +37,10 @@ const TARGET_RTT_OVER_BASE_MS: f64 = 20.0;
 const UDP_TOLERANCE: f64 = 0.01;
 /// Above this bandwidth-delay product BBR is held to the reference beside it.
 const HELD_BDP_BYTES: f64 = 100_000.0;
-/// How far under the reference's goodput BBR there may be.
+/// How far under the reference's goodput BBR there may be, and never under the floor
+/// (the reference may fall too).
 const BELOW_REFERENCE: f64 = 0.01;
+const BBR_FLOOR: f64 = 0.9;
 
 /// A rate and a path the limiters are measured at.
 #[derive(Clone, Copy)]
@@ -167,6 +171,7 @@ fn uploads_at(effort: &UploadEffort, setting: Setting) -> Result<Vec<Value>> {
                 "fraction": fraction,
                 "rtt_ms": rtt_ms,
                 "held": held,
+                "settings_in_run": effort.settings.len(),
             })
         };
         for congestion in ["cubic", "bbr"] {
@@ -201,7 +206,7 @@ const UDP: &str = "UDP at 10× the rate";
 
 pub fn markdown(report: &Value) -> String {
     let mut out = format!(
-        "\n## Uploads: a container's own traffic\n\nAn upload limit through each CNI plugin, the container sending with TSO on (Cubic and BBR: goodput over the rate and the sender's own mean RTT over the path's base; UDP at 10× the rate: L2 rate received over the rate), at 10 and 100 Mbit/s on the µs lab and over a 40 ms path in the full run. Held in the full run (column *held*), shaper-cni's shape: TCP ≥ {TARGET_FRACTION} of the rate within base + {TARGET_RTT_OVER_BASE_MS} ms (BBR where the rate times the RTT is above 100 KB: no more than {BELOW_REFERENCE} under the reference plugin's tbf beside it, since BBR v1's PROBE_RTT caps one flow near 0.93 there), UDP within {:.0} %. `cargo xtask test` asserts the 10 Mbit/s µs figures (`cni.rs`).\n\n| limiter | rate | base RTT ms | traffic | of the rate | sender's RTT over base ms | held |\n|---|---|---|---|---|---|---|\n",
+        "\n## Uploads: a container's own traffic\n\nAn upload limit through each CNI plugin, the container sending with TSO on (off over the 40 ms path: the delay line carries wire-size frames only; Cubic and BBR: goodput over the rate and the sender's own mean RTT over the path's base; UDP at 10× the rate: L2 rate received over the rate), at 10 and 100 Mbit/s on the µs lab and over a 40 ms path in the full run. Held in the full run (column *held*), shaper-cni's shape: TCP ≥ {TARGET_FRACTION} of the rate within base + {TARGET_RTT_OVER_BASE_MS} ms (BBR where the rate times the RTT is above 100 KB: no more than {BELOW_REFERENCE} under the reference plugin's tbf beside it, since BBR v1's PROBE_RTT caps one flow near 0.93 there), UDP within {:.0} %. `cargo xtask test` asserts the 10 Mbit/s µs figures (`cni.rs`).\n\n| limiter | rate | base RTT ms | traffic | of the rate | sender's RTT over base ms | held |\n|---|---|---|---|---|---|---|\n",
         UDP_TOLERANCE * 100.0
     );
     for row in report["uploads"].as_array().into_iter().flatten() {
@@ -229,13 +234,12 @@ pub fn markdown(report: &Value) -> String {
 /// broken), and the held rows meet the issue's targets.
 pub fn check(report: &Value) -> Vec<String> {
     let rows = report["uploads"].as_array().cloned().unwrap_or_default();
-    let per_setting = LIMITERS.len() * 3;
+    // Every setting the run measured at has all its rows.
+    let settings = rows.first().and_then(|row| row["settings_in_run"].as_u64());
+    let expected = LIMITERS.len() * 3 * settings.unwrap_or(1) as usize;
     let mut broken = Vec::new();
-    if rows.is_empty() || rows.len() % per_setting != 0 {
-        broken.push(format!(
-            "uploads: {} rows, expected a multiple of {per_setting}",
-            rows.len()
-        ));
+    if rows.len() != expected {
+        broken.push(format!("uploads: {} rows, expected {expected}", rows.len()));
     }
     for row in rows.iter().cloned() {
         let what = format!(
@@ -270,9 +274,12 @@ pub fn check(report: &Value) -> Vec<String> {
             }
             (false, true) => match reference_fraction(&rows, &row) {
                 None => broken.push(format!("{what}: no reference row beside it")),
-                Some(tbf) if fraction < tbf - BELOW_REFERENCE => broken.push(format!(
-                    "{what}: {fraction:.3} < the reference's {tbf:.3} − {BELOW_REFERENCE}"
-                )),
+                Some(tbf) if fraction < (tbf - BELOW_REFERENCE).max(BBR_FLOOR) => {
+                    broken.push(format!(
+                        "{what}: {fraction:.3} < the reference's {tbf:.3} − {BELOW_REFERENCE} \
+                         (at least {BBR_FLOOR})"
+                    ))
+                }
                 Some(_) => {}
             },
             _ => {}
