@@ -307,7 +307,7 @@ pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
 /// as yes: the caller then tries, and says what failed).
 pub(crate) fn has_class(dev: &str, class_id: u32) -> bool {
     let handle = handle_text(class_handle(class_id));
-    link(dev).is_some()
+    crate::netns::ifindex(dev).is_ok()
         && !tc(&["class", "show", "dev", dev, "classid", &handle])
             .is_ok_and(|text| text.trim().is_empty())
 }

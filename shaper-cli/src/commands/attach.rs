@@ -68,6 +68,9 @@ fn hook(
                 .flow_table_size
                 .filter(|&size| size != status.flow_table_size);
             let switch = forced_mode.filter(|&m| m != status.mode);
+            if status.live {
+                requeue(&location).inspect_err(|_| undo(attached_now))?;
+            }
             if status.live && (resize.is_some() || switch.is_some()) {
                 if let Some(size) = resize {
                     let carried = state::resize_flow_table(&location, size)?;
@@ -89,16 +92,10 @@ fn hook(
                 continue;
             }
             if status.live {
-                // Ingress shape classes whose ifb was deleted are queued on it again.
-                let requeued = shaper::classes::requeue(&Attachment::open(&location)?)?;
                 println!(
-                    "{}: already attached ({}){}",
+                    "{}: already attached ({})",
                     location.describe(),
-                    status.mode.name(),
-                    match requeued.is_empty() {
-                        true => String::new(),
-                        false => format!("; {} queued again on a new ifb", requeued.join(", ")),
-                    }
+                    status.mode.name()
                 );
                 continue;
             }
@@ -129,6 +126,16 @@ fn hook(
                 return Err(error);
             }
         }
+    }
+    Ok(())
+}
+
+/// Ingress shape classes whose ifb was deleted are queued on it again.
+fn requeue(location: &Location) -> Result<()> {
+    let requeued = shaper::classes::requeue(&Attachment::open(location)?)?;
+    if !requeued.is_empty() {
+        let names = requeued.join(", ");
+        println!("{}: {names} queued again on a new ifb", location.describe());
     }
     Ok(())
 }

@@ -33,9 +33,14 @@ pub fn add(attachment: &Attachment, spec: &ClassSpec) -> Result<u32> {
 /// thousand classes take a fraction of a second). Each class is all or nothing; on the
 /// first error the classes before it stay and the error is returned.
 pub fn add_many(attachment: &Attachment, specs: &[ClassSpec]) -> Result<Vec<u32>> {
+    let shaping = specs.iter().any(|spec| spec.action.action == Action::Shape);
+    if shaping {
+        // The new classes' ifb: the classes that queued on a deleted one follow it.
+        super::requeue(attachment)?;
+    }
     let mut batch = Batch::open(attachment)?;
     let added = specs.iter().map(|spec| batch.add(spec)).collect();
-    if specs.iter().any(|spec| spec.action.action == Action::Shape) {
+    if shaping {
         super::shape_classes_changed(attachment);
     }
     added
@@ -189,10 +194,8 @@ impl<'a> Batch<'a> {
                 )));
             }
             let ifb = qdisc::ensure_ifb(&location.dev)?;
-            // A re-made ifb has another ifindex: splitting, and the classes that queued
-            // on the old one, follow it.
+            // A re-made ifb has another ifindex: splitting follows it.
             super::refresh_split(self.attachment)?;
-            super::requeue(self.attachment)?;
             ifb
         } else {
             0

@@ -4,6 +4,7 @@
 //! buckets and counters are kept, and a tree keeps its shape.
 
 use super::{
+    share::at_share,
     split::refresh_split,
     tree::{children_rate, TreeView},
     ClassSpec,
@@ -53,7 +54,11 @@ pub fn requeue(attachment: &Attachment) -> Result<Vec<String>> {
     let (mut configs, metas) = (attachment.classes()?, attachment.meta()?);
     for (id, _) in &stale {
         let mut config = configs.get(id, 0)?;
-        let spec = ClassSpec::from_meta(&metas.get(id, 0)?, &config);
+        let mut spec = ClassSpec::from_meta(&metas.get(id, 0)?, &config);
+        if config.global != 0 {
+            // This host's share of a global limit, as when it was added.
+            spec = at_share(&spec, &attachment.shares()?.get(id, 0)?);
+        }
         let parent = tree.classes.get(id).and_then(|node| node.parent);
         let htb = spec.htb_class(parent, children_rate(&tree, *id));
         qdisc::set_class(&queue_dev, *id, &htb, true)?;

@@ -143,9 +143,12 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
                 &|attachment| classes::replace(attachment, spec),
             )
         }),
-        // Nothing to undo: the queues are where the classes always meant them to be.
+        // Not undone (the queues are where the classes always meant them to be): named
+        // if a later step fails.
         Step::Requeue(location, _) => in_ns(location, &mut || {
-            classes::requeue(&Attachment::open(location)?).map(drop)
+            classes::requeue(&Attachment::open(location)?)?;
+            done.push(Undo::Kept(step.to_string()));
+            Ok(())
         }),
         Step::Delete(location, name) => in_ns(location, &mut || {
             restoring(location, name, Restore::Add, done, &|attachment| {
