@@ -1318,14 +1318,45 @@ fn apply_splits_aggregates_and_makes_a_deleted_ifb_good() -> Result<()> {
         passed_after >= passed_before + 3,
         "the child passed {passed_before}, then {passed_after} packets"
     );
-    // Without a file: `attach` on the live attachment queues them again too.
+    // Without a file: `attach` on the live attachment queues them again too, a global
+    // class among them at this host's share (its floor: no daemon runs), every HTB class
+    // as it was.
+    let global = [
+        "--direction",
+        "ingress",
+        "--rate",
+        "40mbit",
+        "--proto",
+        "udp",
+        "--action",
+        "shape",
+        "--global",
+        "requeue-test",
+        "--floor",
+        "4mbit",
+    ];
+    router.class_add("global", ROUTER_TO_CLIENT, &global)?;
+    let htb_classes = || -> Result<Vec<String>> {
+        let listed = router.run("tc", &["class", "show", "dev", &ifb])?;
+        let listed = String::from_utf8_lossy(&listed.stdout);
+        // The leaves' qdisc handles are the kernel's to pick; rates and tree must match.
+        let without_leaf = |line: &str| match line.split_once(" leaf ") {
+            Some((head, tail)) => format!("{head} {}", tail.split_once(' ').map_or("", |t| t.1)),
+            None => line.to_string(),
+        };
+        let mut classes: Vec<String> = listed.lines().map(without_leaf).collect();
+        classes.sort();
+        Ok(classes)
+    };
+    let before = htb_classes()?;
     router.run("ip", &["link", "del", "dev", &ifb])?;
     let attached = router.shaper(&["attach", ROUTER_TO_CLIENT, "--direction", "ingress"])?;
     assert!(
-        attached.contains("already attached") && attached.contains("up, ping queued again"),
+        attached.contains("already attached") && attached.contains("up, global, ping queued again"),
         "{attached}"
     );
     assert_eq!(problem()?, Value::Null, "a problem left after attach");
+    assert_eq!(htb_classes()?, before, "the HTB classes after the requeue");
     ping("2")?;
 
     file.write(&config(""));
