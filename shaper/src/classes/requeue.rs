@@ -11,7 +11,7 @@ use super::{
 };
 use crate::{
     qdisc,
-    state::{Attachment, Direction},
+    state::{decode_name, Attachment, Direction},
 };
 use anyhow::Result;
 use shaper_common::Action;
@@ -31,7 +31,7 @@ pub fn stale_queues(attachment: &Attachment) -> Result<Vec<(u32, String)>> {
         // On ingress a shape class's mask is the ifindex of the ifb it queues on.
         let queued_on = config.action_mask;
         if config.action == Action::Shape as u8 && queued_on != 0 && Some(queued_on) != ifb {
-            stale.push((id, ClassSpec::from_meta(&meta, &config).name));
+            stale.push((id, decode_name(&meta.name)));
         }
     }
     Ok(stale)

@@ -103,7 +103,7 @@ enum Goodput {
     None,
     /// At least `TARGET_FRACTION` of the rate.
     Target,
-    /// No more than `BELOW_TBF` under the tbf row of the same rate, path and flow.
+    /// No more than `BELOW_REFERENCE` under the tbf row of the same rate, path and flow.
     LikeTbf,
 }
 
@@ -119,7 +119,7 @@ impl Hold {
         let goodput = match self.goodput {
             Goodput::None => None,
             Goodput::Target => Some("goodput".to_string()),
-            Goodput::LikeTbf => Some(format!("goodput ≥ tbf's − {BELOW_TBF}")),
+            Goodput::LikeTbf => Some(format!("goodput ≥ tbf's − {BELOW_REFERENCE}")),
         };
         let rtt = self.rtt.then(|| "RTT".to_string());
         let held: Vec<String> = goodput.into_iter().chain(rtt).collect();
@@ -140,11 +140,13 @@ impl Hold {
 
 /// Above this bandwidth-delay product one flow under CoDel's 5 ms target is the
 /// accepted long-path limit (reported, not held).
-const HELD_BDP_BYTES: f64 = 100_000.0;
-/// How far under tbf's goodput a BBR row over a long path may be, and never under the
-/// floor (tbf may fall too).
-const BELOW_TBF: f64 = 0.01;
-const BBR_FLOOR: f64 = 0.9;
+pub(crate) const HELD_BDP_BYTES: f64 = 100_000.0;
+/// How far under its reference's goodput (tbf beside it) a BBR row over a long path may
+/// be, and never under the floor (the reference may fall too).
+pub(crate) const BELOW_REFERENCE: f64 = 0.01;
+pub(crate) const BBR_FLOOR: f64 = 0.9;
+/// What makes a row the same flow as another's.
+const SAME_FLOW: &[&str] = &["rate", "base_rtt_ms", "congestion"];
 
 pub struct SenderEffort {
     seconds: u32,
@@ -181,11 +183,13 @@ pub fn effort(quick: bool) -> SenderEffort {
 }
 
 /// One way through the delay line: a 40 ms base RTT.
-const FORTY_MS_PATH: Duration = Duration::from_millis(20);
-const TARGET_FRACTION: f64 = 0.93;
-const TARGET_RTT_OVER_BASE_MS: f64 = 20.0;
+pub(crate) const FORTY_MS_PATH: Duration = Duration::from_millis(20);
+/// The targets: goodput over the rate, and the flow's RTT over the path's base.
+pub(crate) const TARGET_FRACTION: f64 = 0.93;
+pub(crate) const TARGET_RTT_OVER_BASE_MS: f64 = 20.0;
 
-fn lab(one_way: Option<Duration>) -> Result<Lab> {
+/// The µs lab, or one with `one_way` through the delay line.
+pub(crate) fn lab(one_way: Option<Duration>) -> Result<Lab> {
     match one_way {
         Some(delay) => Lab::with_delay(delay),
         None => Lab::new(),
@@ -275,7 +279,7 @@ pub fn senders(effort: &SenderEffort) -> Result<Vec<Value>> {
 
 pub fn markdown(report: &Value) -> String {
     let mut out = format!(
-        "\n## Every sender: where the class is and what aggregates meet it\n\nOne shape class, one flow with TSO on at the sender; GRO on at the router's receiving interface for the rows through the router. The flow's own mean RTT over the base, and a 20 Hz ping's added p99 beside it. Held in the full run (column *held*): goodput ≥ {TARGET_FRACTION} of the rate, RTT ≤ base + {TARGET_RTT_OVER_BASE_MS} ms. Where one flow's BDP is above 100 KB (100 Mbit/s over 40 ms) CoDel's default 5 ms target is the one-flow long-path limit (reported) and the class with `--target {LONG_PATH_TARGET}` is held; BBR there is held to tbf's goodput in the same run less {BELOW_TBF} (BBR v1's PROBE_RTT caps one flow near 0.93 on that path, with any queue); BBR's RTT through a router is its own queue (reported). `cargo xtask test` asserts the 10 Mbit/s µs rows (`latency.rs`, every-sender test).\n\n| class | rate | base RTT ms | flow | of the rate | RTT over base ms | ping p99 ms | held |\n|---|---|---|---|---|---|---|---|\n",
+        "\n## Every sender: where the class is and what aggregates meet it\n\nOne shape class, one flow with TSO on at the sender; GRO on at the router's receiving interface for the rows through the router. The flow's own mean RTT over the base, and a 20 Hz ping's added p99 beside it. Held in the full run (column *held*): goodput ≥ {TARGET_FRACTION} of the rate, RTT ≤ base + {TARGET_RTT_OVER_BASE_MS} ms. Where one flow's BDP is above 100 KB (100 Mbit/s over 40 ms) CoDel's default 5 ms target is the one-flow long-path limit (reported) and the class with `--target {LONG_PATH_TARGET}` is held; BBR there is held to tbf's goodput in the same run less {BELOW_REFERENCE} (BBR v1's PROBE_RTT caps one flow near 0.93 on that path, with any queue); BBR's RTT through a router is its own queue (reported). `cargo xtask test` asserts the 10 Mbit/s µs rows (`latency.rs`, every-sender test).\n\n| class | rate | base RTT ms | flow | of the rate | RTT over base ms | ping p99 ms | held |\n|---|---|---|---|---|---|---|---|\n",
     );
     for row in report["senders"].as_array().into_iter().flatten() {
         out.push_str(&format!(
@@ -316,11 +320,11 @@ pub fn check(report: &Value) -> Vec<String> {
             Some("target") if fraction < TARGET_FRACTION => {
                 broken.push(format!("{what}: {fraction:.3} < {TARGET_FRACTION}"));
             }
-            Some("tbf") => match tbf_fraction(&rows, &row) {
+            Some("tbf") => match fraction_beside(&rows, &row, SAME_FLOW, |o| o["place"] == TBF) {
                 None => broken.push(format!("{what}: no tbf row beside it")),
-                Some(tbf) if fraction < (tbf - BELOW_TBF).max(BBR_FLOOR) => {
+                Some(tbf) if fraction < (tbf - BELOW_REFERENCE).max(BBR_FLOOR) => {
                     broken.push(format!(
-                        "{what}: {fraction:.3} < tbf's {tbf:.3} − {BELOW_TBF} (at least {BBR_FLOOR})"
+                        "{what}: {fraction:.3} < tbf's {tbf:.3} − {BELOW_REFERENCE} (at least {BBR_FLOOR})"
                     ));
                 }
                 Some(_) => {}
@@ -338,17 +342,18 @@ pub fn check(report: &Value) -> Vec<String> {
     broken
 }
 
-/// The goodput of the tbf row beside `row` (same rate, path and flow).
-fn tbf_fraction(rows: &[Value], row: &Value) -> Option<f64> {
-    let same = |key: &str, other: &Value| other[key] == row[key];
+/// The goodput of the reference row beside `row`: the one `is_reference` picks among
+/// those equal to `row` in every key of `same` (rate, path, traffic). Both sections judge
+/// BBR over a long path by it.
+pub(crate) fn fraction_beside(
+    rows: &[Value],
+    row: &Value,
+    same: &[&str],
+    is_reference: impl Fn(&Value) -> bool,
+) -> Option<f64> {
     rows.iter()
-        .find(|other| {
-            other["place"].as_str() == Some(TBF)
-                && ["rate", "base_rtt_ms", "congestion"]
-                    .iter()
-                    .all(|key| same(key, other))
-        })
-        .and_then(|tbf| tbf["fraction"].as_f64())
+        .find(|other| is_reference(other) && same.iter().all(|key| other[key] == row[key]))
+        .and_then(|reference| reference["fraction"].as_f64())
 }
 
 /// A report's rows as a run that measured everything gives them (the driver's tests).

@@ -8,7 +8,13 @@
 //! lab; over the 40 ms path it is off (the delay line beside the container carries
 //! wire-size frames only).
 
-use crate::traffic::{cni_run, Cni};
+use crate::{
+    senders::{
+        fraction_beside, lab, BBR_FLOOR, BELOW_REFERENCE, FORTY_MS_PATH, HELD_BDP_BYTES,
+        TARGET_FRACTION, TARGET_RTT_OVER_BASE_MS,
+    },
+    traffic::{cni_run, Cni},
+};
 use anyhow::{Context as _, Result};
 use serde_json::{json, Value};
 use shaper_tests::{CniLeftovers, Lab, Tcp, Udp, CLIENT_V4, ROUTER_TO_SERVER, SERVER_DEV};
@@ -31,16 +37,14 @@ const LIMITERS: [(&str, Cni, Option<&str>); 3] = [
 
 /// The limiter the targets are for.
 const SHAPE: &str = "shaper-cni egressAction shape";
-const TARGET_FRACTION: f64 = 0.93;
-const TARGET_RTT_OVER_BASE_MS: f64 = 20.0;
+/// What makes a row the same traffic as another's.
+const SAME_TRAFFIC: &[&str] = &["rate", "base_rtt_ms", "traffic"];
+
+fn is_reference(row: &Value) -> bool {
+    row["limiter"] == LIMITERS[0].0
+}
 /// UDP at 10× the rate arrives within this fraction of it.
 const UDP_TOLERANCE: f64 = 0.01;
-/// Above this bandwidth-delay product BBR is held to the reference beside it.
-const HELD_BDP_BYTES: f64 = 100_000.0;
-/// How far under the reference's goodput BBR there may be, and never under the floor
-/// (the reference may fall too).
-const BELOW_REFERENCE: f64 = 0.01;
-const BBR_FLOOR: f64 = 0.9;
 
 /// A rate and a path the limiters are measured at.
 #[derive(Clone, Copy)]
@@ -65,8 +69,6 @@ const HUNDRED: Setting = Setting {
     udp_rate: "1000M",
     one_way: None,
 };
-/// One way through the delay line: a 40 ms base RTT.
-const FORTY_MS_PATH: Option<Duration> = Some(Duration::from_millis(20));
 
 /// How long each run is, where its figures start, at which settings.
 pub struct UploadEffort {
@@ -95,11 +97,11 @@ pub fn effort(quick: bool) -> UploadEffort {
                 TEN,
                 HUNDRED,
                 Setting {
-                    one_way: FORTY_MS_PATH,
+                    one_way: Some(FORTY_MS_PATH),
                     ..TEN
                 },
                 Setting {
-                    one_way: FORTY_MS_PATH,
+                    one_way: Some(FORTY_MS_PATH),
                     ..HUNDRED
                 },
             ],
@@ -139,10 +141,7 @@ pub fn uploads(effort: &UploadEffort) -> Result<Vec<Value>> {
 /// One row per limiter and traffic at `setting`: Cubic and BBR goodput with the sender's
 /// RTT, and UDP at 10× the rate.
 fn uploads_at(effort: &UploadEffort, setting: Setting) -> Result<Vec<Value>> {
-    let mut lab = match setting.one_way {
-        Some(delay) => Lab::with_delay(delay)?,
-        None => Lab::new()?,
-    };
+    let mut lab = lab(setting.one_way)?;
     let base_rtt_ms = lab.base_rtt().as_secs_f64() * 1e3;
     let (container, host_side) = (lab.server.clone(), lab.client.clone());
     let rate_bps = setting.rate_bps as f64;
@@ -252,9 +251,7 @@ pub fn check(report: &Value) -> Vec<String> {
         let fraction = row["fraction"].as_f64().unwrap_or(f64::NAN);
         let udp = row["traffic"].as_str() == Some(UDP);
         // A policer's TCP at a high rate over a 128 KiB burst may get little, not nothing.
-        let policed_tcp = !udp
-            && row["limiter"].as_str() != Some(SHAPE)
-            && row["limiter"].as_str() != Some(LIMITERS[0].0);
+        let policed_tcp = !udp && row["limiter"] != SHAPE && !is_reference(&row);
         let sane = if policed_tcp { 0.01..=1.1 } else { 0.3..=1.1 };
         if !sane.contains(&fraction) {
             broken.push(format!("{what}: {fraction:.3} of the rate"));
@@ -272,7 +269,7 @@ pub fn check(report: &Value) -> Vec<String> {
             (false, false) if fraction < TARGET_FRACTION => {
                 broken.push(format!("{what}: {fraction:.3} < {TARGET_FRACTION}"));
             }
-            (false, true) => match reference_fraction(&rows, &row) {
+            (false, true) => match fraction_beside(&rows, &row, SAME_TRAFFIC, is_reference) {
                 None => broken.push(format!("{what}: no reference row beside it")),
                 Some(tbf) if fraction < (tbf - BELOW_REFERENCE).max(BBR_FLOOR) => {
                     broken.push(format!(
@@ -302,18 +299,6 @@ fn held_to_reference(row: &Value) -> bool {
         * row["base_rtt_ms"].as_f64().unwrap_or(0.0)
         / 1e3;
     row["traffic"].as_str() == Some("TCP bbr") && bdp_bytes > HELD_BDP_BYTES
-}
-
-/// The reference plugin's goodput beside `row` (same rate, path and traffic).
-fn reference_fraction(rows: &[Value], row: &Value) -> Option<f64> {
-    rows.iter()
-        .find(|other| {
-            other["limiter"].as_str() == Some(LIMITERS[0].0)
-                && ["rate", "base_rtt_ms", "traffic"]
-                    .iter()
-                    .all(|key| other[key] == row[key])
-        })
-        .and_then(|reference| reference["fraction"].as_f64())
 }
 
 /// A report's rows as a run that measured everything gives them (the driver's tests).
