@@ -73,7 +73,9 @@ pub struct CodelConfig {
     pub frame_ns: u64,
     /// 1: CE-mark ECN-capable packets instead of dropping them (the default, as fq_codel).
     pub ecn: u32,
-    pub _pad: u32,
+    /// How the class shares its rate among its flows (`fair::FAIR_*`; 0, none, in pins
+    /// from before layout 9, where this was padding).
+    pub fair: u32,
 }
 
 impl CodelConfig {
@@ -89,8 +91,13 @@ impl CodelConfig {
             cap_ns: interval_ns.max(4 * target_ns),
             frame_ns,
             ecn: 1,
-            _pad: 0,
+            fair: crate::fair::FAIR_NONE,
         }
+    }
+
+    /// The same with flow isolation `fair` (`fair::FAIR_*`).
+    pub fn with_fair(self, fair: u32) -> Self {
+        Self { fair, ..self }
     }
 
     /// The same with ECN marking on or off.
@@ -129,6 +136,18 @@ pub struct FlowCensus {
     pub counting: u64,
     /// Bulk flows seen in the interval before.
     pub counted: u64,
+    /// Flow isolation (`fair`): the share multiplier this interval's flows are charged
+    /// with (`fair::next_share` at the end of the interval before; 0 reads as 1).
+    pub share: u64,
+    /// Flow isolation, counted through the interval: the weights of its bulk flows and
+    /// of those found over their share, the least delay the class's queue showed
+    /// (`u64::MAX`, or 0 in a fresh census, until a packet is judged), and the flows
+    /// found over their share (that count's value for the interval before, last).
+    pub weight: u64,
+    pub over_share_weight: u64,
+    pub least_delay_ns: u64,
+    pub over_share_counting: u64,
+    pub over_share_counted: u64,
 }
 
 /// The control word, unpacked.

@@ -6,6 +6,7 @@
 
 pub mod bucket;
 pub mod codel;
+pub mod fair;
 pub mod hierarchy;
 pub mod layout;
 pub mod meter;

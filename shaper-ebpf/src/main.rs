@@ -53,7 +53,7 @@ mod entry {
         maps::{CLASSES, SHAPE_PACKET, SHARES, SPLIT_TO},
         meter::meter,
         parse::{parse, Packet},
-        shape::shape,
+        shape::{judge_flow, shape},
         tree::charge_tree,
     };
     use aya_ebpf::{
@@ -191,8 +191,11 @@ mod entry {
             return TC_ACT_UNSPEC;
         }
         if class.action == Action::Shape as u8 {
-            // The shape path (trees included) reads the packet from the slot.
-            return shape(ctx, class_id, class, now());
+            // The shape path (trees included) reads the packet from the slot; its flow's
+            // entry and own queue first, each a subprogram beside `shape`, not below it.
+            let now = now();
+            let flow = judge_flow(ctx, class_id, class, now);
+            return shape(ctx, class_id, class, now, flow);
         }
         if class.parent != 0 {
             // A class in a tree (policing actions): its walk reads the packet from the slot.

@@ -9,6 +9,7 @@ use aya_ebpf::{
 };
 use shaper_common::{
     codel::{CodelState, FlowCensus},
+    fair::{FlowQueue, FlowScratch, ShapeStats},
     Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit, GlobalShare, Globals, KeyStats,
     RuleKey, RuleValue, Shape, VerdictEntry, CLASS_NAME_LEN, DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES,
     MAX_RULES, MAX_SHAPES, VERDICT_CACHE_SLOTS,
@@ -80,3 +81,19 @@ pub(crate) static CLASS_INDEX: HashMap<[u8; CLASS_NAME_LEN], u32> =
 /// splits aggregates into wire-size segments; 0 passes in place (`map_names::SPLIT_TO`).
 #[map]
 pub(crate) static SPLIT_TO: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Shape classes' flows (and hosts, under `--fair src|dst`): sparseness, census stamp,
+/// the virtual queue at the flow's fair share and its CoDel (`shaper_common::fair`).
+/// Created on a flow's first packet; userspace sizes it as the flow table.
+#[map]
+pub(crate) static FLOW_QUEUES: LruHashMap<BucketKey, FlowQueue> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+/// Per shape class and CPU: drops and marks by cause (`shaper_common::fair::ShapeStats`).
+#[map]
+pub(crate) static SHAPE_STATS: PerCpuArray<ShapeStats> =
+    PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+/// Per CPU: the flow table key and a new entry being built by the shape path, kept in a
+/// map rather than on the stack (512 bytes over the whole chain of calls, which the
+/// shape path's subprograms would exceed).
+#[map]
+pub(crate) static FLOW_SCRATCH: PerCpuArray<FlowScratch> = PerCpuArray::with_max_entries(1, 0);

@@ -8,11 +8,19 @@
 //! packet does not advance the virtual queue. Beyond the hard cap everything is dropped.
 //! Packets of sparse flows (a ping, a DNS query) skip CoDel and the bulk queue: they go to
 //! the class's sparse HTB leaf (higher priority) or leave at once under EDT.
+//!
+//! With flow isolation (`--fair`, the default) each bulk flow also has a virtual queue of
+//! its own at its fair share (`shaper_common::fair`): its CoDel and the cap judge that
+//! queue, so drops and marks land on the flows over their share, and the class queue's
+//! CoDel stands aside (only the hard cap guards it, and an ancestor's queue in a tree).
 
 use crate::{
     act::{count_drop, count_pass, stats_of},
     bucket::{bucket_key, count_new_key, swap},
-    maps::{CLASSES, CLASS_BUCKETS, CODEL, CODEL_FLOWS, KEYED_BUCKETS, SHAPE_PACKET},
+    maps::{
+        CLASSES, CLASS_BUCKETS, CODEL, CODEL_FLOWS, FLOW_QUEUES, FLOW_SCRATCH, SHAPE_PACKET,
+        SHAPE_STATS,
+    },
     parse::Packet,
     rewrite::{ecn_capable, set_ecn_ce},
 };
@@ -24,8 +32,12 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use core::intrinsics::{atomic_xadd, atomic_xchg, AtomicOrdering};
 use shaper_common::{
-    bucket::{departure, ticks, TAT_MASK},
-    codel::{judge, sojourn_ns, sparse, CodelConfig, CodelState},
+    bucket::{departure, ticks, TAT_MASK, TICK_BITS},
+    codel::{judge, sojourn_ns, sparse, CodelConfig, CodelState, FlowCensus, FRAME_BYTES},
+    fair::{
+        flow_cap_ns, flow_sojourn_ns, flow_ticks, flow_weight, host_flows, next_share, over_share,
+        FlowQueue, FlowScratch, FAIR_DST, FAIR_NONE, FAIR_SRC, SHARE_ONE,
+    },
     hierarchy::MAX_LEVELS,
     Bucket, ClassConfig, Scope,
 };
@@ -45,8 +57,18 @@ const SKB_TSTAMP_DELIVERY_MONO: u32 = 1;
 /// A BPF-to-BPF call, not inlined: the caller's stack is dead once it returns, so the
 /// verifier can merge the many paths classification leaves and walk this long path once
 /// per distinct state instead of once per path (inlined, the program exceeds its limit).
+///
+/// `flow` is what `look_up_flow` and `judge_flow` found of the packet's flow, called by
+/// the entry program before this: each a subprogram of its own, so no two of their
+/// frames sit on the stack at once (512 bytes over the whole chain of calls).
 #[inline(never)]
-pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u64) -> i32 {
+pub(crate) fn shape(
+    ctx: &TcContext,
+    class_id: u32,
+    class: &ClassConfig,
+    now: u64,
+    flow: FlowLookup,
+) -> i32 {
     let (Some(stats), Some(bucket), Some(packet)) = (
         stats_of(class_id),
         CLASS_BUCKETS.get_ptr_mut(class_id),
@@ -86,17 +108,36 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
     };
     // Sparse flows queue apart (their own bounded leaf, or no wait under EDT): the cap
     // and CoDel guard the bulk queue.
-    let (sparse, flows) = is_sparse(class_id, class, packet, now);
+    let sparse = flow.sparse();
     // Trees: the judging ancestor's queue holds its children's flows, not counted there.
-    let flows = if judge_id == class_id { flows } else { 1 };
-    if !sparse && sojourn > judge.codel.cap_ns {
+    let flows = if judge_id == class_id {
+        flow.flows()
+    } else {
+        1
+    };
+    let fair = class.codel.fair != FAIR_NONE;
+    // Flow isolation: the flow's own queue judged first (`judge_flow`).
+    let verdict = flow.verdict();
+    if verdict == FAIR_DROPPED {
+        count_cause(class_id, Cause::FairDrop, packet.wire_len);
         return count_drop(stats, packet.wire_len);
     }
-    let mut marked = false;
-    let (congested, entered) = if sparse {
+    if !sparse && sojourn > judge.codel.cap_ns {
+        count_cause(class_id, Cause::QueueDrop, packet.wire_len);
+        return count_drop(stats, packet.wire_len);
+    }
+    let mut marked = verdict == FAIR_MARKED;
+    if marked {
+        count_cause(class_id, Cause::FairMark, packet.wire_len);
+    }
+    let over = verdict == FAIR_OVER || marked;
+    // Under flow isolation the flows' own CoDels judge the class's queue, not one of its
+    // own; an ancestor's queue (a tree's borrowing) is still judged, on the flows over
+    // their shares.
+    let (congested, entered) = if sparse || (fair && judge_id == class_id) {
         (false, false)
     } else {
-        let spare = || spares_aggregate(ctx, packet, class.codel.ecn != 0);
+        let spare = || (fair && !over) || spares_aggregate(ctx, packet, class.codel.ecn != 0);
         judge_packet(
             unsafe { &mut *codel },
             sojourn,
@@ -116,6 +157,7 @@ pub(crate) fn shape(ctx: &TcContext, class_id: u32, class: &ClassConfig, now: u6
         if class.codel.ecn != 0 && set_ecn_ce(ctx, packet) {
             marked = true;
         } else {
+            count_cause(class_id, Cause::QueueDrop, packet.wire_len);
             return count_drop(stats, packet.wire_len);
         }
     }
@@ -203,56 +245,158 @@ fn judge_packet(
     }
 }
 
-/// Whether the packet's flow is sparse (`shaper_common::codel::sparse`), by its own word in
-/// the flow table, and the class's bulk flows (at least 1; see `census`). One
+/// What the flow table says of a shape class's packet, packed in one register (a
+/// subprogram returns one; a pointer to a struct of the caller's would add its frame):
+/// whether its flow is sparse, whether the class's census was reached, whether this
+/// packet counted its flow in it (its first bulk packet in the interval), and the class's
+/// bulk flows (at least 1; see `census_count`) from bit 8 on.
+/// `judge_flow` adds its verdict (`FAIR_*`) in bits 3 and 4.
+#[derive(Clone, Copy)]
+pub(crate) struct FlowLookup(u64);
+
+impl FlowLookup {
+    const SPARSE: u64 = 1;
+    const COUNTED: u64 = 2;
+    const FRESH: u64 = 4;
+    const VERDICT_SHIFT: u32 = 3;
+    const FLOWS_SHIFT: u32 = 8;
+
+    fn new(sparse: bool, counted: bool, fresh: bool, flows: u64) -> Self {
+        let bit = |set: bool, value: u64| if set { value } else { 0 };
+        Self(
+            bit(sparse, Self::SPARSE)
+                | bit(counted, Self::COUNTED)
+                | bit(fresh, Self::FRESH)
+                | (flows << Self::FLOWS_SHIFT),
+        )
+    }
+
+    fn sparse(self) -> bool {
+        self.0 & Self::SPARSE != 0
+    }
+
+    fn counted(self) -> bool {
+        self.0 & Self::COUNTED != 0
+    }
+
+    fn fresh(self) -> bool {
+        self.0 & Self::FRESH != 0
+    }
+
+    fn flows(self) -> u64 {
+        (self.0 >> Self::FLOWS_SHIFT).max(1)
+    }
+
+    fn verdict(self) -> u64 {
+        (self.0 >> Self::VERDICT_SHIFT) & 3
+    }
+
+    fn with_verdict(self, verdict: u64) -> Self {
+        Self(self.0 | ((verdict & 3) << Self::VERDICT_SHIFT))
+    }
+}
+
+/// The packet's flow in the flow table (`look_up_flow`), then, in a fair class, judged by
+/// its own queue (`fair_judge`): each its own subprogram, called one after the other by
+/// the entry program so that neither frame sits below `shape`'s.
+#[inline(always)]
+pub(crate) fn judge_flow(
+    ctx: &TcContext,
+    class_id: u32,
+    class: &ClassConfig,
+    now: u64,
+) -> FlowLookup {
+    let flow = FlowLookup(look_up_flow(class_id, class, now));
+    if class.codel.fair == FAIR_NONE || !flow.counted() {
+        return flow;
+    }
+    if flow.sparse() {
+        return flow;
+    }
+    let id_and_fresh = class_id | if flow.fresh() { FRESH } else { 0 };
+    flow.with_verdict(fair_judge(ctx, class, now, id_and_fresh) as u64)
+}
+
+/// The packet's flow in the flow table (`FlowLookup`, packed): whether it is sparse
+/// (`shaper_common::codel::sparse`), by its own word, and the class's bulk flows. One
 /// compare-and-swap: a lost race (a flow's packets on two CPUs at once) counts as bulk,
 /// the safe side. No room in the table: bulk too.
-#[inline(always)]
-fn is_sparse(class_id: u32, class: &ClassConfig, packet: &Packet, now: u64) -> (bool, u64) {
-    let key = bucket_key(class_id, class.generation, Scope::Flow, packet);
-    match KEYED_BUCKETS.get_ptr_mut(&key) {
-        Some(bucket) => {
-            let word = unsafe { &raw mut (*bucket).tat };
+///
+/// Not inlined, and its key and new entry built in `FLOW_SCRATCH`: the verifier allows
+/// 512 bytes of stack over the whole chain of calls, the entry program's frame included.
+#[inline(never)]
+fn look_up_flow(class_id: u32, class: &ClassConfig, now: u64) -> u64 {
+    let (Some(packet), Some(scratch)) = (SHAPE_PACKET.get_ptr(0), FLOW_SCRATCH.get_ptr_mut(0))
+    else {
+        return FlowLookup::new(false, false, false, 1).0;
+    };
+    let packet = unsafe { &*packet };
+    let scratch = unsafe { &mut *scratch };
+    scratch.key = bucket_key(class_id, class.generation, Scope::Flow, packet);
+    let census = CODEL_FLOWS.get_ptr_mut(class_id);
+    let reached = census.is_some();
+    match FLOW_QUEUES.get_ptr_mut(&scratch.key) {
+        Some(entry) => {
+            let word = unsafe { &raw mut (*entry).sparse };
             let stored = unsafe { core::ptr::read_volatile(word) };
             // A flow's sparseness word runs at 1/16 of the class rate with a 4-frame
             // burst; not converted after a change (as the queue above).
             let tat = stored & TAT_MASK;
             let (sparse_flow, next) = sparse(tat, now, packet.wire_len, &class.sparse_cost);
             let sparse_flow = swap(word, stored, class.stamp(next)) && sparse_flow;
-            let counted = unsafe { &raw mut (*bucket).tat2 };
-            let flows = census(class_id, class, now, (!sparse_flow).then_some(counted));
-            (sparse_flow, flows)
+            let counted = unsafe { &raw mut (*entry).counted_in };
+            let (flows, fresh) = count(census, class, now, (!sparse_flow).then_some(counted));
+            FlowLookup::new(sparse_flow, reached, fresh, flows).0
         }
         None => {
             // A new flow starts from an empty bucket (tat 0 is long ago); NOEXIST keeps a
             // racing CPU's entry.
             let (sparse_flow, next) = sparse(0, now, packet.wire_len, &class.sparse_cost);
-            let fresh = Bucket {
-                tat: class.stamp(next),
-                tat2: 0,
+            scratch.entry = FlowQueue {
+                sparse: class.stamp(next),
+                ..FlowQueue::default()
             };
-            let inserted = KEYED_BUCKETS
-                .insert(&key, &fresh, BPF_NOEXIST as u64)
+            let inserted = FLOW_QUEUES
+                .insert(&scratch.key, &scratch.entry, BPF_NOEXIST as u64)
                 .is_ok();
             if inserted {
                 count_new_key(class_id);
             }
             // No room in the table (or a racing CPU's entry first): bulk, the safe side;
-            // judged sparse, every packet of a flow without a word would skip CoDel.
-            (sparse_flow && inserted, census(class_id, class, now, None))
+            // judged sparse, every packet of a flow without a word would skip CoDel. A new
+            // flow is counted from its next packet on.
+            let (flows, _) = count(census, class, now, None);
+            FlowLookup::new(sparse_flow && inserted, reached, false, flows).0
         }
     }
 }
 
-/// The class's bulk flows (`shaper_common::codel::FlowCensus`): the larger of the last
-/// interval's count and this one's so far, at least 1. `counted` is a bulk packet's flow
-/// word, holding the end of the interval the flow was last counted in. Races cost a flow
-/// counted twice or not at all in one interval.
+/// The class's census, if reached, counting a bulk packet's flow (see `census`).
 #[inline(always)]
-fn census(class_id: u32, class: &ClassConfig, now: u64, counted: Option<*mut u64>) -> u64 {
-    let Some(census) = CODEL_FLOWS.get_ptr_mut(class_id) else {
-        return 1;
-    };
+fn count(
+    census: Option<*mut FlowCensus>,
+    class: &ClassConfig,
+    now: u64,
+    counted: Option<*mut u64>,
+) -> (u64, bool) {
+    match census {
+        Some(census) => census_count(census, class, now, counted),
+        None => (1, false),
+    }
+}
+
+/// The class's bulk flows (`shaper_common::codel::FlowCensus`): the larger of the last
+/// interval's count and this one's so far, at least 1; and whether this packet counted its
+/// flow. `counted` is a bulk packet's flow word, holding the end of the interval the flow
+/// was last counted in. Races cost a flow counted twice or not at all in one interval.
+/// The CPU that rolls the interval also sets the next interval's fair share.
+#[inline(always)]
+fn census_count(
+    census: *mut FlowCensus,
+    class: &ClassConfig,
+    now: u64,
+    counted: Option<*mut u64>,
+) -> (u64, bool) {
     let end_word = unsafe { &raw mut (*census).interval_end };
     let counting = unsafe { &raw mut (*census).counting };
     let end = unsafe { core::ptr::read_volatile(end_word) };
@@ -262,8 +406,12 @@ fn census(class_id: u32, class: &ClassConfig, now: u64, counted: Option<*mut u64
         if swap(end_word, end, next) {
             let seen = unsafe { atomic_xchg::<u64, { AtomicOrdering::Relaxed }>(counting, 0) };
             // After an idle interval the last one counted no flow.
-            let seen = if now >= end + interval { 0 } else { seen };
+            let idle = now >= end + interval;
+            let seen = if idle { 0 } else { seen };
             unsafe { core::ptr::write_volatile(&raw mut (*census).counted, seen) };
+            if class.codel.fair != FAIR_NONE {
+                roll_share(census, class, idle);
+            }
             next
         } else {
             // Another CPU rolled the interval: its end is the one flows are stamped with.
@@ -272,15 +420,258 @@ fn census(class_id: u32, class: &ClassConfig, now: u64, counted: Option<*mut u64
     } else {
         end
     };
+    let mut fresh = false;
     if let Some(word) = counted {
         if unsafe { core::ptr::read_volatile(word) } != end {
             unsafe { core::ptr::write_volatile(word, end) };
             unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counting, 1) };
+            fresh = true;
         }
     }
     let last = unsafe { core::ptr::read_volatile(&raw const (*census).counted) };
-    last.max(unsafe { core::ptr::read_volatile(counting) })
-        .max(1)
+    let flows = last
+        .max(unsafe { core::ptr::read_volatile(counting) })
+        .max(1);
+    (flows, fresh)
+}
+
+/// The next interval's share multiplier from the one that ended (`fair::next_share`);
+/// after an idle interval, the class rate (1).
+#[inline(always)]
+fn roll_share(census: *mut FlowCensus, class: &ClassConfig, idle: bool) {
+    let take = |word: *mut u64, fresh: u64| unsafe {
+        atomic_xchg::<u64, { AtomicOrdering::Relaxed }>(word, fresh)
+    };
+    let weight = take(unsafe { &raw mut (*census).weight }, 0);
+    let over_weight = take(unsafe { &raw mut (*census).over_share_weight }, 0);
+    let over = take(unsafe { &raw mut (*census).over_share_counting }, 0);
+    let least = take(unsafe { &raw mut (*census).least_delay_ns }, u64::MAX);
+    let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
+    // A fresh census holds 0 (no packet judged): not congested.
+    let congested = least != u64::MAX && least > 0;
+    let (share, over) = if idle {
+        (SHARE_ONE, 0)
+    } else {
+        (next_share(share, congested, weight, over_weight), over)
+    };
+    let _ = class;
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*census).share, share);
+        core::ptr::write_volatile(&raw mut (*census).over_share_counted, over);
+    }
+}
+
+/// Set in a host entry's class id (class ids stay below `MAX_CLASSES`).
+const HOST_KEY: u32 = 1 << 31;
+/// Set in `fair_judge`'s class id argument: the census just counted the packet's flow.
+const FRESH: u32 = 1 << 30;
+
+/// `fair_judge`'s verdicts.
+const FAIR_UNDER: u64 = 0;
+const FAIR_OVER: u64 = 1;
+const FAIR_MARKED: u64 = 2;
+const FAIR_DROPPED: u64 = 3;
+
+/// Flow isolation for a bulk packet of a fair class: its flow's virtual queue at the fair
+/// share (`shaper_common::fair`), judged by the flow's own CoDel and the class's cap.
+/// Counts the flow in the census as over its share (with its weight) or the packet's bytes
+/// as spare, and moves the flow's queue on by an admitted packet. A flow without an entry
+/// (a full table, or its first packet) is under its share.
+///
+/// Not inlined, as `shape` itself: the verifier walks this path once, not once per path of
+/// the caller.
+///
+/// `id_and_fresh` is the class id with [`FRESH`] set when the census just counted the
+/// flow. The flow's entry is looked up again here: `look_up_flow` cannot hand its pointer
+/// over (see `FlowLookup`), and this frame cannot sit below that one (512 bytes of stack
+/// over a chain of calls).
+#[inline(never)]
+fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32) -> u64 {
+    let class_id = id_and_fresh & !FRESH;
+    let fresh = id_and_fresh & FRESH != 0;
+    let (Some(packet), Some(census), Some(scratch)) = (
+        SHAPE_PACKET.get_ptr(0),
+        CODEL_FLOWS.get_ptr_mut(class_id),
+        FLOW_SCRATCH.get_ptr_mut(0),
+    ) else {
+        return FAIR_UNDER;
+    };
+    let packet = unsafe { &*packet };
+    let bytes = packet.wire_len;
+    let scratch = unsafe { &mut *scratch };
+    scratch.key = bucket_key(class_id, class.generation, Scope::Flow, packet);
+    let Some(entry) = FLOW_QUEUES.get_ptr_mut(&scratch.key) else {
+        return FAIR_UNDER;
+    };
+    let hosts = match class.codel.fair {
+        FAIR_SRC | FAIR_DST => host_count(class_id, class, packet, census, scratch, fresh),
+        _ => 1,
+    };
+    let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
+    let share = if share == 0 { SHARE_ONE } else { share };
+    let charge = flow_ticks(class.cost.ticks_for(bytes), share, hosts);
+    let finish_word = unsafe { &raw mut (*entry).finish };
+    let now_ticks = ticks(now);
+    // While the class's real queue is empty (its virtual queue within the burst HTB sends
+    // ahead), nothing waits and no flow is over its share: a flow's queue starts from
+    // empty. So the flows' own queues add up to the real queue, not to it plus the burst
+    // (a share of the burst granted to every flow would let each stand that much queue).
+    let class_tat = match CLASS_BUCKETS.get_ptr(class_id) {
+        Some(bucket) => {
+            let stored = unsafe { core::ptr::read_volatile(&raw const (*bucket).tat) };
+            stored & TAT_MASK
+        }
+        None => 0,
+    };
+    let class_delay = sojourn_ns(class_tat, now_ticks, class.shape_burst_ticks());
+    let queued = class_delay > 0;
+    // The least delay the class's queue shows this interval (`roll_share`'s congestion).
+    let least = unsafe { &raw mut (*census).least_delay_ns };
+    if class_delay < unsafe { core::ptr::read_volatile(least) } {
+        unsafe { core::ptr::write_volatile(least, class_delay) };
+    }
+    if fresh {
+        add(unsafe { &raw mut (*census).weight }, flow_weight(hosts));
+    }
+    let finish = if queued {
+        unsafe { core::ptr::read_volatile(finish_word) }
+    } else {
+        0
+    };
+    let over = over_share(finish, now_ticks, charge);
+    if over {
+        let end = unsafe { core::ptr::read_volatile(&raw const (*census).interval_end) };
+        let stamp = unsafe { &raw mut (*entry).over_share_in };
+        if unsafe { core::ptr::read_volatile(stamp) } != end {
+            unsafe { core::ptr::write_volatile(stamp, end) };
+            add(
+                unsafe { &raw mut (*census).over_share_weight },
+                flow_weight(hosts),
+            );
+            add(unsafe { &raw mut (*census).over_share_counting }, 1);
+        }
+    }
+    // Times at the flow's share: one frame, and its queue's delay.
+    let frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, hosts) >> TICK_BITS;
+    let sojourn = sojourn_ns(finish, now_ticks, 0);
+    if sojourn > flow_cap_ns(class.codel.target_ns, frame_ns) {
+        return FAIR_DROPPED;
+    }
+    let sojourn = flow_sojourn_ns(sojourn, frame_ns);
+    let spare = || spares_aggregate(ctx, packet, class.codel.ecn != 0);
+    let (congested, _) = judge_packet(
+        unsafe { &mut (*entry).codel },
+        sojourn,
+        now,
+        &class.codel,
+        1,
+        spare,
+    );
+    let marked = congested && class.codel.ecn != 0 && set_ecn_ce(ctx, packet);
+    if congested && !marked {
+        return FAIR_DROPPED;
+    }
+    let start = if finish > now_ticks {
+        finish
+    } else {
+        now_ticks
+    };
+    unsafe { core::ptr::write_volatile(finish_word, start + charge) };
+    match (marked, over) {
+        (true, _) => FAIR_MARKED,
+        (false, true) => FAIR_OVER,
+        (false, false) => FAIR_UNDER,
+    }
+}
+
+/// Under `--fair src|dst`: the packet's host's flows (`fair::host_flows`), from the host's
+/// entry in the flow table, rolled to the class's interval and counting the packet's flow
+/// when the census just counted it. No room for the host: 1.
+#[inline(always)]
+fn host_count(
+    class_id: u32,
+    class: &ClassConfig,
+    packet: &Packet,
+    census: *mut FlowCensus,
+    scratch: &mut FlowScratch,
+    fresh: bool,
+) -> u64 {
+    let scope = if class.codel.fair == FAIR_SRC {
+        Scope::Src
+    } else {
+        Scope::Dst
+    };
+    // The class id's top bit keeps a host's entry apart from the class's flows.
+    scratch.key = bucket_key(class_id | HOST_KEY, class.generation, scope, packet);
+    let host = match FLOW_QUEUES.get_ptr_mut(&scratch.key) {
+        Some(host) => host,
+        None => {
+            scratch.entry = FlowQueue::default();
+            let _ = FLOW_QUEUES.insert(&scratch.key, &scratch.entry, BPF_NOEXIST as u64);
+            match FLOW_QUEUES.get_ptr_mut(&scratch.key) {
+                Some(host) => host,
+                None => return 1,
+            }
+        }
+    };
+    let end = unsafe { core::ptr::read_volatile(&raw const (*census).interval_end) };
+    let counted_in = unsafe { &raw mut (*host).counted_in };
+    let last_end = unsafe { core::ptr::read_volatile(counted_in) };
+    if last_end != end {
+        // A new interval for this host: the one before counted what it counted if it was
+        // the interval just before, else nothing.
+        let interval = class.codel.interval_ns;
+        let counting = unsafe { core::ptr::read_volatile(&raw const (*host).finish) };
+        let before = if last_end + interval == end {
+            counting
+        } else {
+            0
+        };
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*host).sparse, before);
+            core::ptr::write_volatile(&raw mut (*host).finish, 0);
+            core::ptr::write_volatile(counted_in, end);
+        }
+    }
+    if fresh {
+        add(unsafe { &raw mut (*host).finish }, 1);
+    }
+    host_flows(unsafe { &*host })
+}
+
+#[inline(always)]
+fn add(word: *mut u64, value: u64) {
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(word, value) };
+}
+
+/// A shape class's drop and mark causes (`fair::ShapeStats`).
+#[derive(Clone, Copy)]
+enum Cause {
+    QueueDrop,
+    FairDrop,
+    FairMark,
+}
+
+#[inline(always)]
+fn count_cause(class_id: u32, cause: Cause, bytes: u64) {
+    let Some(stats) = SHAPE_STATS.get_ptr_mut(class_id) else {
+        return;
+    };
+    let stats = unsafe { &mut *stats };
+    match cause {
+        Cause::QueueDrop => {
+            stats.queue_dropped_packets += 1;
+            stats.queue_dropped_bytes += bytes;
+        }
+        Cause::FairDrop => {
+            stats.fair_dropped_packets += 1;
+            stats.fair_dropped_bytes += bytes;
+        }
+        Cause::FairMark => {
+            stats.fair_marked_packets += 1;
+            stats.fair_marked_bytes += bytes;
+        }
+    }
 }
 
 /// Whether a class in a tree sends above its guarantee: its second word, a virtual queue

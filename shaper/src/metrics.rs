@@ -62,6 +62,11 @@ struct Families {
     global_hosts: Family<Labels, Gauge>,
     global_age: Family<Labels, FloatGauge>,
     global_expired: Family<Labels, Gauge>,
+    flows: Family<Labels, Gauge>,
+    flows_over_share: Family<Labels, Gauge>,
+    shape_dropped_packets: Family<Labels, Counter>,
+    shape_dropped_bytes: Family<Labels, Counter>,
+    fair_marked: Family<Labels, Counter>,
 }
 
 fn location_labels(location: &Location) -> Labels {
@@ -177,6 +182,31 @@ fn class_metrics(row: &ClassRow, class: &Labels, families: &Families) {
     if let Some(level) = row.level_bytes {
         families.level.get_or_create(class).set(level as i64);
     }
+    if let Some(shape) = &row.codel {
+        families.flows.get_or_create(class).set(shape.flows as i64);
+        let over = shape.flows_over_share as i64;
+        families.flows_over_share.get_or_create(class).set(over);
+        for (cause, packets, bytes) in [
+            (
+                "queue",
+                shape.queue_dropped_packets,
+                shape.queue_dropped_bytes,
+            ),
+            ("fair", shape.fair_dropped_packets, shape.fair_dropped_bytes),
+        ] {
+            let cause = with(class, &[("cause", cause)]);
+            families
+                .shape_dropped_packets
+                .get_or_create(&cause)
+                .inc_by(packets);
+            families
+                .shape_dropped_bytes
+                .get_or_create(&cause)
+                .inc_by(bytes);
+        }
+        let marked = shape.fair_marked_packets;
+        families.fair_marked.get_or_create(class).inc_by(marked);
+    }
 }
 
 /// The exposition text: every attachment under the pin root, and `health` when given.
@@ -202,6 +232,11 @@ pub fn render(health: Option<&Health>) -> Result<String> {
         global_hosts: Family::default(),
         global_age: Family::default(),
         global_expired: Family::default(),
+        flows: Family::default(),
+        flows_over_share: Family::default(),
+        shape_dropped_packets: Family::default(),
+        shape_dropped_bytes: Family::default(),
+        fair_marked: Family::default(),
     };
     let mut errors = 0;
     for location in state::list_locations(None)? {
@@ -264,6 +299,11 @@ fn register_attachment_families(registry: &mut Registry, families: Families) {
         (global_hosts, "shaper_class_global_hosts", "Hosts sharing a global class's limit at Redis's last answer"),
         (global_age, "shaper_class_global_share_age_seconds", "Seconds since Redis last answered for a global class"),
         (global_expired, "shaper_class_global_share_expired", "1 when a global class's share expired and the packet path holds it at its floor"),
+        (flows, "shaper_class_flows", "Bulk flows of a shape class in its last CoDel interval"),
+        (flows_over_share, "shaper_class_flows_over_share", "Flows of a fair shape class over their fair share in its last CoDel interval"),
+        (shape_dropped_packets, "shaper_class_shape_dropped_packets", "Packets a shape class dropped, by cause: queue (the class queue's CoDel or cap) or fair (a flow over its fair share)"),
+        (shape_dropped_bytes, "shaper_class_shape_dropped_bytes", "Bytes a shape class dropped, by cause (as shaper_class_shape_dropped_packets)"),
+        (fair_marked, "shaper_class_fair_marked_packets", "Packets a fair shape class CE-marked on flows over their fair share"),
     ]);
 }
 

@@ -101,6 +101,22 @@ pub struct CodelRow {
     pub ecn: bool,
     pub queue_delay_us: u64,
     pub codel_dropping: bool,
+    /// Flow isolation: flow, src, dst or none.
+    pub fair: &'static str,
+    /// Bulk flows in the last CoDel interval, and those of them over their fair share.
+    pub flows: u64,
+    pub flows_over_share: u64,
+    /// Flow isolation: a flow's fair share of the rate now (the rate while at most one
+    /// flow wants more than it has).
+    pub fair_share_bps: u64,
+    /// Dropped by the class's queue (its CoDel and hard cap), and by a flow's own queue
+    /// for being over its fair share (its CoDel and the cap); CE marks on flows over
+    /// their share. Part of `dropped_*` and `marked_*`.
+    pub queue_dropped_packets: u64,
+    pub queue_dropped_bytes: u64,
+    pub fair_dropped_packets: u64,
+    pub fair_dropped_bytes: u64,
+    pub fair_marked_packets: u64,
 }
 
 /// What a report reads beyond each class's maps.
@@ -213,12 +229,22 @@ pub fn attachment_rows(
         }
         if let Some(codel) = spec.codel {
             let (delay_ns, dropping) = attachment.shape_queue(view.id)?;
+            let flows = attachment.shape_flows(view.id)?;
             row.codel = Some(CodelRow {
                 target: format_duration_ns(codel.target_ns),
                 interval: format_duration_ns(codel.interval_ns),
                 ecn: codel.ecn,
                 queue_delay_us: delay_ns / 1000,
                 codel_dropping: dropping,
+                fair: codel.fair.name(),
+                flows: flows.flows,
+                flows_over_share: flows.over_share,
+                fair_share_bps: fair_share(spec.drain().0, flows.share),
+                queue_dropped_packets: flows.stats.queue_dropped_packets,
+                queue_dropped_bytes: flows.stats.queue_dropped_bytes,
+                fair_dropped_packets: flows.stats.fair_dropped_packets,
+                fair_dropped_bytes: flows.stats.fair_dropped_bytes,
+                fair_marked_packets: flows.stats.fair_marked_packets,
             });
         }
         if detail.level && spec.scope == Scope::Class {
@@ -375,4 +401,10 @@ pub fn attachment_row(location: &Location) -> Result<AttachmentRow> {
         Some(classes::Split::Stale(ifb)) => Some(format!("{ifb} (gone)")),
     };
     Ok(row)
+}
+
+/// The rate `rate_bps` divided by a share multiplier (`fair::SHARE_ONE` is 1).
+fn fair_share(rate_bps: u64, share: u64) -> u64 {
+    let one = u128::from(shaper_common::fair::SHARE_ONE);
+    (u128::from(rate_bps) * one / u128::from(share.max(1))) as u64
 }

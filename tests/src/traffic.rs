@@ -373,6 +373,47 @@ impl Lab {
         })
     }
 
+    /// TCP runs (each its own iperf3 client and server port) and UDP runs from client to
+    /// server, all at once: flows that share one class. Results in the order given.
+    pub fn mixed(
+        &mut self,
+        tcp: &[&Tcp],
+        udp: &[&Udp],
+    ) -> Result<(Vec<TcpResult>, Vec<UdpResult>)> {
+        let tcp_ports: Vec<u16> = tcp.iter().map(|_| self.port()).collect();
+        let udp_ports: Vec<u16> = udp
+            .iter()
+            .map(|options| options.port.unwrap_or_else(|| self.port()))
+            .collect();
+        let lab = &*self;
+        thread::scope(|scope| {
+            let tcp_runs: Vec<_> = tcp
+                .iter()
+                .zip(&tcp_ports)
+                .map(|(&options, &port)| scope.spawn(move || lab.tcp_on_port(port, options)))
+                .collect();
+            let udp_runs: Vec<_> = udp
+                .iter()
+                .zip(&udp_ports)
+                .map(|(&options, &port)| {
+                    let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
+                    scope.spawn(move || {
+                        lab.udp_on_port(&lab.client, &lab.server, target, port, options)
+                    })
+                })
+                .collect();
+            let tcp = tcp_runs
+                .into_iter()
+                .map(|handle| handle.join().expect("a TCP run panicked"))
+                .collect::<Result<Vec<_>>>()?;
+            let udp = udp_runs
+                .into_iter()
+                .map(|handle| handle.join().expect("a UDP run panicked"))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((tcp, udp))
+        })
+    }
+
     fn tcp_on_port(&self, port: u16, options: &Tcp) -> Result<TcpResult> {
         let target = if options.ipv6 { SERVER_V6 } else { SERVER_V4 };
         tcp_from_to(&self.client, &self.server, target, port, options)

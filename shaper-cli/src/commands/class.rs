@@ -43,9 +43,10 @@ fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
     classes::add(&attachment, &spec)?;
     let codel = spec.codel.map_or(String::new(), |c| {
         format!(
-            " target {} interval {}",
+            " target {} interval {} fair {}",
             format_duration_ns(c.target_ns),
-            format_duration_ns(c.interval_ns)
+            format_duration_ns(c.interval_ns),
+            c.fair.name()
         )
     });
     println!(
@@ -191,6 +192,7 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
         "DST",
         "SPORT",
         "DPORT",
+        "FAIR (FLOWS)",
         "GLOBAL SHARE",
     ];
     print_rows(&rows, args.json, &header, |row| {
@@ -211,7 +213,16 @@ fn list(netns: Option<String>, args: ListArgs) -> Result<()> {
             text(&row["dst"]),
             text(&row["sport"]),
             text(&row["dport"]),
+            fair_text(row),
             crate::rows::share_text(row),
         ]
     })
+}
+
+/// A shape class's flow isolation and its bulk flows now.
+fn fair_text(row: &serde_json::Value) -> String {
+    match (row["fair"].as_str(), row["flows"].as_u64()) {
+        (Some(fair), Some(flows)) => format!("{fair} ({flows})"),
+        _ => "-".into(),
+    }
 }

@@ -32,6 +32,8 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
         "MARKED PKTS",
         "MARKED BYTES",
         "QUEUE",
+        "FLOWS (OVER SHARE)",
+        "DROPS QUEUE/FAIR",
         "KEYS (EVICTED)",
         "GLOBAL SHARE",
     ];
@@ -48,6 +50,8 @@ pub fn run(netns: Option<String>, args: StatsArgs) -> Result<()> {
             text(&row["marked_packets"]),
             text(&row["marked_bytes"]),
             queue_text(row),
+            flows_text(row),
+            drop_causes_text(row),
             keys_text(row),
             crate::rows::share_text(row),
         ]
@@ -69,6 +73,23 @@ fn queue_text(row: &Value) -> String {
             format!("{:.1}ms dropping", us as f64 / 1000.0)
         }
         Some(us) => format!("{:.1}ms", us as f64 / 1000.0),
+        None => "-".into(),
+    }
+}
+
+/// A shape class's bulk flows, and of those the ones over their fair share.
+fn flows_text(row: &Value) -> String {
+    match (row["flows"].as_u64(), row["fair"].as_str()) {
+        (Some(flows), Some("none")) => flows.to_string(),
+        (Some(flows), Some(_)) => format!("{flows} ({})", counter(row, "flows_over_share")),
+        _ => "-".into(),
+    }
+}
+
+/// A shape class's drops by cause: its queue's (CoDel, cap), and flows over their share.
+fn drop_causes_text(row: &Value) -> String {
+    match row["queue_dropped_packets"].as_u64() {
+        Some(queue) => format!("{queue}/{}", counter(row, "fair_dropped_packets")),
         None => "-".into(),
     }
 }

@@ -208,7 +208,9 @@ pub struct ClassMeta {
     pub in_use: u8,
     /// Shape classes: 1 when CoDel drops ECN-capable packets too (`ecn = false`).
     pub codel_no_ecn: u8,
-    pub _pad: [u8; 5],
+    /// Shape classes: how the class shares its rate among its flows (`fair::FAIR_*`).
+    pub fair: u8,
+    pub _pad: [u8; 4],
     /// Shape classes: CoDel's target and interval as the user gave them (ns).
     pub codel_target_ns: u64,
     pub codel_interval_ns: u64,
@@ -238,7 +240,8 @@ impl Default for ClassMeta {
             proto: 0,
             in_use: 0,
             codel_no_ecn: 0,
-            _pad: [0; 5],
+            fair: 0,
+            _pad: [0; 4],
             codel_target_ns: 0,
             codel_interval_ns: 0,
         }

@@ -43,8 +43,10 @@ pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// `SHARES`, layout 5 `VERDICT_CACHE` and `Globals::rules_generation` (a spare word),
 /// layout 6 `CODEL_FLOWS`, layout 7 shape classes on ingress (`ClassConfig::action_mask`:
 /// the ifb's ifindex, which an older program would not redirect to), layout 8 `SPLIT_TO`
-/// (an older program would not split).
-pub const LAYOUT_VERSION: u32 = 8;
+/// (an older program would not split), layout 9 flow isolation in shape classes
+/// (`CodelConfig::fair` and `ClassMeta::fair` in former padding, `FLOW_QUEUES`,
+/// `SHAPE_STATS`, `FLOW_SCRATCH`, and a larger `CODEL_FLOWS` value, which the upgrade makes anew).
+pub const LAYOUT_VERSION: u32 = 9;
 
 /// Slots of the per-CPU verdict cache (`VERDICT_CACHE`): 56 bytes each, 56 KiB a CPU.
 pub const VERDICT_CACHE_SLOTS: u32 = 1024;
@@ -84,8 +86,17 @@ pub mod map_names {
     /// pass to, which splits GSO/GRO aggregates into wire-size segments and gives them
     /// back to the interface (`shaper attach --split-aggregates`); 0: pass in place.
     pub const SPLIT_TO: &str = "SPLIT_TO";
+    /// Shape classes: per flow (and per host under `--fair src|dst`), the flow's
+    /// sparseness, census stamp, virtual queue at its fair share and CoDel
+    /// (`fair::FlowQueue`); sized as the flow table.
+    pub const FLOW_QUEUES: &str = "FLOW_QUEUES";
+    /// Per shape class and CPU: drops and marks by cause (`fair::ShapeStats`).
+    pub const SHAPE_STATS: &str = "SHAPE_STATS";
+    /// Packet-path scratch (one per-CPU slot: a flow key and entry), never read by
+    /// userspace.
+    pub const FLOW_SCRATCH: &str = "FLOW_SCRATCH";
     /// Every map of the object, in the order userspace pins them.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 21] = [
         LAYOUT,
         GLOBALS,
         SHAPES,
@@ -104,6 +115,9 @@ pub mod map_names {
         VERDICT_CACHE,
         CODEL_FLOWS,
         SPLIT_TO,
+        FLOW_QUEUES,
+        SHAPE_STATS,
+        FLOW_SCRATCH,
     ];
 }
 
@@ -177,4 +191,7 @@ mod pod {
     unsafe impl aya::Pod for VerdictEntry {}
     unsafe impl aya::Pod for crate::codel::CodelState {}
     unsafe impl aya::Pod for crate::codel::FlowCensus {}
+    unsafe impl aya::Pod for crate::fair::FlowQueue {}
+    unsafe impl aya::Pod for crate::fair::ShapeStats {}
+    unsafe impl aya::Pod for crate::fair::FlowScratch {}
 }

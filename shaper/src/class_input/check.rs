@@ -4,7 +4,7 @@
 
 use crate::{
     actions::ActionSpec,
-    classes::{check_name, parse_scope, ClassSpec, OnLoss},
+    classes::{check_name, parse_scope, ClassSpec, Fair, OnLoss},
     rules::{parse_cidr, PortRange, Proto, Rule},
     state::Direction,
     units::{parse_duration_ns, parse_rate, parse_size, parse_switch},
@@ -92,6 +92,7 @@ pub(super) struct Fields {
     pub(super) target: Option<u64>,
     pub(super) interval: Option<u64>,
     pub(super) ecn: Option<bool>,
+    pub(super) fair: Option<Fair>,
     pub(super) parent: Option<String>,
     pub(super) ceil: Option<u64>,
     pub(super) cburst: Option<u64>,
@@ -143,6 +144,7 @@ impl ClassInput {
         let target = c.optional("target", &self.target, parse_duration_ns);
         let interval = c.optional("interval", &self.interval, parse_duration_ns);
         let ecn = c.optional("ecn", &self.ecn, parse_switch);
+        let fair = c.optional("fair", &self.fair, Fair::from_name);
         let parent = c.optional("parent", &self.parent, |name| {
             check_name(name)
                 .map(|_| name.to_string())
@@ -180,6 +182,7 @@ impl ClassInput {
             target: target?,
             interval: interval?,
             ecn: ecn?,
+            fair: fair?,
             parent: parent?,
             ceil: ceil?,
             cburst: cburst?,

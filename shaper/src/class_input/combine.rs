@@ -171,11 +171,12 @@ impl ClassInput {
                 ("target", f.target.is_some()),
                 ("interval", f.interval.is_some()),
                 ("ecn", f.ecn.is_some()),
+                ("fair", f.fair.is_some()),
             ];
             if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
                 c.fail(
                     field,
-                    "--target, --interval and --ecn tune CoDel on --action shape; this class does not shape",
+                    "--target, --interval, --ecn and --fair tune the queue of --action shape; this class does not shape",
                 );
                 return None;
             }
@@ -186,6 +187,7 @@ impl ClassInput {
             target_ns: f.target.unwrap_or(defaults.target_ns),
             interval_ns: f.interval.unwrap_or(defaults.interval_ns),
             ecn: f.ecn.unwrap_or(defaults.ecn),
+            fair: f.fair.unwrap_or(defaults.fair),
         };
         if codel.target_ns >= codel.interval_ns {
             c.fail(

@@ -19,6 +19,7 @@ use crate::{
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuValues};
 use shaper_common::{
     codel::{CodelState, FlowCensus},
+    fair::ShapeStats,
     Action, Bucket, ClassConfig, ClassMeta, ClassStats, GlobalShare, Globals, KeyStats, RuleValue,
     CLASS_NAME_LEN, MAX_CLASSES,
 };
@@ -239,6 +240,8 @@ impl<'a> Batch<'a> {
         self.attachment.stats()?.set(id, zeros, 0)?;
         let zeros = PerCpuValues::try_from(vec![KeyStats::default(); cpus])?;
         self.attachment.key_stats()?.set(id, zeros, 0)?;
+        let zeros = PerCpuValues::try_from(vec![ShapeStats::default(); cpus])?;
+        self.attachment.shape_stats()?.set(id, zeros, 0)?;
         self.buckets.set(id, Bucket::default(), 0)?;
         self.codel.set(id, CodelState::default(), 0)?;
         self.flow_census.set(id, FlowCensus::default(), 0)?;

@@ -79,9 +79,10 @@ impl Change {
                 let ecn = if c.ecn { "" } else { " noecn" };
                 let (target, interval) = (c.target_ns, c.interval_ns);
                 format!(
-                    "{}/{}{ecn}",
+                    "{}/{}{ecn} fair {}",
                     format_duration_ns(target),
-                    format_duration_ns(interval)
+                    format_duration_ns(interval),
+                    c.fair.name()
                 )
             };
             what.push(format!("codel {} -> {}", codel(before), codel(after)));
@@ -187,6 +188,7 @@ pub(crate) fn apply(attachment: &Attachment, name: &str, change: Change) -> Resu
         meta.codel_target_ns = codel.target_ns;
         meta.codel_interval_ns = codel.interval_ns;
         meta.codel_no_ecn = !codel.ecn as u8;
+        meta.fair = codel.fair.code() as u8;
     }
     let placement = place(attachment, id, &mut meta, &mut config, &change)?;
     // A global class runs at its share: the limit (`meta`'s rate) is for all hosts.

@@ -81,6 +81,7 @@ impl ClassSpec {
                     .filter(|&t| t != 0)
                     .unwrap_or(DEFAULT_INTERVAL_NS),
                 ecn: meta.codel_no_ecn == 0,
+                fair: Fair::from_code(meta.fair as u32),
             }),
             // The parent's name is filled in by `read_classes`, which knows every class.
             tree: (config.parent != 0 && config.meter == METER_NONE).then(|| Tree {
@@ -136,6 +137,7 @@ impl ClassSpec {
             codel_target_ns: self.codel.map_or(0, |c| c.target_ns),
             codel_interval_ns: self.codel.map_or(0, |c| c.interval_ns),
             codel_no_ecn: self.codel.is_some_and(|c| !c.ecn) as u8,
+            fair: self.codel.map_or(0, |c| c.fair.code() as u8),
             ..ClassMeta::default()
         })
     }

@@ -192,6 +192,8 @@ pub struct Codel {
     pub interval_ns: u64,
     /// CE-mark ECN-capable packets instead of dropping them.
     pub ecn: bool,
+    /// How the class shares its rate among its flows.
+    pub fair: Fair,
 }
 
 impl Default for Codel {
@@ -200,14 +202,70 @@ impl Default for Codel {
             target_ns: DEFAULT_TARGET_NS,
             interval_ns: DEFAULT_INTERVAL_NS,
             ecn: true,
+            fair: Fair::Flow,
         }
+    }
+}
+
+/// Flow isolation in a shape class (`shaper_common::fair`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Fair {
+    /// One queue for every flow (no isolation).
+    None,
+    /// Each flow its fair share.
+    #[default]
+    Flow,
+    /// Each source host its share, then each of its flows.
+    Src,
+    /// Each destination host its share, then each of its flows.
+    Dst,
+}
+
+impl Fair {
+    pub const ALL: [Fair; 4] = [Fair::Flow, Fair::Src, Fair::Dst, Fair::None];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fair::None => "none",
+            Fair::Flow => "flow",
+            Fair::Src => "src",
+            Fair::Dst => "dst",
+        }
+    }
+
+    pub fn from_name(text: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name() == text)
+            .ok_or_else(|| format!("bad fair '{text}' (flow, src, dst or none)"))
+    }
+
+    /// The packet path's code (`shaper_common::fair::FAIR_*`).
+    pub fn code(self) -> u32 {
+        use shaper_common::fair::*;
+        match self {
+            Fair::None => FAIR_NONE,
+            Fair::Flow => FAIR_FLOW,
+            Fair::Src => FAIR_SRC,
+            Fair::Dst => FAIR_DST,
+        }
+    }
+
+    /// From the packet path's code; an unknown one reads as none.
+    pub fn from_code(code: u32) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.code() == code)
+            .unwrap_or(Fair::None)
     }
 }
 
 impl Codel {
     /// The packet path's parameters at `rate_bits_per_sec`.
     pub(crate) fn config(self, rate_bits_per_sec: u64) -> CodelConfig {
-        CodelConfig::new(self.target_ns, self.interval_ns, rate_bits_per_sec).with_ecn(self.ecn)
+        CodelConfig::new(self.target_ns, self.interval_ns, rate_bits_per_sec)
+            .with_ecn(self.ecn)
+            .with_fair(self.fair.code())
     }
 
     /// The HTB leaf's limit: a bounded bfifo of the bytes the class sends in CoDel's hard

@@ -48,6 +48,14 @@ pub struct NetConf {
     /// shape (on the container's own interface's egress, inside its namespace).
     #[serde(default)]
     pub egress_action: Option<String>,
+    /// With `ingressAction: "shape"`: how the container's class shares its rate among
+    /// flows toward it: flow (default), src (each sending host first), dst or none.
+    #[serde(default)]
+    pub ingress_fair: Option<String>,
+    /// With `egressAction: "shape"`: how the container's upload shares its rate: flow
+    /// (default), dst (each destination host first, then its flows), src or none.
+    #[serde(default)]
+    pub egress_fair: Option<String>,
     #[serde(default)]
     pub prev_result: Option<Value>,
 }
@@ -109,7 +117,7 @@ fn class(
     direction: Direction,
     rate: u64,
     burst: u64,
-    action: Action,
+    (action, fair): (Action, Option<&str>),
 ) -> Result<(Direction, ClassSpec)> {
     ClassInput {
         name: Some(name.into()),
@@ -117,6 +125,7 @@ fn class(
         rate: Some(format!("{rate}bit")),
         burst: Some(burst.to_string()),
         action: Some(action.name().into()),
+        fair: fair.map(str::to_string),
         ..ClassInput::default()
     }
     .check()
@@ -161,12 +170,12 @@ fn limit(
     name: &str,
     direction: Direction,
     (rate, burst): (u64, u64),
-    action: Action,
+    treatment: (Action, Option<&str>),
 ) -> Result<()> {
     interface.directions.push(direction);
     interface
         .classes
-        .push(class(name, direction, rate, burst, action)?);
+        .push(class(name, direction, rate, burst, treatment)?);
     Ok(())
 }
 
@@ -191,7 +200,7 @@ pub fn desired(
             INGRESS_CLASS,
             Direction::Egress,
             (rate, burst),
-            ingress_action,
+            (ingress_action, conf.ingress_fair.as_deref()),
         )?;
     }
     // From the container. Shaped on the container's own interface's egress: a queue
@@ -212,7 +221,7 @@ pub fn desired(
                 EGRESS_CLASS,
                 Direction::Egress,
                 (rate, burst),
-                Action::Shape,
+                (Action::Shape, conf.egress_fair.as_deref()),
             )?;
             interfaces.push(inside);
         } else {
@@ -221,7 +230,7 @@ pub fn desired(
                 EGRESS_CLASS,
                 Direction::Ingress,
                 (rate, burst),
-                egress_action,
+                (egress_action, conf.egress_fair.as_deref()),
             )?;
         }
     }

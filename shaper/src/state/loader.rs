@@ -34,19 +34,19 @@ pub fn load_object_bytes(dir: &Path, flow_table_size: u32, object: &[u8]) -> Res
     load_with_pins(object, flow_table_size, |name| dir.join(name))
 }
 
-/// [`load_object`] with the flow table at `flow_table_pin` instead of its place in `dir`
-/// (a new table of `flow_table_size` entries is made there): a resize under traffic.
+/// [`load_object`] with the flow table and the shape classes' flow queues at the
+/// `staged` pins instead of their places in `dir` (new tables of `flow_table_size` entries
+/// are made there): a resize under traffic.
 pub fn load_object_with_flow_table(
     dir: &Path,
     flow_table_size: u32,
-    flow_table_pin: &Path,
+    staged: &[(&str, PathBuf)],
 ) -> Result<Ebpf> {
     load_with_pins(crate::EBPF_OBJECT, flow_table_size, |name| {
-        if name == map_names::KEYED_BUCKETS {
-            flow_table_pin.to_path_buf()
-        } else {
-            dir.join(name)
-        }
+        staged
+            .iter()
+            .find(|(staged_name, _)| *staged_name == name)
+            .map_or_else(|| dir.join(name), |(_, pin)| pin.clone())
     })
 }
 
@@ -63,6 +63,7 @@ fn load_with_pins(
     require_kernel_features()?;
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(map_names::KEYED_BUCKETS, flow_table_size);
+    loader.map_max_entries(map_names::FLOW_QUEUES, flow_table_size);
     let paths: Vec<(&str, PathBuf)> = map_names::ALL.iter().map(|n| (*n, pin_of(n))).collect();
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());

@@ -22,7 +22,7 @@ mod names;
 mod pins;
 mod upgrade;
 
-pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
+pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure, ShapeFlows};
 pub use loader::{
     attach_fresh, detach, forget, load_object, load_object_bytes, load_program, reattach,
     switch_mode,

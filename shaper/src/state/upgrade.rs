@@ -102,11 +102,19 @@ pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
     let status = attachment.status()?;
     require_live(location, &status, "first")?;
     let staged = dir.join(format!("{}-new", map_names::KEYED_BUCKETS));
+    // Shape classes' flow queues are made anew at the new size: soft state (sparseness,
+    // census stamps, fair-share queues) that each flow's next packets rebuild.
+    let staged_queues = dir.join(format!("{}-new", map_names::FLOW_QUEUES));
     let staged_program = dir.join(format!("{PROG_PIN}-new"));
     let _ = fs::remove_file(&staged);
+    let _ = fs::remove_file(&staged_queues);
     let _ = fs::remove_file(&staged_program);
     let result = (|| -> Result<usize> {
-        let mut ebpf = load_object_with_flow_table(&dir, size, &staged)?;
+        let pins = [
+            (map_names::KEYED_BUCKETS, staged.clone()),
+            (map_names::FLOW_QUEUES, staged_queues.clone()),
+        ];
+        let mut ebpf = load_object_with_flow_table(&dir, size, &pins)?;
         let globals = attachment.globals()?;
         let name = program_name(&globals);
         // Verified first (a fraction of a second): the buckets are copied just before
@@ -133,12 +141,15 @@ pub fn resize_flow_table(location: &Location, size: u32) -> Result<usize> {
         // then the program, each renamed over its old pin.
         fs::rename(&staged, dir.join(map_names::KEYED_BUCKETS))
             .with_context(|| format!("cannot re-pin the flow table in {}", dir.display()))?;
+        fs::rename(&staged_queues, dir.join(map_names::FLOW_QUEUES))
+            .with_context(|| format!("cannot re-pin the flow queues in {}", dir.display()))?;
         fs::rename(&staged_program, dir.join(PROG_PIN))
             .with_context(|| format!("cannot re-pin the program in {}", dir.display()))?;
         Ok(carried)
     })();
     // A failure before the swap leaves the old table and program as they were.
     let _ = fs::remove_file(&staged);
+    let _ = fs::remove_file(&staged_queues);
     let _ = fs::remove_file(&staged_program);
     result
 }
@@ -259,8 +270,36 @@ fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
         // gave ingress shape classes a meaning (no older pins hold one), layout 8 added
         // SPLIT_TO (created empty: nothing split until `attach --split-aggregates`).
         2..=7 => Some(|_| Ok(())),
+        8 => Some(migrate_to_fair),
         _ => None,
     }
+}
+
+/// Layout 8 to 9: flow isolation. `CODEL_FLOWS`' values grew (the fair share's census),
+/// so its pin is removed for loading the object to make it anew (the old program keeps
+/// its own until the swap; the census restarts, counting one flow for an interval);
+/// `FLOW_QUEUES` and `SHAPE_STATS` are new. Every shape class gets the default,
+/// `fair flow`, in its config and metadata, in fields that were padding (zero: none).
+fn migrate_to_fair(attachment: &Attachment) -> Result<()> {
+    let census = attachment.dir().join(map_names::CODEL_FLOWS);
+    if census.exists() {
+        fs::remove_file(&census)
+            .with_context(|| format!("cannot remove {} for its new layout", census.display()))?;
+    }
+    let mut classes = attachment.classes()?;
+    let mut metas = attachment.meta()?;
+    for id in 0..shaper_common::MAX_CLASSES {
+        let mut config = classes.get(&id, 0)?;
+        if config.in_use == 0 || config.action != shaper_common::Action::Shape as u8 {
+            continue;
+        }
+        let mut meta = metas.get(&id, 0)?;
+        meta.fair = shaper_common::fair::FAIR_FLOW as u8;
+        metas.set(id, meta, 0)?;
+        config.codel.fair = shaper_common::fair::FAIR_FLOW;
+        classes.set(id, config, 0)?;
+    }
+    Ok(())
 }
 
 /// Layouts 0 and 1 to 2: the sizes checked, then every classifier entry re-ranked with
