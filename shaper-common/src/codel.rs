@@ -147,6 +147,10 @@ pub struct FlowCensus {
     pub over_share_weight: u64,
     pub least_delay_ns: u64,
     pub over_share_counting: u64,
+    /// Flow isolation: the bulk flows' weights in the interval before (`weight`'s last
+    /// value): the share's bound is the larger of the two, so a flow silent for one
+    /// interval (a TCP timeout) is not left out of the split.
+    pub last_weight: u64,
     pub over_share_counted: u64,
 }
 

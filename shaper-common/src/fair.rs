@@ -17,9 +17,9 @@
 //! the class rate times the class's *share multiplier* `m` (rates are charged as time, so
 //! the multiplier is all a flow's word needs), set once per CoDel interval by feedback
 //! from the class's real queue ([`next_share`]): an interval through which the queue never
-//! emptied means the flows together admit more than the rate, so `m` rises (by 1/8, or at
+//! emptied means the flows together admit more than the rate, so `m` rises (by 1/4, or at
 //! once to the weight of the flows found over their share); an interval in which it
-//! emptied means the rate went unused, so `m` falls by 1/8 and the flows that want more
+//! emptied means the rate went unused, so `m` falls by 1/16 and the flows that want more
 //! get it. `m` stays between 1 (one flow may take the whole rate) and the weight of the
 //! class's bulk flows (an equal split among them).
 //!
@@ -46,9 +46,11 @@ pub const SHARE_ONE: u64 = 1 << 16;
 pub const MAX_SHARE: u64 = SHARE_ONE << 16;
 /// A host's flows counted at most (its flows' weights stay above zero).
 pub const MAX_HOST_FLOWS: u64 = 1 << 16;
-/// The share multiplier moves by 1/8 of itself an interval: slowly enough that a flow that
-/// backed off (a Cubic sawtooth) keeps its share while it grows back.
-const SHARE_STEP_DIVISOR: u64 = 8;
+/// The share multiplier rises by 1/4 of itself an interval the queue stood, and falls by
+/// 1/16 an interval it emptied: slowly, so that a flow that backed off (a Cubic sawtooth,
+/// slow to grow back over a long path) keeps most of its share meanwhile.
+const SHARE_RAISE_DIVISOR: u64 = 4;
+const SHARE_LOWER_DIVISOR: u64 = 16;
 
 /// A flow's (or, under `--fair src|dst`, a host's) entry in the shape flow table
 /// (`FLOW_QUEUES`).
@@ -59,8 +61,9 @@ const SHARE_STEP_DIVISOR: u64 = 8;
 /// last counted in as over its share, and `codel` its own CoDel state.
 ///
 /// For a host (the key of scope src or dst): `counted_in` is the end of the interval it
-/// counts flows in, `finish` its flows counted so far in it and `sparse` its flows in the
-/// interval before (see [`host_flows`]).
+/// counts flows in, `over_share_in` its flows counted so far in it, `sparse` its flows in
+/// the interval before (see [`host_flows`]), and `finish` its own virtual queue's end at
+/// the host's share.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowQueue {
@@ -69,6 +72,10 @@ pub struct FlowQueue {
     pub finish: u64,
     pub over_share_in: u64,
     pub codel: CodelState,
+    /// The part of `finish`'s lead the flow (host) sent within the burst HTB sends ahead
+    /// while the class's real queue was empty: it waits nowhere, so its queue's delay
+    /// leaves it out (see [`burst_credit`]).
+    pub credit: u64,
 }
 
 /// The shape path's per-CPU scratch (`FLOW_SCRATCH`): a flow table key and a new entry.
@@ -113,16 +120,16 @@ impl ShapeStats {
 #[inline(always)]
 pub fn next_share(share: u64, congested: bool, bulk_weight: u64, over_weight: u64) -> u64 {
     let share = share.clamp(SHARE_ONE, MAX_SHARE);
-    let step = share / SHARE_STEP_DIVISOR;
     let next = if congested {
-        let raised = share + step;
+        let raised = share + share / SHARE_RAISE_DIVISOR;
+        // Flows (hosts) all found over their share want at least an equal split.
         if over_weight > raised {
             over_weight
         } else {
             raised
         }
     } else {
-        share - step
+        share - share / SHARE_LOWER_DIVISOR
     };
     let most = bulk_weight.clamp(SHARE_ONE, MAX_SHARE);
     next.clamp(SHARE_ONE, most)
@@ -169,6 +176,24 @@ pub fn over_share(finish: u64, now_ticks: u64, charge_ticks: u64) -> bool {
     finish > now_ticks.saturating_add(charge_ticks)
 }
 
+/// Whether a flow's packet is sparse in a fair class (`codel::sparse`, with the packet's
+/// cost on the sparseness word times the share multiplier): sparse below 1/16 of the
+/// flow's fair share, not of the class rate, so that with many flows (each under 1/16 of
+/// the rate) a bulk flow still is one, and is held to its share.
+#[inline(always)]
+pub fn sparse_at_share(
+    tat: u64,
+    now_ns: u64,
+    bytes: u64,
+    cost: &crate::ByteCost,
+    share: u64,
+) -> (bool, u64) {
+    let now = crate::bucket::ticks(now_ns);
+    let start = if tat > now { tat } else { now };
+    let next = start + flow_ticks(cost.ticks_for(bytes), share, 1);
+    (next - now <= cost.tolerance_ticks, next)
+}
+
 /// A flow's own queue's delay (ns, at its share) as its CoDel judges it: 0 while it holds
 /// at most one frame (`frame_ns`: a frame's time at the flow's share), as fq_codel never
 /// drops a flow's only packet.
@@ -196,11 +221,37 @@ pub fn flow_cap_ns(target_ns: u64, frame_ns: u64) -> u64 {
     }
 }
 
+/// A flow's (or host's) credit after an admitted packet of `charge` ticks: what it sent
+/// while the class's real queue was empty (`within_burst`) went out within the burst HTB
+/// sends ahead and waits nowhere, so it is credited, up to the class's burst
+/// (`burst_ticks`); a flow whose queue drained (`drained`) starts over. Each flow gets
+/// credit only for the burst it took, so the flows' queues add up to the real queue: a
+/// share of the burst granted to every flow would let each stand that much queue.
+#[inline(always)]
+pub fn burst_credit(
+    credit: u64,
+    drained: bool,
+    within_burst: bool,
+    charge: u64,
+    burst_ticks: u64,
+) -> u64 {
+    let credit = if drained { 0 } else { credit };
+    if !within_burst {
+        return credit;
+    }
+    let credit = credit.saturating_add(charge);
+    if credit > burst_ticks {
+        burst_ticks
+    } else {
+        credit
+    }
+}
+
 /// A host's flows: the larger of the last interval's count and this one's so far, at least
 /// 1 (as the class's census).
 #[inline(always)]
 pub fn host_flows(host: &FlowQueue) -> u64 {
-    host.sparse.max(host.finish).max(1)
+    host.sparse.max(host.over_share_in).max(1)
 }
 
 #[cfg(test)]
@@ -215,17 +266,17 @@ mod tests {
         // One over its share: a step at a time, up to the bulk flows.
         assert_eq!(
             next_share(SHARE_ONE, true, two, SHARE_ONE),
-            SHARE_ONE * 9 / 8
+            SHARE_ONE * 5 / 4
         );
         assert_eq!(next_share(two, true, two, SHARE_ONE), two);
         // A fresh census (share 0) reads as one.
-        assert_eq!(next_share(0, true, two, 0), SHARE_ONE * 9 / 8);
+        assert_eq!(next_share(0, true, two, 0), SHARE_ONE * 5 / 4);
     }
 
     #[test]
     fn an_idle_moment_gives_the_flows_that_want_more_a_larger_share() {
         let two = 2 * SHARE_ONE;
-        assert_eq!(next_share(two, false, two, two), two - two / 8);
+        assert_eq!(next_share(two, false, two, two), two - two / 16);
         assert_eq!(next_share(SHARE_ONE, false, two, 0), SHARE_ONE);
         // Fewer bulk flows than the share: down to them at once.
         assert_eq!(next_share(4 * SHARE_ONE, true, two, two), two);
@@ -270,12 +321,48 @@ mod tests {
     }
 
     #[test]
+    fn a_flow_is_sparse_below_a_sixteenth_of_its_share() {
+        let cost = crate::codel::sparse_cost(10_000_000);
+        // At a share of one this is the class's own rule.
+        for bytes in [64, 1514] {
+            assert_eq!(
+                sparse_at_share(0, 1_000_000, bytes, &cost, SHARE_ONE),
+                crate::codel::sparse(0, 1_000_000, bytes, &cost)
+            );
+        }
+        // A steady flow at 1/20 of the class rate is sparse alone, bulk among 4 sharing it.
+        let gap_ns = 1514 * 8 * 1_000_000_000 / (10_000_000 / 20);
+        let mut words = (0, 0);
+        let mut verdicts = (true, true);
+        for packet in 1..200u64 {
+            let now = packet * gap_ns;
+            let alone = sparse_at_share(words.0, now, 1514, &cost, SHARE_ONE);
+            let shared = sparse_at_share(words.1, now, 1514, &cost, 4 * SHARE_ONE);
+            words = (alone.1, shared.1);
+            verdicts = (alone.0, shared.0);
+        }
+        assert_eq!(verdicts, (true, false));
+    }
+
+    #[test]
+    fn only_what_a_flow_sent_within_the_burst_is_credited() {
+        // Within the burst: credited, up to the burst.
+        assert_eq!(burst_credit(0, false, true, 100, 1_000), 100);
+        assert_eq!(burst_credit(950, false, true, 100, 1_000), 1_000);
+        // Behind a real queue: kept as it was, not grown.
+        assert_eq!(burst_credit(300, false, false, 100, 1_000), 300);
+        // A drained queue starts over.
+        assert_eq!(burst_credit(300, true, false, 100, 1_000), 0);
+        assert_eq!(burst_credit(300, true, true, 100, 1_000), 100);
+    }
+
+    #[test]
     fn a_host_counts_at_least_one_flow() {
         let host = FlowQueue::default();
         assert_eq!(host_flows(&host), 1);
         let host = FlowQueue {
             sparse: 3,
-            finish: 5,
+            over_share_in: 5,
             ..FlowQueue::default()
         };
         assert_eq!(host_flows(&host), 5);

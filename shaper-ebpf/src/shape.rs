@@ -33,13 +33,14 @@ use aya_log_ebpf::warn;
 use core::intrinsics::{atomic_xadd, atomic_xchg, AtomicOrdering};
 use shaper_common::{
     bucket::{departure, ticks, TAT_MASK, TICK_BITS},
-    codel::{judge, sojourn_ns, sparse, CodelConfig, CodelState, FlowCensus, FRAME_BYTES},
+    codel::{judge, sojourn_ns, CodelConfig, CodelState, FlowCensus, FRAME_BYTES},
     fair::{
-        flow_cap_ns, flow_sojourn_ns, flow_ticks, flow_weight, host_flows, next_share, over_share,
-        FlowQueue, FlowScratch, FAIR_DST, FAIR_NONE, FAIR_SRC, SHARE_ONE,
+        burst_credit, flow_cap_ns, flow_sojourn_ns, flow_ticks, flow_weight, host_flows,
+        next_share, over_share, sparse_at_share, FlowQueue, FlowScratch, FAIR_DST, FAIR_NONE,
+        FAIR_SRC, SHARE_ONE,
     },
     hierarchy::MAX_LEVELS,
-    Bucket, ClassConfig, Scope,
+    Bucket, BucketKey, ClassConfig, Scope,
 };
 
 /// Compare-and-swap attempts on the virtual queue: fewer than a policer's, because every
@@ -335,6 +336,13 @@ fn look_up_flow(class_id: u32, class: &ClassConfig, now: u64) -> u64 {
     scratch.key = bucket_key(class_id, class.generation, Scope::Flow, packet);
     let census = CODEL_FLOWS.get_ptr_mut(class_id);
     let reached = census.is_some();
+    // In a fair class a flow is sparse below 1/16 of its share (`fair::sparse_at_share`).
+    let share = match census {
+        Some(census) if class.codel.fair != FAIR_NONE => unsafe {
+            core::ptr::read_volatile(&raw const (*census).share)
+        },
+        _ => SHARE_ONE,
+    };
     match FLOW_QUEUES.get_ptr_mut(&scratch.key) {
         Some(entry) => {
             let word = unsafe { &raw mut (*entry).sparse };
@@ -342,7 +350,8 @@ fn look_up_flow(class_id: u32, class: &ClassConfig, now: u64) -> u64 {
             // A flow's sparseness word runs at 1/16 of the class rate with a 4-frame
             // burst; not converted after a change (as the queue above).
             let tat = stored & TAT_MASK;
-            let (sparse_flow, next) = sparse(tat, now, packet.wire_len, &class.sparse_cost);
+            let (sparse_flow, next) =
+                sparse_at_share(tat, now, packet.wire_len, &class.sparse_cost, share);
             let sparse_flow = swap(word, stored, class.stamp(next)) && sparse_flow;
             let counted = unsafe { &raw mut (*entry).counted_in };
             let (flows, fresh) = count(census, class, now, (!sparse_flow).then_some(counted));
@@ -351,11 +360,9 @@ fn look_up_flow(class_id: u32, class: &ClassConfig, now: u64) -> u64 {
         None => {
             // A new flow starts from an empty bucket (tat 0 is long ago); NOEXIST keeps a
             // racing CPU's entry.
-            let (sparse_flow, next) = sparse(0, now, packet.wire_len, &class.sparse_cost);
-            scratch.entry = FlowQueue {
-                sparse: class.stamp(next),
-                ..FlowQueue::default()
-            };
+            let (sparse_flow, next) =
+                sparse_at_share(0, now, packet.wire_len, &class.sparse_cost, share);
+            fresh_entry(&mut scratch.entry, class.stamp(next));
             let inserted = FLOW_QUEUES
                 .insert(&scratch.key, &scratch.entry, BPF_NOEXIST as u64)
                 .is_ok();
@@ -449,11 +456,14 @@ fn roll_share(census: *mut FlowCensus, class: &ClassConfig, idle: bool) {
     let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
     // A fresh census holds 0 (no packet judged): not congested.
     let congested = least != u64::MAX && least > 0;
+    let last_weight = unsafe { core::ptr::read_volatile(&raw const (*census).last_weight) };
     let (share, over) = if idle {
         (SHARE_ONE, 0)
     } else {
-        (next_share(share, congested, weight, over_weight), over)
+        let bound = weight.max(last_weight);
+        (next_share(share, congested, bound, over_weight), over)
     };
+    unsafe { core::ptr::write_volatile(&raw mut (*census).last_weight, weight) };
     let _ = class;
     unsafe {
         core::ptr::write_volatile(&raw mut (*census).share, share);
@@ -503,19 +513,23 @@ fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32)
     let Some(entry) = FLOW_QUEUES.get_ptr_mut(&scratch.key) else {
         return FAIR_UNDER;
     };
-    let hosts = match class.codel.fair {
-        FAIR_SRC | FAIR_DST => host_count(class_id, class, packet, census, scratch, fresh),
-        _ => 1,
+    // Under `--fair src|dst` the flows of a host share its part, and the host has a
+    // queue of its own at its share.
+    let host = match class.codel.fair {
+        FAIR_SRC | FAIR_DST => host_entry(class_id, class, packet, census, scratch, fresh),
+        _ => None,
+    };
+    let hosts = match host {
+        Some(host) => host_flows(unsafe { &*host }),
+        None => 1,
     };
     let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
     let share = if share == 0 { SHARE_ONE } else { share };
     let charge = flow_ticks(class.cost.ticks_for(bytes), share, hosts);
     let finish_word = unsafe { &raw mut (*entry).finish };
     let now_ticks = ticks(now);
-    // While the class's real queue is empty (its virtual queue within the burst HTB sends
-    // ahead), nothing waits and no flow is over its share: a flow's queue starts from
-    // empty. So the flows' own queues add up to the real queue, not to it plus the burst
-    // (a share of the burst granted to every flow would let each stand that much queue).
+    // The class's real queue (its virtual queue beyond the burst HTB sends ahead): empty,
+    // a flow's packets go out within that burst (`fair::burst_credit`).
     let class_tat = match CLASS_BUCKETS.get_ptr(class_id) {
         Some(bucket) => {
             let stored = unsafe { core::ptr::read_volatile(&raw const (*bucket).tat) };
@@ -523,22 +537,27 @@ fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32)
         }
         None => 0,
     };
-    let class_delay = sojourn_ns(class_tat, now_ticks, class.shape_burst_ticks());
-    let queued = class_delay > 0;
+    let burst_ticks = class.shape_burst_ticks();
+    let class_delay = sojourn_ns(class_tat, now_ticks, burst_ticks);
+    let within_burst = class_delay == 0;
     // The least delay the class's queue shows this interval (`roll_share`'s congestion).
     let least = unsafe { &raw mut (*census).least_delay_ns };
     if class_delay < unsafe { core::ptr::read_volatile(least) } {
         unsafe { core::ptr::write_volatile(least, class_delay) };
     }
-    if fresh {
-        add(unsafe { &raw mut (*census).weight }, flow_weight(hosts));
+    if fresh && host.is_none() {
+        // Without hosts each flow weighs one (`host_count` counts hosts instead).
+        add(unsafe { &raw mut (*census).weight }, SHARE_ONE);
     }
-    let finish = if queued {
-        unsafe { core::ptr::read_volatile(finish_word) }
-    } else {
+    let finish = unsafe { core::ptr::read_volatile(finish_word) };
+    let drained = finish <= now_ticks;
+    let credit_word = unsafe { &raw mut (*entry).credit };
+    let credit = if drained {
         0
+    } else {
+        unsafe { core::ptr::read_volatile(credit_word) }
     };
-    let over = over_share(finish, now_ticks, charge);
+    let over = over_share(finish.saturating_sub(credit), now_ticks, charge);
     if over {
         let end = unsafe { core::ptr::read_volatile(&raw const (*census).interval_end) };
         let stamp = unsafe { &raw mut (*entry).over_share_in };
@@ -551,13 +570,35 @@ fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32)
             add(unsafe { &raw mut (*census).over_share_counting }, 1);
         }
     }
-    // Times at the flow's share: one frame, and its queue's delay.
-    let frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, hosts) >> TICK_BITS;
-    let sojourn = sojourn_ns(finish, now_ticks, 0);
+    // Times at the flow's share: one packet (a frame, or this aggregate: fq_codel's one
+    // packet in a flow's queue, never dropped), and its queue's delay.
+    let packet_bytes = if bytes > FRAME_BYTES {
+        bytes
+    } else {
+        FRAME_BYTES
+    };
+    let frame_ns = flow_ticks(class.cost.ticks_for(packet_bytes), share, hosts) >> TICK_BITS;
+    let sojourn = sojourn_ns(finish, now_ticks, credit);
     if sojourn > flow_cap_ns(class.codel.target_ns, frame_ns) {
         return FAIR_DROPPED;
     }
     let sojourn = flow_sojourn_ns(sojourn, frame_ns);
+    // A host's own queue at its share bounds what all its flows together add to the
+    // class's queue, however many they are.
+    let host_charge = flow_ticks(class.cost.ticks_for(bytes), share, 1);
+    if let Some(host) = host {
+        let host_finish = unsafe { core::ptr::read_volatile(&raw const (*host).finish) };
+        let host_credit = if host_finish <= now_ticks {
+            0
+        } else {
+            unsafe { core::ptr::read_volatile(&raw const (*host).credit) }
+        };
+        let host_frame_ns = flow_ticks(class.cost.ticks_for(packet_bytes), share, 1) >> TICK_BITS;
+        let host_sojourn = sojourn_ns(host_finish, now_ticks, host_credit);
+        if host_sojourn > flow_cap_ns(class.codel.target_ns, host_frame_ns) {
+            return FAIR_DROPPED;
+        }
+    }
     let spare = || spares_aggregate(ctx, packet, class.codel.ecn != 0);
     let (congested, _) = judge_packet(
         unsafe { &mut (*entry).codel },
@@ -576,7 +617,30 @@ fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32)
     } else {
         now_ticks
     };
-    unsafe { core::ptr::write_volatile(finish_word, start + charge) };
+    unsafe {
+        core::ptr::write_volatile(finish_word, start + charge);
+        let credit = burst_credit(credit, drained, within_burst, charge, burst_ticks);
+        core::ptr::write_volatile(credit_word, credit);
+    }
+    if let Some(host) = host {
+        let host_word = unsafe { &raw mut (*host).finish };
+        let host_finish = unsafe { core::ptr::read_volatile(host_word) };
+        let host_drained = host_finish <= now_ticks;
+        let host_start = if host_drained { now_ticks } else { host_finish };
+        let credit_word = unsafe { &raw mut (*host).credit };
+        let host_credit = unsafe { core::ptr::read_volatile(credit_word) };
+        let host_credit = burst_credit(
+            host_credit,
+            host_drained,
+            within_burst,
+            host_charge,
+            burst_ticks,
+        );
+        unsafe {
+            core::ptr::write_volatile(host_word, host_start + host_charge);
+            core::ptr::write_volatile(credit_word, host_credit);
+        }
+    }
     match (marked, over) {
         (true, _) => FAIR_MARKED,
         (false, true) => FAIR_OVER,
@@ -584,59 +648,97 @@ fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32)
     }
 }
 
-/// Under `--fair src|dst`: the packet's host's flows (`fair::host_flows`), from the host's
-/// entry in the flow table, rolled to the class's interval and counting the packet's flow
-/// when the census just counted it. No room for the host: 1.
+/// Under `--fair src|dst`: the packet's host's entry in the flow table (`fair::FlowQueue`,
+/// a host's fields), rolled to the class's interval and counting the packet's flow when
+/// the census just counted it; a host new to the interval weighs one in the census. No
+/// room for the host: none.
 #[inline(always)]
-fn host_count(
+fn host_entry(
     class_id: u32,
     class: &ClassConfig,
     packet: &Packet,
     census: *mut FlowCensus,
     scratch: &mut FlowScratch,
     fresh: bool,
-) -> u64 {
+) -> Option<*mut FlowQueue> {
     let scope = if class.codel.fair == FAIR_SRC {
         Scope::Src
     } else {
         Scope::Dst
     };
     // The class id's top bit keeps a host's entry apart from the class's flows.
-    scratch.key = bucket_key(class_id | HOST_KEY, class.generation, scope, packet);
+    let key = bucket_key(class_id | HOST_KEY, class.generation, scope, packet);
+    set_key(&mut scratch.key, &key);
     let host = match FLOW_QUEUES.get_ptr_mut(&scratch.key) {
         Some(host) => host,
         None => {
-            scratch.entry = FlowQueue::default();
+            fresh_entry(&mut scratch.entry, 0);
             let _ = FLOW_QUEUES.insert(&scratch.key, &scratch.entry, BPF_NOEXIST as u64);
-            match FLOW_QUEUES.get_ptr_mut(&scratch.key) {
-                Some(host) => host,
-                None => return 1,
-            }
+            FLOW_QUEUES.get_ptr_mut(&scratch.key)?
         }
     };
     let end = unsafe { core::ptr::read_volatile(&raw const (*census).interval_end) };
     let counted_in = unsafe { &raw mut (*host).counted_in };
     let last_end = unsafe { core::ptr::read_volatile(counted_in) };
+    let counting = unsafe { &raw mut (*host).over_share_in };
     if last_end != end {
         // A new interval for this host: the one before counted what it counted if it was
-        // the interval just before, else nothing.
+        // the interval just before (each ends at least an interval after the last, when a
+        // packet rolls it), else nothing.
         let interval = class.codel.interval_ns;
-        let counting = unsafe { core::ptr::read_volatile(&raw const (*host).finish) };
-        let before = if last_end + interval == end {
-            counting
+        let counted = unsafe { core::ptr::read_volatile(counting) };
+        let before = if end <= last_end + 2 * interval {
+            counted
         } else {
             0
         };
         unsafe {
             core::ptr::write_volatile(&raw mut (*host).sparse, before);
-            core::ptr::write_volatile(&raw mut (*host).finish, 0);
+            core::ptr::write_volatile(counting, 0);
             core::ptr::write_volatile(counted_in, end);
         }
+        // Hosts share the class first: each weighs one in the census, once an interval.
+        add(unsafe { &raw mut (*census).weight }, SHARE_ONE);
     }
     if fresh {
-        add(unsafe { &raw mut (*host).finish }, 1);
+        add(counting, 1);
     }
-    host_flows(unsafe { &*host })
+    Some(host)
+}
+
+/// A new flow table entry with sparseness word `sparse`, every field written (a struct
+/// literal with `..Default::default()` is a `memset` call: a byte loop in BPF).
+#[inline(always)]
+fn fresh_entry(entry: &mut FlowQueue, sparse: u64) {
+    // Volatile: plain stores of zeros LLVM merges into a `memset` call.
+    unsafe {
+        core::ptr::write_volatile(&raw mut entry.sparse, sparse);
+        core::ptr::write_volatile(&raw mut entry.counted_in, 0);
+        core::ptr::write_volatile(&raw mut entry.finish, 0);
+        core::ptr::write_volatile(&raw mut entry.over_share_in, 0);
+        core::ptr::write_volatile(&raw mut entry.codel.control, 0);
+        core::ptr::write_volatile(&raw mut entry.codel.first_above, 0);
+        core::ptr::write_volatile(&raw mut entry.credit, 0);
+    }
+}
+
+/// Writes `key` into the scratch slot word by word (volatile: a host key's zeroed
+/// fields would otherwise become a `memset` call).
+#[inline(always)]
+fn set_key(slot: &mut BucketKey, key: &BucketKey) {
+    unsafe {
+        core::ptr::write_volatile(&raw mut slot.class_id, key.class_id);
+        core::ptr::write_volatile(&raw mut slot.generation, key.generation);
+        core::ptr::write_volatile(&raw mut slot.family, key.family);
+        core::ptr::write_volatile(&raw mut slot.proto, key.proto);
+        core::ptr::write_volatile(&raw mut slot._pad, 0);
+        core::ptr::write_volatile(&raw mut slot.sport, key.sport);
+        core::ptr::write_volatile(&raw mut slot.dport, key.dport);
+        for word in 0..4 {
+            core::ptr::write_volatile(&raw mut slot.src[word], key.src[word]);
+            core::ptr::write_volatile(&raw mut slot.dst[word], key.dst[word]);
+        }
+    }
 }
 
 #[inline(always)]

@@ -7,6 +7,7 @@
 
 use shaper_common::{
     codel::{CodelState, FlowCensus},
+    fair::{FlowQueue, FlowScratch, ShapeStats},
     map_names, program_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, Credit,
     GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, VerdictEntry, CLASS_NAME_LEN,
     DEFAULT_FLOW_TABLE_SIZE, LAYOUT_VERSION, MAX_CLASSES, MAX_RULES, MAX_SHAPES,
@@ -47,7 +48,7 @@ const fn map(
 
 const U32: usize = size_of::<u32>();
 
-const EXPECTED: [Expected; 18] = [
+const EXPECTED: [Expected; 21] = [
     map(map_names::LAYOUT, ARRAY, U32, U32, 1),
     map(map_names::GLOBALS, ARRAY, U32, size_of::<Globals>(), 1),
     map(
@@ -155,6 +156,29 @@ const EXPECTED: [Expected; 18] = [
     ),
     // The ifb an ingress attachment splits aggregates through (layout 8).
     map(map_names::SPLIT_TO, ARRAY, U32, U32, 1),
+    // Flow isolation (layout 9): shape classes' flows, their drops by cause, and the
+    // packet path's scratch for a flow key and entry (userspace only pins it).
+    map(
+        map_names::FLOW_QUEUES,
+        LRU_HASH,
+        size_of::<BucketKey>(),
+        size_of::<FlowQueue>(),
+        DEFAULT_FLOW_TABLE_SIZE,
+    ),
+    map(
+        map_names::SHAPE_STATS,
+        PERCPU_ARRAY,
+        U32,
+        size_of::<ShapeStats>(),
+        MAX_CLASSES,
+    ),
+    map(
+        map_names::FLOW_SCRATCH,
+        PERCPU_ARRAY,
+        U32,
+        size_of::<FlowScratch>(),
+        1,
+    ),
 ];
 
 fn object() -> aya_obj::Object {
@@ -210,8 +234,8 @@ fn the_ebpf_object_declares_the_maps_userspace_expects() {
 /// change of any pinned type changes them: the test then asks for a new layout version
 /// (with the migration `shaper upgrade` needs), so pins of the old layout are never read
 /// as the new one.
-const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 18]) = (
-    8,
+const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 21]) = (
+    9,
     [
         ("LAYOUT", 4, 4),
         ("GLOBALS", 4, 32),
@@ -229,8 +253,11 @@ const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 18]) = (
         ("SHAPE_PACKET", 4, 64),
         ("SHARES", 4, 176),
         ("VERDICT_CACHE", 4, 56),
-        ("CODEL_FLOWS", 4, 24),
+        ("CODEL_FLOWS", 4, 80),
         ("SPLIT_TO", 4, 4),
+        ("FLOW_QUEUES", 48, 56),
+        ("SHAPE_STATS", 4, 48),
+        ("FLOW_SCRATCH", 4, 104),
     ],
 );
 

@@ -6,6 +6,7 @@
 //! | [`topology`] | the namespaces ([`Netns`], [`Lab`]), their addresses and interfaces |
 //! | [`delay`] | the delay line of a lab with a base RTT ([`Lab::with_delay`], [`DelayLine`]) |
 //! | [`traffic`] | UDP and TCP runs through the lab ([`Udp`], [`UdpResult`], [`Tcp`], [`TcpResult`]) |
+//! | [`fairness`] | flows sharing one shape class: cells run at once, shares, Jain's index ([`fairness::Shares`]) |
 //! | [`latency`] | idle RTT, a ping probe beside the traffic, the RTT it adds ([`LatencyProbe`], [`AddedRtt`]) |
 //! | [`iperf`] | how iperf3 is run (both peers bounded) and read |
 //! | [`capture`] | packet captures ([`Capture`]) |
@@ -26,6 +27,7 @@ pub mod cleanup;
 pub mod cli;
 pub mod cni;
 pub mod delay;
+pub mod fairness;
 pub mod global;
 pub mod iperf;
 pub mod latency;

@@ -123,6 +123,8 @@ pub struct Tcp {
     /// Parallel flows (iperf3 -P).
     pub flows: u32,
     pub ipv6: bool,
+    /// The client's source address (iperf3 -B), for a second host on the client's link.
+    pub bind: Option<&'static str>,
 }
 
 impl Tcp {
@@ -143,6 +145,7 @@ impl Default for Tcp {
             interval: 1.0,
             flows: 1,
             ipv6: false,
+            bind: None,
         }
     }
 }
@@ -454,6 +457,10 @@ fn tcp_from_to(
     .iter()
     .map(|s| s.to_string())
     .collect();
+    let mut args = args;
+    if let Some(address) = options.bind {
+        args.extend(["-B".to_string(), address.to_string()]);
+    }
     let json = iperf::run(from, to, port, &args, options.interval, options.seconds)?;
     iperf::parse_tcp(&json)
 }
