@@ -42,6 +42,7 @@ pub struct Health {
     pub global_fields_dropped: u64,
 }
 
+#[derive(Default)]
 struct Families {
     packets: Family<Labels, Counter>,
     bytes: Family<Labels, Counter>,
@@ -212,32 +213,7 @@ fn class_metrics(row: &ClassRow, class: &Labels, families: &Families) {
 /// The exposition text: every attachment under the pin root, and `health` when given.
 pub fn render(health: Option<&Health>) -> Result<String> {
     let mut registry = Registry::default();
-    let families = Families {
-        packets: Family::default(),
-        bytes: Family::default(),
-        colour_packets: Family::default(),
-        colour_bytes: Family::default(),
-        rate: Family::default(),
-        burst: Family::default(),
-        ceil: Family::default(),
-        cburst: Family::default(),
-        level: Family::default(),
-        keys: Family::default(),
-        keys_live: Family::default(),
-        evicted: Family::default(),
-        keyed: Family::default(),
-        fill: Family::default(),
-        up: Family::default(),
-        global_share: Family::default(),
-        global_hosts: Family::default(),
-        global_age: Family::default(),
-        global_expired: Family::default(),
-        flows: Family::default(),
-        flows_over_share: Family::default(),
-        shape_dropped_packets: Family::default(),
-        shape_dropped_bytes: Family::default(),
-        fair_marked: Family::default(),
-    };
+    let families = Families::default();
     let mut errors = 0;
     for location in state::list_locations(None)? {
         if let Err(error) = attachment_metrics(&location, &families) {
@@ -391,4 +367,82 @@ fn by_result(counts: &[(&str, u64)]) -> Family<Labels, Counter> {
             .inc_by(*count);
     }
     family
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::CodelRow;
+
+    /// A shape class's row as the report reads it: 7 fair drops, 2 by the queue.
+    fn shape_row() -> ClassRow {
+        ClassRow {
+            name: "vm".into(),
+            dev: "tap0".into(),
+            netns: None,
+            direction: "egress",
+            id: 3,
+            rate_bps: 10_000_000,
+            burst_bytes: 131_072,
+            per: "class",
+            prio: 100,
+            proto: "any",
+            src: None,
+            dst: None,
+            sport: None,
+            dport: None,
+            action: "shape".into(),
+            passed_packets: 100,
+            passed_bytes: 150_000,
+            dropped_packets: 9,
+            dropped_bytes: 13_500,
+            marked_packets: 1,
+            marked_bytes: 1_500,
+            parent: None,
+            ceil_bps: None,
+            cburst_bytes: None,
+            depth: 0,
+            meter: None,
+            keys: None,
+            global: None,
+            codel: Some(CodelRow {
+                target: "5ms".into(),
+                interval: "100ms".into(),
+                ecn: true,
+                queue_delay_us: 800,
+                codel_dropping: false,
+                fair: "flow",
+                flows: 4,
+                flows_over_share: 3,
+                fair_share_bps: 2_500_000,
+                queue_dropped_packets: 2,
+                queue_dropped_bytes: 3_000,
+                fair_dropped_packets: 7,
+                fair_dropped_bytes: 10_500,
+                fair_marked_packets: 1,
+            }),
+            level_bytes: None,
+        }
+    }
+
+    #[test]
+    fn a_shape_class_exposes_its_flows_and_drops_by_cause() {
+        let families = Families::default();
+        let labels = vec![("class".to_string(), "vm".to_string())];
+        class_metrics(&shape_row(), &labels, &families);
+        let mut registry = Registry::default();
+        register_attachment_families(&mut registry, families);
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        for line in [
+            "shaper_class_flows{class=\"vm\"} 4",
+            "shaper_class_flows_over_share{class=\"vm\"} 3",
+            "shaper_class_shape_dropped_packets_total{class=\"vm\",cause=\"fair\"} 7",
+            "shaper_class_shape_dropped_packets_total{class=\"vm\",cause=\"queue\"} 2",
+            "shaper_class_shape_dropped_bytes_total{class=\"vm\",cause=\"fair\"} 10500",
+            "shaper_class_fair_marked_packets_total{class=\"vm\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+        }
+    }
 }

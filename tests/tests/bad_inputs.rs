@@ -213,6 +213,21 @@ fn bad_inputs_fail_cleanly_and_change_nothing() {
             ns(&["class", "change", "web", "--dev", r1, "--target", "3ms"]),
             2,
         ),
+        (
+            "a fair mode outside the list",
+            add_x(&["--action", "shape", "--fair", "host"]),
+            2,
+        ),
+        (
+            "flow isolation on a drop class",
+            add_x(&["--fair", "flow"]),
+            2,
+        ),
+        (
+            "flow isolation changed on a drop class",
+            ns(&["class", "change", "web", "--dev", r1, "--fair", "src"]),
+            2,
+        ),
         ("--ceil without --parent", add_x(&["--ceil", "5mbit"]), 2),
         (
             "--ceil below --rate",

@@ -10,6 +10,18 @@ use shaper_tests::{
 };
 use std::{path::PathBuf, time::Duration};
 
+/// Maps layouts after 0 added, which an upgrade from layout 0 creates.
+const ADDED_SINCE_LAYOUT_0: [&str; 8] = [
+    map_names::KEY_STATS,
+    map_names::SHARES,
+    map_names::VERDICT_CACHE,
+    map_names::CODEL_FLOWS,
+    map_names::SPLIT_TO,
+    map_names::FLOW_QUEUES,
+    map_names::SHAPE_STATS,
+    map_names::FLOW_SCRATCH,
+];
+
 /// The router's egress attachment's pin directory.
 fn pin_dir(router: &Netns) -> PathBuf {
     PathBuf::from(format!(
@@ -155,13 +167,9 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
         std::thread::sleep(Duration::from_secs(2));
         let before = counted(&router)?;
         // Layout 0 pins: no LAYOUT stamp, and no KEY_STATS (layout 3), SHARES (layout 4),
-        // VERDICT_CACHE (layout 5) or CODEL_FLOWS (layout 6), which the upgrade creates.
-        let added_since = [
-            map_names::KEY_STATS,
-            map_names::SHARES,
-            map_names::VERDICT_CACHE,
-            map_names::CODEL_FLOWS,
-        ];
+        // VERDICT_CACHE (layout 5), CODEL_FLOWS (layout 6), SPLIT_TO (layout 8) or the
+        // flow isolation's maps (layout 9), which the upgrade creates.
+        let added_since = ADDED_SINCE_LAYOUT_0;
         for map in [map_names::LAYOUT].iter().chain(&added_since) {
             std::fs::remove_file(pin_dir(&router).join(map))?;
         }
@@ -177,12 +185,7 @@ fn upgrade_under_load(mode: &str) -> Result<()> {
     );
     let row = router.status_row()?;
     ensure!(row["problem"].is_null(), "{row}");
-    for map in [
-        map_names::KEY_STATS,
-        map_names::SHARES,
-        map_names::VERDICT_CACHE,
-        map_names::CODEL_FLOWS,
-    ] {
+    for map in ADDED_SINCE_LAYOUT_0 {
         ensure!(
             pin_dir(&router).join(map).exists(),
             "the upgrade did not create {map}"
@@ -605,6 +608,82 @@ fn apply_switches_the_attach_mode_under_load_without_a_gap() -> Result<()> {
         lab.udp_delivered_bps()?,
         5e6,
         0.05,
+    );
+    Ok(())
+}
+
+/// Layout 8 to 9 (flow isolation): a shape class attached by a layout-8 shaper (its fair
+/// mode zero in what was padding, none of the new maps pinned) comes out of `upgrade`
+/// fair by flow, the default, with the new maps made; and it isolates: a UDP flood at
+/// twice the rate leaves a Cubic flow its share.
+#[test]
+fn upgrade_from_layout_8_makes_shape_classes_fair() -> Result<()> {
+    use shaper_common::{ClassConfig, ClassMeta};
+    let mut lab = Lab::new()?;
+    let router = lab.router.clone();
+    router.attach(ROUTER_TO_SERVER, &[])?;
+    router.class_add(
+        "bulk",
+        ROUTER_TO_SERVER,
+        &shaper_tests::shape_to_server("10mbit"),
+    )?;
+    // What a layout-8 shaper left: the class's fair mode zero, the new maps absent.
+    let open = |name: &str| -> Result<Map> {
+        let pin = pin_dir(&router).join(name);
+        Ok(Map::from_map_data(MapData::from_pin(&pin)?)?)
+    };
+    let mut classes: Array<MapData, ClassConfig> = Array::try_from(open(map_names::CLASSES)?)?;
+    let mut metas: Array<MapData, ClassMeta> = Array::try_from(open(map_names::CLASS_META)?)?;
+    let id = (0..shaper_common::MAX_CLASSES)
+        .find(|&id| classes.get(&id, 0).is_ok_and(|c| c.in_use != 0))
+        .context("the class's id")?;
+    let mut config = classes.get(&id, 0)?;
+    config.codel.fair = 0;
+    classes.set(id, config, 0)?;
+    let mut meta = metas.get(&id, 0)?;
+    meta.fair = 0;
+    metas.set(id, meta, 0)?;
+    for map in [
+        map_names::FLOW_QUEUES,
+        map_names::SHAPE_STATS,
+        map_names::FLOW_SCRATCH,
+    ] {
+        std::fs::remove_file(pin_dir(&router).join(map))?;
+    }
+    set_layout(&router, 8)?;
+    let upgraded = router.shaper(&["upgrade", ROUTER_TO_SERVER])?;
+    println!("{}", upgraded.trim());
+    ensure!(
+        upgraded.contains(&format!("state layout 8 -> {LAYOUT_VERSION}")),
+        "{upgraded}"
+    );
+    let rows = router.shaper_json(&["class", "list", "--json"])?;
+    ensure!(rows[0]["fair"] == "flow", "after the upgrade: {}", rows[0]);
+    ensure!(classes.get(&id, 0)?.codel.fair == shaper_common::fair::FAIR_FLOW);
+    for map in [
+        map_names::FLOW_QUEUES,
+        map_names::SHAPE_STATS,
+        map_names::FLOW_SCRATCH,
+    ] {
+        ensure!(
+            pin_dir(&router).join(map).exists(),
+            "no {map} after the upgrade"
+        );
+    }
+    let flood = shaper_tests::fairness::udp_flood("20M", 15);
+    let cubic = shaper_tests::fairness::tcp("cubic", 15);
+    let shares = shaper_tests::fairness::run_cell(
+        &mut lab,
+        10e6,
+        &[&cubic],
+        &[&flood],
+        Duration::from_secs(5),
+    )?;
+    println!("after the upgrade: {shares}");
+    ensure!(
+        shares.tcp[0] >= 0.4,
+        "Cubic got {:.3} beside the flood",
+        shares.tcp[0]
     );
     Ok(())
 }

@@ -252,6 +252,35 @@ mod tests {
     }
 
     #[test]
+    fn a_shape_class_is_fair_by_flow_unless_told_and_reads_back_as_written() {
+        let shaped = |fair: Option<&str>| ClassInput {
+            action: Some("shape".into()),
+            fair: fair.map(str::to_string),
+            ..input("s", "10mbit")
+        };
+        for (given, wanted, written) in [
+            (None, Fair::Flow, None),
+            (Some("flow"), Fair::Flow, None),
+            (Some("src"), Fair::Src, Some("src")),
+            (Some("dst"), Fair::Dst, Some("dst")),
+            (Some("none"), Fair::None, Some("none")),
+        ] {
+            let (direction, spec) = shaped(given).check().unwrap();
+            assert_eq!(spec.codel.map(|c| c.fair), Some(wanted), "{given:?}");
+            // What `export` writes: the default left out, and it reads back the same.
+            let exported = ClassInput::from_spec(direction, &spec);
+            assert_eq!(exported.fair.as_deref(), written, "{given:?}");
+            assert_eq!(exported.check().unwrap().1, spec);
+        }
+        assert_eq!(fields_of(shaped(Some("host")).check()), ["fair"]);
+        let policed = ClassInput {
+            fair: Some("flow".into()),
+            ..input("p", "10mbit")
+        };
+        assert_eq!(fields_of(policed.check()), ["fair"]);
+    }
+
+    #[test]
     fn every_bad_field_is_reported_not_just_the_first() {
         let bad = ClassInput {
             direction: Some("up".into()),

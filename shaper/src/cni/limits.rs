@@ -338,4 +338,49 @@ mod tests {
         assert_eq!(wanted.interfaces[0].netns, None);
         assert_eq!(wanted.interfaces[0].directions, vec![Direction::Ingress]);
     }
+
+    #[test]
+    fn shaped_directions_share_fairly_as_asked() {
+        use crate::classes::Fair;
+        let container = Container {
+            netns: "cni-1".into(),
+            ifname: "eth0".into(),
+        };
+        let fair_of = |text: &str| -> Vec<Option<Fair>> {
+            let wanted = desired(&conf(text), "veth0", Some(&container))
+                .unwrap()
+                .unwrap();
+            wanted
+                .interfaces
+                .iter()
+                .flat_map(|i| i.classes.iter().map(|(_, spec)| spec.codel.map(|c| c.fair)))
+                .collect()
+        };
+        // Shaped both ways: flow by default; each direction as asked.
+        let both = r#"{"cniVersion":"1.0.0","ingressRate":5000000,"ingressBurst":800000,
+            "egressRate":5000000,"egressBurst":800000,"ingressAction":"shape","egressAction":"shape""#;
+        assert_eq!(
+            fair_of(&format!("{both}}}")),
+            vec![Some(Fair::Flow), Some(Fair::Flow)]
+        );
+        assert_eq!(
+            fair_of(&format!(
+                r#"{both},"ingressFair":"src","egressFair":"dst"}}"#
+            )),
+            vec![Some(Fair::Src), Some(Fair::Dst)]
+        );
+        // A value outside the list, or fairness asked of a policed direction: refused.
+        for bad in [
+            format!(r#"{both},"egressFair":"host"}}"#),
+            r#"{"cniVersion":"1.0.0","egressRate":5000000,"egressBurst":800000,"egressFair":"dst"}"#
+                .to_string(),
+        ] {
+            let refused = desired(&conf(&bad), "veth0", Some(&container)).unwrap_err();
+            assert_eq!(
+                refused.downcast_ref::<CniError>().unwrap().code,
+                ERR_INVALID_CONFIG,
+                "{bad}"
+            );
+        }
+    }
 }

@@ -255,24 +255,28 @@ fn swap_program(
     Ok(())
 }
 
-/// Brings pins of `layout` to the next layout, if this shaper knows how. Each layout
-/// change (see `LAYOUT_VERSION`) adds its step here.
+/// Brings pins of `layout` to this shaper's, if it knows how: every step from that layout
+/// on, in order (each layout change, see `LAYOUT_VERSION`, adds its step here).
 fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
     match layout {
-        // Layout 2 kept layout 1's sizes (classes gained parents in spare fields) and
-        // ranks classes by depth too.
-        0 | 1 => Some(migrate_to_trees),
+        0 | 1 => Some(migrate_from_unversioned),
         // Layout 3 only added KEY_STATS, layout 4 SHARES (global classes, in a byte that
         // was padding before), and layout 5 VERDICT_CACHE (with the rules generation in a
-        // spare word of GLOBALS, 0 in older pins, which no zeroed cache slot matches), layout 6
-        // CODEL_FLOWS (an empty census counts one flow until an interval has passed):
-        // loading the object creates them (counting from the upgrade on). Layout 7 only
-        // gave ingress shape classes a meaning (no older pins hold one), layout 8 added
-        // SPLIT_TO (created empty: nothing split until `attach --split-aggregates`).
-        2..=7 => Some(|_| Ok(())),
-        8 => Some(migrate_to_fair),
+        // spare word of GLOBALS, 0 in older pins, which no zeroed cache slot matches),
+        // layout 6 CODEL_FLOWS (an empty census counts one flow until an interval has
+        // passed): loading the object creates them (counting from the upgrade on). Layout
+        // 7 only gave ingress shape classes a meaning (no older pins hold one), layout 8
+        // added SPLIT_TO (created empty: nothing split until `attach --split-aggregates`).
+        // Layout 9: `migrate_to_fair`.
+        2..=8 => Some(migrate_to_fair),
         _ => None,
     }
+}
+
+/// Layouts 0 and 1 to this one: trees (layout 2), then flow isolation (layout 9).
+fn migrate_from_unversioned(attachment: &Attachment) -> Result<()> {
+    migrate_to_trees(attachment)?;
+    migrate_to_fair(attachment)
 }
 
 /// Layout 8 to 9: flow isolation. `CODEL_FLOWS`' values grew (the fair share's census),

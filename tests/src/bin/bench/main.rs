@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: shaper measured side by side with its peers in one run, on the
 //! namespace lab. Every figure is a ratio of two measurements taken in the same run.
 //!
-//! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global|uploads|senders] [--json FILE]
+//! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global|uploads|senders|fairness] [--json FILE]
 //! [--report FILE], or shaper-bench --compare OBJECT,OBJECT[,…] (builds of the eBPF object
 //! timed against the first, turn by turn), or, in a guest of `cargo xtask bench --vm`,
 //! shaper-bench --only peers [--rows TEXT] --json FILE (`--rows`: only the rows whose
@@ -10,6 +10,7 @@
 //! JSON hold that section only and its targets are the only ones checked.)
 //! (plots go to `bench/` beside the report).
 
+mod fairness;
 mod global;
 mod latency;
 mod peers;
@@ -83,12 +84,13 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                     "forwarding",
                     "peers",
                     "uploads",
+                    "fairness",
                     "senders",
                 ]
                 .contains(&section.as_str())
                 {
                     bail!(
-                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads, senders and peers"
+                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads, senders, fairness and peers"
                     );
                 }
                 options.only = Some(section);
@@ -110,7 +112,7 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|uploads|senders|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|uploads|senders|fairness|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
             }
         }
     }
@@ -251,6 +253,16 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
+    if options.only.as_deref() == Some("fairness") {
+        // The flow-isolation section alone, printed (a quick look).
+        let report = json!({ "fairness": fairness::fairness(&fairness::effort(options.quick))? });
+        println!("{}", fairness::markdown(&report));
+        let broken = fairness::check(&report);
+        if !broken.is_empty() {
+            bail!("broken: {}", broken.join("; "));
+        }
+        return Ok(());
+    }
     if options.only.as_deref() == Some("senders") {
         // The every-sender section alone, printed (a quick look).
         let report = json!({ "senders": senders::senders(&senders::effort(options.quick))? });
@@ -306,6 +318,8 @@ fn main() -> Result<()> {
     let uploads = uploads::uploads(&uploads::effort(options.quick))?;
     println!("== every sender: the class on the sender's egress, through a router split or whole");
     let senders = senders::senders(&senders::effort(options.quick))?;
+    println!("== fairness: flows sharing one shape class");
+    let fairness = fairness::fairness(&fairness::effort(options.quick))?;
     println!("== limits across hosts (three hosts, one Redis; many simulated hosts)");
     let global_effort = global::effort(options.quick);
     let global = json!({
@@ -334,6 +348,7 @@ fn main() -> Result<()> {
         "latency": latency_rows,
         "uploads": uploads,
         "senders": senders,
+        "fairness": fairness,
         "global": global,
         "plots": plot_files,
     });
@@ -1300,6 +1315,7 @@ fn markdown(report: &Value) -> String {
     out.push_str(&latency::markdown(report));
     out.push_str(&uploads::markdown(report));
     out.push_str(&senders::markdown(report));
+    out.push_str(&fairness::markdown(report));
     out.push_str(&global::markdown(report));
     out
 }
@@ -1758,6 +1774,7 @@ fn check_targets(report: &Value, expected: &Expected) -> Result<()> {
     // Limits across hosts.
     broken.extend(uploads::check(report));
     broken.extend(senders::check(report));
+    broken.extend(fairness::check(report));
     broken.extend(global::check(report));
 
     if broken.is_empty() {
@@ -1845,6 +1862,7 @@ mod tests {
             })).collect::<Vec<_>>(),
             "uploads": uploads::sane_rows(),
             "senders": senders::sane_rows(),
+            "fairness": fairness::sane_rows(),
             "global": {
                 "skewed": {"global": 0.95, "static_split": 0.33},
                 "redis": [{"hosts": 10, "script_ms_per_interval": 0.3}],

@@ -1,0 +1,344 @@
+//! Flow isolation (issue 50): flows sharing one shape class on the router (matching
+//! everything toward the server), shaper's default `--fair flow` beside `--fair none`
+//! (one queue, as before) and tbf in the class's place (a 200 ms buffer), on the µs lab
+//! and over a 40 ms path. Cells: Cubic and BBR beside an unresponsive UDP flow at 1.5× and
+//! 10× the rate, Cubic beside BBR, 4 Cubic flows at 10 Mbit/s, 16 and 64 at 100 Mbit/s,
+//! and (`--fair src`) eight flows of one host beside one of another. CAKE and htb +
+//! fq_codel need Debian's kernels (`cargo xtask bench --vm`); they are not on the lab's.
+
+use crate::senders::{lab, FORTY_MS_PATH};
+use anyhow::Result;
+use serde_json::{json, Value};
+use shaper_tests::{
+    fairness::{add_second_client, run_cell, tcp, udp_flood, Shares, SECOND_CLIENT_V4},
+    shape_to_server, Lab, Tcp, Udp,
+};
+use std::time::Duration;
+
+/// The limiters, as the report names them.
+const FAIR: &str = "shaper shape (--fair flow, the default)";
+const FAIR_SRC: &str = "shaper shape --fair src";
+const ONE_QUEUE: &str = "shaper shape --fair none";
+const TBF: &str = "tbf, 200 ms buffer";
+
+/// What shares one class in a cell.
+#[derive(Clone, Copy)]
+enum Traffic {
+    /// One TCP flow (`congestion`) beside UDP offered at `times` the rate.
+    TcpBesideUdp {
+        congestion: &'static str,
+        times: f64,
+    },
+    CubicBesideBbr,
+    /// `n` Cubic flows.
+    Cubics(usize),
+    /// Eight Cubic flows of one host beside one of another.
+    Hosts,
+}
+
+impl Traffic {
+    fn name(self) -> String {
+        match self {
+            Traffic::TcpBesideUdp { congestion, times } => {
+                format!("{congestion} beside UDP at {times}x")
+            }
+            Traffic::CubicBesideBbr => "cubic beside bbr".into(),
+            Traffic::Cubics(n) => format!("{n} cubic"),
+            Traffic::Hosts => "8 cubic of host A, 1 of host B".into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Cell {
+    rate: &'static str,
+    rate_bps: f64,
+    one_way: Option<Duration>,
+    traffic: Traffic,
+}
+
+pub struct FairnessEffort {
+    seconds: u32,
+    steady_from: f64,
+    cells: Vec<Cell>,
+    /// Whether shaper's fair rows are held to the issue's targets (the full run).
+    targets: bool,
+}
+
+const fn cell(
+    rate: &'static str,
+    rate_bps: f64,
+    one_way: Option<Duration>,
+    traffic: Traffic,
+) -> Cell {
+    Cell {
+        rate,
+        rate_bps,
+        one_way,
+        traffic,
+    }
+}
+
+pub fn effort(quick: bool) -> FairnessEffort {
+    let flood = |congestion, times| Traffic::TcpBesideUdp { congestion, times };
+    if quick {
+        // CI's smoke run: one isolation cell, briefly.
+        return FairnessEffort {
+            seconds: 5,
+            steady_from: 2.0,
+            cells: vec![cell("10mbit", 10e6, None, flood("cubic", 2.0))],
+            targets: false,
+        };
+    }
+    let mut cells = Vec::new();
+    for one_way in [None, Some(FORTY_MS_PATH)] {
+        for congestion in ["cubic", "bbr"] {
+            for times in [1.5, 10.0] {
+                cells.push(cell("10mbit", 10e6, one_way, flood(congestion, times)));
+            }
+        }
+        cells.push(cell("10mbit", 10e6, one_way, Traffic::CubicBesideBbr));
+        cells.push(cell("10mbit", 10e6, one_way, Traffic::Cubics(4)));
+    }
+    cells.push(cell("100mbit", 100e6, None, Traffic::Cubics(16)));
+    cells.push(cell("100mbit", 100e6, None, Traffic::Cubics(64)));
+    cells.push(cell("10mbit", 10e6, None, Traffic::Hosts));
+    FairnessEffort {
+        seconds: 30,
+        steady_from: 10.0,
+        cells,
+        targets: true,
+    }
+}
+
+/// The limiters a cell runs under.
+fn limiters(traffic: Traffic) -> &'static [&'static str] {
+    match traffic {
+        Traffic::Hosts => &[FAIR_SRC, FAIR, TBF],
+        _ => &[FAIR, ONE_QUEUE, TBF],
+    }
+}
+
+fn configure(lab: &Lab, limiter: &str, rate: &str) -> Result<()> {
+    if limiter == TBF {
+        let args = [
+            "qdisc", "replace", "dev", "r1", "root", "tbf", "rate", rate, "burst", "128k",
+            "latency", "200ms",
+        ];
+        let out = lab.router.run("tc", &args)?;
+        anyhow::ensure!(out.status.success(), "tbf on r1: {out:?}");
+        return Ok(());
+    }
+    let fair = match limiter {
+        FAIR_SRC => "src",
+        ONE_QUEUE => "none",
+        _ => "flow",
+    };
+    let options = [&shape_to_server(rate)[..], &["--fair", fair]].concat();
+    lab.router.attach("r1", &[])?;
+    lab.router.class_add("bulk", "r1", &options)?;
+    Ok(())
+}
+
+/// Every row of the section: one per cell and limiter.
+pub fn fairness(effort: &FairnessEffort) -> Result<Vec<Value>> {
+    let mut rows = Vec::new();
+    for &cell in &effort.cells {
+        for &limiter in limiters(cell.traffic) {
+            let mut lab = lab(cell.one_way)?;
+            configure(&lab, limiter, cell.rate)?;
+            let shares = run(&mut lab, effort, cell)?;
+            let base_rtt_ms = lab.base_rtt().as_secs_f64() * 1e3;
+            println!(
+                "{limiter}, {} at {} over {base_rtt_ms:.0} ms: {shares}",
+                cell.traffic.name(),
+                cell.rate
+            );
+            rows.push(json!({
+                "limiter": limiter,
+                "rate": cell.rate,
+                "base_rtt_ms": base_rtt_ms,
+                "traffic": cell.traffic.name(),
+                "tcp": shares.tcp,
+                "udp": shares.udp,
+                "total": shares.total(),
+                "jain": shares.jain(),
+                "rtt_over_base_ms": (shares.worst_rtt_ms() - base_rtt_ms).max(0.0),
+                "held": effort.targets && (limiter == FAIR || limiter == FAIR_SRC),
+            }));
+        }
+    }
+    Ok(rows)
+}
+
+fn run(lab: &mut Lab, effort: &FairnessEffort, cell: Cell) -> Result<Shares> {
+    let seconds = effort.seconds;
+    let from = Duration::from_secs_f64(effort.steady_from);
+    let cubic = tcp("cubic", seconds);
+    match cell.traffic {
+        Traffic::TcpBesideUdp { congestion, times } => {
+            let offered: &'static str =
+                Box::leak(format!("{}", (cell.rate_bps * times) as u64).into_boxed_str());
+            let flood: Udp = udp_flood(offered, seconds);
+            run_cell(
+                lab,
+                cell.rate_bps,
+                &[&tcp(congestion, seconds)],
+                &[&flood],
+                from,
+            )
+        }
+        Traffic::CubicBesideBbr => run_cell(
+            lab,
+            cell.rate_bps,
+            &[&cubic, &tcp("bbr", seconds)],
+            &[],
+            from,
+        ),
+        Traffic::Cubics(n) => {
+            let flows: Vec<&Tcp> = std::iter::repeat_n(&cubic, n).collect();
+            run_cell(lab, cell.rate_bps, &flows, &[], from)
+        }
+        Traffic::Hosts => {
+            add_second_client(lab)?;
+            let single = Tcp {
+                bind: Some(SECOND_CLIENT_V4),
+                ..tcp("cubic", seconds)
+            };
+            let flows: Vec<&Tcp> = std::iter::repeat_n(&cubic, 8).chain([&single]).collect();
+            run_cell(lab, cell.rate_bps, &flows, &[], from)
+        }
+    }
+}
+
+/// The issue's targets for a held row, or what breaks them.
+fn broken(row: &Value) -> Option<String> {
+    let traffic = row["traffic"].as_str().unwrap_or_default();
+    let tcp: Vec<f64> = row["tcp"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .collect();
+    let udp: Vec<f64> = row["udp"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .collect();
+    let total = row["total"].as_f64().unwrap_or(0.0);
+    let jain = row["jain"].as_f64().unwrap_or(0.0);
+    let fail = |what: String| Some(format!("fairness: {traffic}: {what}"));
+    if traffic.contains("beside UDP") {
+        let (t, u) = (tcp.first().copied()?, udp.first().copied()?);
+        if t < 0.45 || u > 0.55 || total < 0.95 {
+            return fail(format!(
+                "TCP {t:.3} (≥ 0.45), UDP {u:.3} (≤ 0.55), together {total:.3} (≥ 0.95)"
+            ));
+        }
+    } else if traffic == "cubic beside bbr" {
+        if tcp.iter().any(|&share| share < 0.40) {
+            return fail(format!("{tcp:?}: each ≥ 0.40"));
+        }
+    } else if traffic.starts_with("8 cubic") {
+        let single = tcp.last().copied()?;
+        if single < 0.45 {
+            return fail(format!("host B {single:.3} (≥ 0.45)"));
+        }
+    } else {
+        let least = match tcp.len() {
+            4 => 0.98,
+            16 => 0.97,
+            _ => 0.95,
+        };
+        if jain < least || total < 0.95 {
+            return fail(format!(
+                "Jain {jain:.3} (≥ {least}), together {total:.3} (≥ 0.95)"
+            ));
+        }
+    }
+    None
+}
+
+pub fn markdown(report: &Value) -> String {
+    let mut out = String::from(
+        "\n## Fairness: flows sharing one shape class\n\nOne class on the router matching everything toward the server; TCP: each flow's goodput over the rate, UDP (an unresponsive sender at 1.5× or 10× the rate): its L2 rate received over the rate; Jain's index of the TCP flows; the worst TCP flow's mean RTT over the path's base. Held in the full run (column *held*), shaper's fair rows: TCP beside UDP ≥ 0.45 with UDP ≤ 0.55 and together ≥ 0.95; Cubic and BBR each ≥ 0.40; Jain ≥ 0.98 / 0.97 / 0.95 for 4 / 16 / 64 Cubic flows with together ≥ 0.95; under `--fair src`, host B's one flow ≥ 0.45 beside host A's eight. `cargo xtask test` asserts one representative cell of each (`fairness.rs`); CAKE and htb + fq_codel beside shaper: the peers section.\n\n| limiter | rate | base RTT ms | traffic | TCP | UDP | together | Jain | RTT over base ms | held |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let list = |value: &Value| {
+        value
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_f64)
+            .map(|v| format!("{v:.3}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    for row in report["fairness"].as_array().into_iter().flatten() {
+        let held = if row["held"] == true {
+            if broken(row).is_some() {
+                "**no**"
+            } else {
+                "yes"
+            }
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {} | {} | {} | {:.3} | {:.3} | {:.1} | {held} |\n",
+            row["limiter"].as_str().unwrap_or_default(),
+            row["rate"].as_str().unwrap_or_default(),
+            row["base_rtt_ms"].as_f64().unwrap_or(0.0),
+            row["traffic"].as_str().unwrap_or_default(),
+            list(&row["tcp"]),
+            list(&row["udp"]),
+            row["total"].as_f64().unwrap_or(0.0),
+            row["jain"].as_f64().unwrap_or(0.0),
+            row["rtt_over_base_ms"].as_f64().unwrap_or(0.0),
+        ));
+    }
+    out
+}
+
+/// The section's rows that break their targets, and a section with no rows.
+pub fn check(report: &Value) -> Vec<String> {
+    let rows = report["fairness"].as_array().cloned().unwrap_or_default();
+    let mut problems = Vec::new();
+    if rows.is_empty() {
+        problems.push("fairness: no rows".to_string());
+    }
+    for row in rows.iter().filter(|row| row["held"] == true) {
+        problems.extend(broken(row));
+    }
+    problems
+}
+
+/// Rows a sane full run could report (the driver's own tests).
+pub fn sane_rows() -> Vec<Value> {
+    vec![
+        json!({"limiter": FAIR, "rate": "10mbit", "base_rtt_ms": 0.0, "traffic": "cubic beside UDP at 10x",
+            "tcp": [0.47], "udp": [0.51], "total": 0.98, "jain": 1.0, "rtt_over_base_ms": 12.0, "held": true}),
+        json!({"limiter": FAIR, "rate": "10mbit", "base_rtt_ms": 0.0, "traffic": "4 cubic",
+            "tcp": [0.24, 0.24, 0.24, 0.24], "udp": [], "total": 0.96, "jain": 1.0, "rtt_over_base_ms": 15.0, "held": true}),
+        json!({"limiter": TBF, "rate": "10mbit", "base_rtt_ms": 0.0, "traffic": "cubic beside UDP at 10x",
+            "tcp": [0.01], "udp": [0.99], "total": 1.0, "jain": 1.0, "rtt_over_base_ms": 180.0, "held": false}),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_rows_are_checked_and_others_are_not() {
+        let report = json!({ "fairness": sane_rows() });
+        assert!(check(&report).is_empty(), "{:?}", check(&report));
+        let mut starved = report.clone();
+        starved["fairness"][0]["tcp"] = json!([0.30]);
+        assert_eq!(check(&starved).len(), 1);
+        let mut unequal = report.clone();
+        unequal["fairness"][1]["jain"] = json!(0.9);
+        assert_eq!(check(&unequal).len(), 1);
+        assert_eq!(check(&json!({"fairness": []})), ["fairness: no rows"]);
+    }
+}
