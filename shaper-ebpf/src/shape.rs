@@ -131,14 +131,14 @@ pub(crate) fn shape(
     if marked {
         count_cause(class_id, Cause::FairMark, packet.wire_len);
     }
-    let over = verdict == FAIR_OVER || marked;
     // Under flow isolation the flows' own CoDels judge the class's queue, not one of its
-    // own; an ancestor's queue (a tree's borrowing) is still judged, on the flows over
-    // their shares.
+    // own; an ancestor's queue (a tree's borrowing) is still judged as before, on every
+    // borrowing flow: a flow's share is of its own class's rate, which says nothing of
+    // who holds the ancestor's queue (spared by share, borrowers stood 72 ms there).
     let (congested, entered) = if sparse || (fair && judge_id == class_id) {
         (false, false)
     } else {
-        let spare = || (fair && !over) || spares_aggregate(ctx, packet, class.codel.ecn != 0);
+        let spare = || spares_aggregate(ctx, packet, class.codel.ecn != 0);
         judge_packet(
             unsafe { &mut *codel },
             sojourn,
