@@ -146,6 +146,9 @@ pub struct FlowCensus {
     pub weight: u64,
     pub over_share_weight: u64,
     pub least_delay_ns: u64,
+    /// Flow isolation: the bytes of every packet not found over its flow's share this
+    /// interval (sparse flows' included).
+    pub spare_bytes: u64,
     pub over_share_counting: u64,
     /// Flow isolation: the bulk flows' weights in the interval before (`weight`'s last
     /// value): the share's bound is the larger of the two, so a flow silent for one

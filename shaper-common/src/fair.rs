@@ -12,7 +12,7 @@
 //! excess, and the packets admitted add up to about the class rate, so the real queue stays
 //! short for everyone.
 //!
-//! **The share.** In fair queueing a backlogged flow is served `rate / backlogged flows`,
+//! **The share.** (See [`next_share`] for the rule.) In fair queueing a backlogged flow is served `rate / backlogged flows`,
 //! and flows below that keep what they send. Here a flow's packet is charged its cost at
 //! the class rate times the class's *share multiplier* `m` (rates are charged as time, so
 //! the multiplier is all a flow's word needs), set once per CoDel interval by feedback
@@ -46,6 +46,9 @@ pub const SHARE_ONE: u64 = 1 << 16;
 pub const MAX_SHARE: u64 = SHARE_ONE << 16;
 /// A host's flows counted at most (its flows' weights stay above zero).
 pub const MAX_HOST_FLOWS: u64 = 1 << 16;
+/// The spare bytes count at most 15/16 of an interval's: one flow beside many under their
+/// share is not held to less than 1/16 of the rate by them.
+const MAX_SPARE_DIVISOR: u64 = 16;
 /// The share multiplier rises by 1/4 of itself an interval the queue stood, and falls by
 /// 1/16 an interval it emptied: slowly, so that a flow that backed off (a Cubic sawtooth,
 /// slow to grow back over a long path) keeps most of its share meanwhile.
@@ -115,24 +118,66 @@ impl ShapeStats {
 
 /// The share multiplier for the next interval from the one that ended: `share` (its own),
 /// `congested` (the class's queue never emptied through it), `bulk_weight` (its bulk
-/// flows' weights, [`SHARE_ONE`] each without hosts) and `over_weight` (the weights of
-/// those found over their share). Within `[SHARE_ONE, max(bulk_weight, SHARE_ONE)]`.
+/// flows' weights, [`SHARE_ONE`] each without hosts), `over_weight` (the weights of those
+/// found over their share), `spare_bytes` (every other packet's bytes) and `window_bytes`
+/// (what the class sends in an interval at its rate). Within
+/// `[SHARE_ONE, max(bulk_weight, SHARE_ONE)]`.
+///
+/// - Two flows or more over their share and a queue that stood: they contend, and `m`
+///   rises by a quarter, or at once to their weight (an equal split among them).
+/// - At most one flow over its share: nobody contends with it, and it may have what the
+///   others leave, `weight / (1 − spare / window)` (max-min fairness; a flow alone and a
+///   probe beside it: the flow gets the rate less the probe's).
+/// - Otherwise (the queue emptied: the rate went unused) `m` falls by 1/16 an interval, so
+///   flows that want more get what others leave, slowly enough that a flow that backed
+///   off keeps most of its share while it grows back; never below the max-min bound.
 #[inline(always)]
-pub fn next_share(share: u64, congested: bool, bulk_weight: u64, over_weight: u64) -> u64 {
+pub fn next_share(
+    share: u64,
+    congested: bool,
+    (bulk_weight, over_weight): (u64, u64),
+    spare_bytes: u64,
+    window_bytes: u64,
+) -> u64 {
     let share = share.clamp(SHARE_ONE, MAX_SHARE);
-    let next = if congested {
+    let contended = over_weight > SHARE_ONE;
+    let lowered = share - share / SHARE_LOWER_DIVISOR;
+    let next = if congested && contended {
         let raised = share + share / SHARE_RAISE_DIVISOR;
-        // Flows (hosts) all found over their share want at least an equal split.
         if over_weight > raised {
             over_weight
         } else {
             raised
         }
+    } else if contended {
+        lowered
     } else {
-        share - share / SHARE_LOWER_DIVISOR
+        let left = what_others_leave(over_weight, spare_bytes, window_bytes);
+        if left > lowered {
+            left
+        } else {
+            lowered
+        }
     };
     let most = bulk_weight.clamp(SHARE_ONE, MAX_SHARE);
     next.clamp(SHARE_ONE, most)
+}
+
+/// `weight / (1 − spare / window)` in the share's fixed point: the multiplier that leaves
+/// the flows over their share (`weight`) what the others' `spare_bytes` leave of the
+/// interval's `window_bytes`; the spare held to 15/16 of the window.
+#[inline(always)]
+fn what_others_leave(weight: u64, spare_bytes: u64, window_bytes: u64) -> u64 {
+    // Bytes up to 2^40 a window (400 Gbit/s for 20 s): the ratio's shift stays in 64 bits.
+    let window = window_bytes.clamp(1, 1 << 40);
+    let left = window
+        .saturating_sub(spare_bytes)
+        .max(window / MAX_SPARE_DIVISOR)
+        .max(1);
+    // In [1, 16] with 16 fraction bits; `checked_div`: no panic path for the verifier.
+    let ratio = (window << 16).checked_div(left).unwrap_or(SHARE_ONE);
+    let weight = weight.clamp(SHARE_ONE, MAX_SHARE);
+    (weight * ratio) >> 16
 }
 
 /// A flow's charge for a packet that costs `class_ticks` at the class rate: that times the
@@ -260,35 +305,63 @@ pub fn host_flows(host: &FlowQueue) -> u64 {
 mod tests {
     use super::*;
 
+    const WINDOW: u64 = 125_000;
+
     #[test]
-    fn a_congested_class_splits_its_rate_among_its_bulk_flows() {
+    fn contending_flows_split_the_rate_among_them() {
         let two = 2 * SHARE_ONE;
-        // Two flows over their share: at once to two.
-        assert_eq!(next_share(SHARE_ONE, true, two, two), two);
-        // One over its share: a step at a time, up to the bulk flows.
+        // Two flows over their share and a standing queue: at once to two.
+        assert_eq!(next_share(SHARE_ONE, true, (two, two), 0, WINDOW), two);
+        // Four bulk flows, three over their share: a quarter at a time past three.
+        let four = 4 * SHARE_ONE;
+        let three = 3 * SHARE_ONE;
         assert_eq!(
-            next_share(SHARE_ONE, true, two, SHARE_ONE),
-            SHARE_ONE * 5 / 4
+            next_share(three, true, (four, three), 0, WINDOW),
+            three * 5 / 4
         );
-        assert_eq!(next_share(two, true, two, SHARE_ONE), two);
-        // A fresh census (share 0) reads as one.
-        assert_eq!(next_share(0, true, two, 0), SHARE_ONE * 5 / 4);
+        // Never past the bulk flows: an equal split among them.
+        assert_eq!(next_share(four, true, (two, two), 0, WINDOW), two);
     }
 
     #[test]
-    fn an_idle_moment_gives_the_flows_that_want_more_a_larger_share() {
+    fn a_flow_alone_over_its_share_gets_what_the_others_leave() {
         let two = 2 * SHARE_ONE;
-        assert_eq!(next_share(two, false, two, two), two - two / 16);
-        assert_eq!(next_share(SHARE_ONE, false, two, 0), SHARE_ONE);
-        // Fewer bulk flows than the share: down to them at once.
-        assert_eq!(next_share(4 * SHARE_ONE, true, two, two), two);
+        // A flow beside a probe sending 1/10 of the window: 1 / 0.9.
+        let m = next_share(SHARE_ONE, true, (two, SHARE_ONE), WINDOW / 10, WINDOW);
+        assert!((m as i64 - (SHARE_ONE * 10 / 9) as i64).abs() <= 2, "{m}");
+        // A flood beside a flow using 0.4 of the rate: the flood gets 0.6.
+        let m = next_share(SHARE_ONE, true, (two, SHARE_ONE), WINDOW * 4 / 10, WINDOW);
+        assert!((m as i64 - (SHARE_ONE * 10 / 6) as i64).abs() <= 2, "{m}");
+        // ... but falls toward it by 1/16 an interval, not at once.
+        let m = next_share(two, true, (two, SHARE_ONE), 0, WINDOW);
+        assert_eq!(m, two - two / 16);
+        // Spare bytes beyond the window: held to 15/16.
+        let m = next_share(
+            SHARE_ONE,
+            false,
+            (32 * SHARE_ONE, SHARE_ONE),
+            10 * WINDOW,
+            WINDOW,
+        );
+        assert!(m.abs_diff(16 * SHARE_ONE) <= 16 * SHARE_ONE / 1000, "{m}");
+    }
+
+    #[test]
+    fn an_idle_moment_lowers_the_share_of_contending_flows_slowly() {
+        let two = 2 * SHARE_ONE;
+        assert_eq!(
+            next_share(two, false, (two, two), 0, WINDOW),
+            two - two / 16
+        );
+        // A fresh census (share 0) reads as one.
+        assert_eq!(next_share(0, false, (two, 0), 0, WINDOW), SHARE_ONE);
     }
 
     #[test]
     fn hosts_share_first_then_their_flows() {
         // Host A's eight flows and host B's one, all over their shares: weight 2.
         let weight = 8 * flow_weight(8) + flow_weight(1);
-        let m = next_share(SHARE_ONE, true, weight, weight);
+        let m = next_share(SHARE_ONE, true, (weight, weight), 0, WINDOW);
         assert_eq!(m, 2 * SHARE_ONE);
         let cost = 1_000_000;
         // A's flows pay 16 times the class cost (1/16 each, 1/2 together); B's twice.

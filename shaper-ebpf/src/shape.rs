@@ -312,6 +312,14 @@ pub(crate) fn judge_flow(
         return flow;
     }
     if flow.sparse() {
+        // A sparse flow's bytes are spare: the flows over their share may not have them.
+        if let (Some(census), Some(packet)) =
+            (CODEL_FLOWS.get_ptr_mut(class_id), SHAPE_PACKET.get_ptr(0))
+        {
+            add(unsafe { &raw mut (*census).spare_bytes }, unsafe {
+                (*packet).wire_len
+            });
+        }
         return flow;
     }
     let id_and_fresh = class_id | if flow.fresh() { FRESH } else { 0 };
@@ -456,15 +464,16 @@ fn roll_share(census: *mut FlowCensus, class: &ClassConfig, idle: bool) {
     let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
     // A fresh census holds 0 (no packet judged): not congested.
     let congested = least != u64::MAX && least > 0;
+    let spare = take(unsafe { &raw mut (*census).spare_bytes }, 0);
     let last_weight = unsafe { core::ptr::read_volatile(&raw const (*census).last_weight) };
     let (share, over) = if idle {
         (SHARE_ONE, 0)
     } else {
-        let bound = weight.max(last_weight);
-        (next_share(share, congested, bound, over_weight), over)
+        let weights = (weight.max(last_weight), over_weight);
+        let window = class.cost.bytes_in(ticks(class.codel.interval_ns));
+        (next_share(share, congested, weights, spare, window), over)
     };
     unsafe { core::ptr::write_volatile(&raw mut (*census).last_weight, weight) };
-    let _ = class;
     unsafe {
         core::ptr::write_volatile(&raw mut (*census).share, share);
         core::ptr::write_volatile(&raw mut (*census).over_share_counted, over);
@@ -511,6 +520,7 @@ fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32)
     let scratch = unsafe { &mut *scratch };
     scratch.key = bucket_key(class_id, class.generation, Scope::Flow, packet);
     let Some(entry) = FLOW_QUEUES.get_ptr_mut(&scratch.key) else {
+        add(unsafe { &raw mut (*census).spare_bytes }, bytes);
         return FAIR_UNDER;
     };
     // Under `--fair src|dst` the flows of a host share its part, and the host has a
@@ -569,15 +579,12 @@ fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32)
             );
             add(unsafe { &raw mut (*census).over_share_counting }, 1);
         }
-    }
-    // Times at the flow's share: one packet (a frame, or this aggregate: fq_codel's one
-    // packet in a flow's queue, never dropped), and its queue's delay.
-    let packet_bytes = if bytes > FRAME_BYTES {
-        bytes
     } else {
-        FRAME_BYTES
-    };
-    let frame_ns = flow_ticks(class.cost.ticks_for(packet_bytes), share, hosts) >> TICK_BITS;
+        add(unsafe { &raw mut (*census).spare_bytes }, bytes);
+    }
+    // Times at the flow's share: one frame (never dropped, as fq_codel never drops a
+    // flow's only packet), and its queue's delay.
+    let frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, hosts) >> TICK_BITS;
     let sojourn = sojourn_ns(finish, now_ticks, credit);
     if sojourn > flow_cap_ns(class.codel.target_ns, frame_ns) {
         return FAIR_DROPPED;
@@ -593,7 +600,7 @@ fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32)
         } else {
             unsafe { core::ptr::read_volatile(&raw const (*host).credit) }
         };
-        let host_frame_ns = flow_ticks(class.cost.ticks_for(packet_bytes), share, 1) >> TICK_BITS;
+        let host_frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, 1) >> TICK_BITS;
         let host_sojourn = sojourn_ns(host_finish, now_ticks, host_credit);
         if host_sojourn > flow_cap_ns(class.codel.target_ns, host_frame_ns) {
             return FAIR_DROPPED;

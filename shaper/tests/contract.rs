@@ -253,7 +253,7 @@ const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 21]) = (
         ("SHAPE_PACKET", 4, 64),
         ("SHARES", 4, 176),
         ("VERDICT_CACHE", 4, 56),
-        ("CODEL_FLOWS", 4, 80),
+        ("CODEL_FLOWS", 4, 88),
         ("SPLIT_TO", 4, 4),
         ("FLOW_QUEUES", 48, 56),
         ("SHAPE_STATS", 4, 48),

@@ -1565,6 +1565,9 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
         "5ms",
         "--interval",
         "100ms",
+        // The model is one queue's CoDel (flow isolation: `fair_flows_*`).
+        "--fair",
+        "none",
     ]]);
     let id = harness.class_id("bulk");
     let mut classes = harness.attachment.classes().unwrap();
@@ -1756,7 +1759,7 @@ fn shaping_with_codel_matches_the_model_packet_by_packet() {
 fn codel_counts_the_bulk_flows_and_drops_as_often_as_per_flow_codels() {
     let harness = Harness::new(&[&[
         "bulk", "--proto", "udp", "--dport", "9300", "--rate", "8mbit", "--action", "shape",
-        "--ecn", "off",
+        "--ecn", "off", "--fair", "none",
     ]]);
     let id = harness.class_id("bulk");
     // The EDT path: the queue's sojourn counts from the first byte (HTB's 128 KiB burst
@@ -1853,6 +1856,9 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
             "20ms",
             "--ecn",
             "off",
+            // One queue's CoDel, as the model.
+            "--fair",
+            "none",
         ]
     };
     let plain_class = [&["plain"][..], &class("9401")].concat();
