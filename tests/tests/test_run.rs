@@ -1926,3 +1926,84 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
         "{dropped} of {condemned} condemned aggregates dropped"
     );
 }
+
+/// Flow isolation (`--fair flow`, the default) on the packet path, clock driven: an 8
+/// Mbit/s class (EDT path: no HTB burst) gets 1000-byte UDP packets from two flows for
+/// 6 s, flow A at 1.6 times the rate and flow B at 0.3 times. B, under its share, is
+/// never dropped; A, the only flow over its share, is held to what B leaves (5.6 Mbit/s
+/// within 5 % over the last 3 s), not to half the rate nor the whole; the drops count as
+/// fair drops, none as the class queue's. With `--fair none` (the one queue of before)
+/// B loses packets to A's queue.
+#[test]
+fn fair_flows_hold_the_flow_over_its_share_and_spare_the_other() {
+    let run = |fair: &'static str| -> (u64, u64, u64, shaper_common::fair::ShapeStats) {
+        let harness = Harness::new(&[&[
+            "bulk", "--proto", "udp", "--dport", "9300", "--rate", "8mbit", "--action", "shape",
+            "--ecn", "off", "--fair", fair,
+        ]]);
+        let id = harness.class_id("bulk");
+        let mut classes = harness.attachment.classes().unwrap();
+        let mut config = classes.get(&id, 0).unwrap();
+        (config.action_arg, config.sparse_priority) = (0, 0);
+        classes.set(id, config, 0).unwrap();
+        let program = harness.clocked();
+        let send = |sport: u16, now: u64| -> bool {
+            let mut data = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes on the wire
+            data[34..36].copy_from_slice(&sport.to_be_bytes());
+            let verdict = program
+                .test_run(TestRunOptions {
+                    data_in: Some(&data),
+                    ctx_in: Some(&skb_at(now)),
+                    ..TestRunOptions::default()
+                })
+                .unwrap()
+                .return_value;
+            verdict != SHOT
+        };
+        // 6 s in steps of 125 µs: A sends every 5th step (1.6 x 8 Mbit/s), B every 33rd.
+        let start = 10_000_000_000u64;
+        let (mut a_passed_late, mut b_sent, mut b_passed) = (0u64, 0u64, 0u64);
+        for step in 0..48_000u64 {
+            let now = start + step * 125_000;
+            let late = step >= 24_000;
+            if step % 5 == 0 && send(41_000, now) && late {
+                a_passed_late += 1;
+            }
+            if step % 33 == 0 {
+                b_sent += 1;
+                b_passed += send(42_000, now) as u64;
+            }
+        }
+        let mut causes = shaper_common::fair::ShapeStats::default();
+        for cpu in harness
+            .attachment
+            .shape_stats()
+            .unwrap()
+            .get(&id, 0)
+            .unwrap()
+            .iter()
+        {
+            causes.accumulate(cpu);
+        }
+        (a_passed_late, b_sent, b_passed, causes)
+    };
+    let (a_late, b_sent, b_passed, causes) = run("flow");
+    let a_bps = a_late as f64 * 8000.0 / 3.0;
+    println!(
+        "fair flow: A {:.3} Mbit/s over the last 3 s, B passed {b_passed} of {b_sent}; {causes:?}",
+        a_bps / 1e6
+    );
+    assert_eq!(b_passed, b_sent, "B, under its share, lost packets");
+    // What B leaves: 8 - 8000 bits every 33 x 125 µs.
+    let left_bps = 8e6 - 8000.0 / (33.0 * 125e-6);
+    assert!(
+        (a_bps / left_bps - 1.0).abs() <= 0.05,
+        "A got {a_bps:.0} bit/s, B left {left_bps:.0}"
+    );
+    assert!(causes.fair_dropped_packets > 1000, "{causes:?}");
+    assert_eq!(causes.queue_dropped_packets, 0, "{causes:?}");
+    let (_, b_sent, b_passed, causes) = run("none");
+    println!("fair none: B passed {b_passed} of {b_sent}; {causes:?}");
+    assert!(b_passed < b_sent, "one queue spared B");
+    assert_eq!(causes.fair_dropped_packets, 0, "{causes:?}");
+}

@@ -614,10 +614,11 @@ fn apply_switches_the_attach_mode_under_load_without_a_gap() -> Result<()> {
 
 /// Layout 8 to 9 (flow isolation): a shape class attached by a layout-8 shaper (its fair
 /// mode zero in what was padding, none of the new maps pinned) comes out of `upgrade`
-/// fair by flow, the default, with the new maps made; and it isolates: a UDP flood at
-/// twice the rate leaves a Cubic flow its share.
+/// with one queue (`fair none`, the default), the new maps made; `class change --fair
+/// flow` then isolates it in place: a UDP flood at twice the rate leaves a Cubic flow its
+/// share.
 #[test]
-fn upgrade_from_layout_8_makes_shape_classes_fair() -> Result<()> {
+fn upgrade_from_layout_8_keeps_shape_classes_and_change_makes_them_fair() -> Result<()> {
     use shaper_common::{ClassConfig, ClassMeta};
     let mut lab = Lab::new()?;
     let router = lab.router.clone();
@@ -658,7 +659,18 @@ fn upgrade_from_layout_8_makes_shape_classes_fair() -> Result<()> {
         "{upgraded}"
     );
     let rows = router.shaper_json(&["class", "list", "--json"])?;
-    ensure!(rows[0]["fair"] == "flow", "after the upgrade: {}", rows[0]);
+    ensure!(rows[0]["fair"] == "none", "after the upgrade: {}", rows[0]);
+    router.shaper(&[
+        "class",
+        "change",
+        "bulk",
+        "--dev",
+        ROUTER_TO_SERVER,
+        "--fair",
+        "flow",
+    ])?;
+    let rows = router.shaper_json(&["class", "list", "--json"])?;
+    ensure!(rows[0]["fair"] == "flow", "after the change: {}", rows[0]);
     ensure!(classes.get(&id, 0)?.codel.fair == shaper_common::fair::FAIR_FLOW);
     for map in [
         map_names::FLOW_QUEUES,

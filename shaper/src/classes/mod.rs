@@ -202,7 +202,9 @@ impl Default for Codel {
             target_ns: DEFAULT_TARGET_NS,
             interval_ns: DEFAULT_INTERVAL_NS,
             ecn: true,
-            fair: Fair::Flow,
+            // Opt-in for now: with it on, one Cubic flow beside a queue probe kept 0.46-0.69
+            // of a 10 Mbit/s class and four at 100 Mbit/s 0.77-0.80 (the suite asks 0.93).
+            fair: Fair::None,
         }
     }
 }
@@ -210,10 +212,10 @@ impl Default for Codel {
 /// Flow isolation in a shape class (`shaper_common::fair`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Fair {
-    /// One queue for every flow (no isolation).
+    /// One queue for every flow (no isolation): the default for now.
+    #[default]
     None,
     /// Each flow its fair share.
-    #[default]
     Flow,
     /// Each source host its share, then each of its flows.
     Src,

@@ -49,11 +49,11 @@ pub struct NetConf {
     #[serde(default)]
     pub egress_action: Option<String>,
     /// With `ingressAction: "shape"`: how the container's class shares its rate among
-    /// flows toward it: flow (default), src (each sending host first), dst or none.
+    /// flows toward it: none (default), flow, src (each sending host first) or dst.
     #[serde(default)]
     pub ingress_fair: Option<String>,
-    /// With `egressAction: "shape"`: how the container's upload shares its rate: flow
-    /// (default), dst (each destination host first, then its flows), src or none.
+    /// With `egressAction: "shape"`: how the container's upload shares its rate: none
+    /// (default), flow, dst (each destination host first, then its flows) or src.
     #[serde(default)]
     pub egress_fair: Option<String>,
     #[serde(default)]
@@ -356,12 +356,12 @@ mod tests {
                 .flat_map(|i| i.classes.iter().map(|(_, spec)| spec.codel.map(|c| c.fair)))
                 .collect()
         };
-        // Shaped both ways: flow by default; each direction as asked.
+        // Shaped both ways: one queue by default; each direction as asked.
         let both = r#"{"cniVersion":"1.0.0","ingressRate":5000000,"ingressBurst":800000,
             "egressRate":5000000,"egressBurst":800000,"ingressAction":"shape","egressAction":"shape""#;
         assert_eq!(
             fair_of(&format!("{both}}}")),
-            vec![Some(Fair::Flow), Some(Fair::Flow)]
+            vec![Some(Fair::None), Some(Fair::None)]
         );
         assert_eq!(
             fair_of(&format!(

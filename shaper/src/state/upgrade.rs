@@ -282,26 +282,13 @@ fn migrate_from_unversioned(attachment: &Attachment) -> Result<()> {
 /// Layout 8 to 9: flow isolation. `CODEL_FLOWS`' values grew (the fair share's census),
 /// so its pin is removed for loading the object to make it anew (the old program keeps
 /// its own until the swap; the census restarts, counting one flow for an interval);
-/// `FLOW_QUEUES` and `SHAPE_STATS` are new. Every shape class gets the default,
-/// `fair flow`, in its config and metadata, in fields that were padding (zero: none).
+/// `FLOW_QUEUES`, `SHAPE_STATS` and `FLOW_SCRATCH` are new. The fair mode sits in fields
+/// that were padding: zero, `fair none`, the default, so classes keep one queue.
 fn migrate_to_fair(attachment: &Attachment) -> Result<()> {
     let census = attachment.dir().join(map_names::CODEL_FLOWS);
     if census.exists() {
         fs::remove_file(&census)
             .with_context(|| format!("cannot remove {} for its new layout", census.display()))?;
-    }
-    let mut classes = attachment.classes()?;
-    let mut metas = attachment.meta()?;
-    for id in 0..shaper_common::MAX_CLASSES {
-        let mut config = classes.get(&id, 0)?;
-        if config.in_use == 0 || config.action != shaper_common::Action::Shape as u8 {
-            continue;
-        }
-        let mut meta = metas.get(&id, 0)?;
-        meta.fair = shaper_common::fair::FAIR_FLOW as u8;
-        metas.set(id, meta, 0)?;
-        config.codel.fair = shaper_common::fair::FAIR_FLOW;
-        classes.set(id, config, 0)?;
     }
     Ok(())
 }
