@@ -108,7 +108,10 @@ impl Netns {
 
     /// `shaper attach DEV OPTIONS…` in this namespace.
     pub fn attach(&self, dev: &str, options: &[&str]) -> Result<String> {
-        self.shaper(&[&["attach", dev][..], options].concat())
+        // Loading the program takes the verifier about 2.4 s on the lab's machine: tests
+        // that attach in several labs at once queue on the state lock longer than its
+        // default 10 s wait.
+        self.shaper(&[&["--wait", "60", "attach", dev][..], options].concat())
     }
 
     /// `shaper class add NAME --dev DEV OPTIONS…` in this namespace (`--rate` is one of

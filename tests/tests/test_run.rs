@@ -268,6 +268,15 @@ impl Harness {
         Ok((verdict, counted.into_iter().next().map(|(name, _)| name)))
     }
 
+    /// Puts shape class `id` on the EDT path (no HTB leaf): its queue's sojourn counts
+    /// from the first byte (HTB's 128 KiB burst would hide a short queue).
+    fn on_the_edt_path(&self, id: u32) {
+        let mut classes = self.attachment.classes().unwrap();
+        let mut config = classes.get(&id, 0).unwrap();
+        (config.action_arg, config.sparse_priority) = (0, 0);
+        classes.set(id, config, 0).unwrap();
+    }
+
     /// The program the harness drives: `shaper_clocked`, "now" from `skb->tstamp`.
     fn clocked(&self) -> &aya::programs::SchedClassifier {
         self.ebpf
@@ -1762,12 +1771,7 @@ fn codel_counts_the_bulk_flows_and_drops_as_often_as_per_flow_codels() {
         "--ecn", "off", "--fair", "none",
     ]]);
     let id = harness.class_id("bulk");
-    // The EDT path: the queue's sojourn counts from the first byte (HTB's 128 KiB burst
-    // would hide this queue).
-    let mut classes = harness.attachment.classes().unwrap();
-    let mut config = classes.get(&id, 0).unwrap();
-    (config.action_arg, config.sparse_priority) = (0, 0);
-    classes.set(id, config, 0).unwrap();
+    harness.on_the_edt_path(id);
     let program = harness.clocked();
     let send = |sport: u16, now: u64| -> u32 {
         let mut data = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes: 1 ms at 8 Mbit/s
@@ -1942,10 +1946,7 @@ fn fair_flows_hold_the_flow_over_its_share_and_spare_the_other() {
             "--ecn", "off", "--fair", fair,
         ]]);
         let id = harness.class_id("bulk");
-        let mut classes = harness.attachment.classes().unwrap();
-        let mut config = classes.get(&id, 0).unwrap();
-        (config.action_arg, config.sparse_priority) = (0, 0);
-        classes.set(id, config, 0).unwrap();
+        harness.on_the_edt_path(id);
         let program = harness.clocked();
         let send = |sport: u16, now: u64| -> bool {
             let mut data = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes on the wire

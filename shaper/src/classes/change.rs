@@ -77,12 +77,16 @@ impl Change {
         if let (Some(before), Some(after)) = (current.codel, self.codel) {
             let codel = |c: Codel| {
                 let ecn = if c.ecn { "" } else { " noecn" };
+                // One queue, the default, goes unsaid.
+                let fair = match c.fair {
+                    Fair::None => String::new(),
+                    fair => format!(" fair {}", fair.name()),
+                };
                 let (target, interval) = (c.target_ns, c.interval_ns);
                 format!(
-                    "{}/{}{ecn} fair {}",
+                    "{}/{}{ecn}{fair}",
                     format_duration_ns(target),
-                    format_duration_ns(interval),
-                    c.fair.name()
+                    format_duration_ns(interval)
                 )
             };
             what.push(format!("codel {} -> {}", codel(before), codel(after)));

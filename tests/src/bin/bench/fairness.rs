@@ -211,21 +211,20 @@ fn run(lab: &mut Lab, effort: &FairnessEffort, cell: Cell) -> Result<Shares> {
     }
 }
 
+/// A JSON array's numbers.
+fn floats(value: &Value) -> Vec<f64> {
+    value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .collect()
+}
+
 /// The targets for a held row, or what breaks them.
 fn broken(row: &Value) -> Option<String> {
     let traffic = row["traffic"].as_str().unwrap_or_default();
-    let tcp: Vec<f64> = row["tcp"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_f64)
-        .collect();
-    let udp: Vec<f64> = row["udp"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_f64)
-        .collect();
+    let (tcp, udp) = (floats(&row["tcp"]), floats(&row["udp"]));
     let total = row["total"].as_f64().unwrap_or(0.0);
     let jain = row["jain"].as_f64().unwrap_or(0.0);
     let fail = |what: String| Some(format!("fairness: {traffic}: {what}"));
@@ -265,11 +264,8 @@ pub fn markdown(report: &Value) -> String {
         "\n## Fairness: flows sharing one shape class\n\nOne class on the router matching everything toward the server; TCP: each flow's goodput over the rate, UDP (an unresponsive sender at 1.5× or 10× the rate): its L2 rate received over the rate; Jain's index of the TCP flows; the worst TCP flow's mean RTT over the path's base. Held in the full run (column *held*), shaper's fair rows: TCP beside UDP ≥ 0.45 with UDP ≤ 0.55 and together ≥ 0.95; Cubic and BBR each ≥ 0.40; Jain ≥ 0.98 / 0.97 / 0.95 for 4 / 16 / 64 Cubic flows with together ≥ 0.95; under `--fair src`, host B's one flow ≥ 0.45 beside host A's eight. `cargo xtask test` asserts one representative cell of each (`fairness.rs`); CAKE and htb + fq_codel beside shaper: the peers section.\n\n| limiter | rate | base RTT ms | traffic | TCP | UDP | together | Jain | RTT over base ms | held |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let list = |value: &Value| {
-        value
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_f64)
+        floats(value)
+            .iter()
             .map(|v| format!("{v:.3}"))
             .collect::<Vec<_>>()
             .join(" / ")
