@@ -310,6 +310,7 @@ pub fn check(report: &Value) -> Vec<String> {
 }
 
 /// Rows a sane full run could report (the driver's own tests).
+#[cfg(test)]
 pub fn sane_rows() -> Vec<Value> {
     vec![
         json!({"limiter": FAIR, "rate": "10mbit", "base_rtt_ms": 0.0, "traffic": "cubic beside UDP at 10x",
