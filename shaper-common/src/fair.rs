@@ -160,7 +160,9 @@ pub fn next_share(
         }
     };
     let most = bulk_weight.clamp(SHARE_ONE, MAX_SHARE);
-    next.clamp(SHARE_ONE, most)
+    // min/max, not `clamp`: with a bound the compiler cannot prove ordered, `clamp` keeps
+    // a panic path, which 6.1's verifier walks and refuses (newer ones prove it dead).
+    next.max(SHARE_ONE).min(most)
 }
 
 /// `weight / (1 − spare / window)` in the share's fixed point: the multiplier that leaves
