@@ -32,6 +32,10 @@ mod bucket;
 #[cfg(target_arch = "bpf")]
 mod classify;
 #[cfg(target_arch = "bpf")]
+mod fair;
+#[cfg(target_arch = "bpf")]
+mod flows;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod meter;
@@ -50,10 +54,11 @@ mod entry {
         act::act,
         bucket::charge_bucket,
         classify::classify,
+        flows::judge_flow,
         maps::{CLASSES, SHAPE_PACKET, SHARES, SPLIT_TO},
         meter::meter,
         parse::{parse, Packet},
-        shape::{judge_flow, shape},
+        shape::shape,
         tree::charge_tree,
     };
     use aya_ebpf::{

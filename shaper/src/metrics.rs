@@ -184,30 +184,35 @@ fn class_metrics(row: &ClassRow, class: &Labels, families: &Families) {
         families.level.get_or_create(class).set(level as i64);
     }
     if let Some(shape) = &row.codel {
-        families.flows.get_or_create(class).set(shape.flows as i64);
-        let over = shape.flows_over_share as i64;
-        families.flows_over_share.get_or_create(class).set(over);
-        for (cause, packets, bytes) in [
-            (
-                "queue",
-                shape.queue_dropped_packets,
-                shape.queue_dropped_bytes,
-            ),
-            ("fair", shape.fair_dropped_packets, shape.fair_dropped_bytes),
-        ] {
-            let cause = with(class, &[("cause", cause)]);
-            families
-                .shape_dropped_packets
-                .get_or_create(&cause)
-                .inc_by(packets);
-            families
-                .shape_dropped_bytes
-                .get_or_create(&cause)
-                .inc_by(bytes);
-        }
-        let marked = shape.fair_marked_packets;
-        families.fair_marked.get_or_create(class).inc_by(marked);
+        shape_metrics(shape, class, families);
     }
+}
+
+/// A shape class's flows and its drops and marks by cause.
+fn shape_metrics(shape: &crate::report::CodelRow, class: &Labels, families: &Families) {
+    families.flows.get_or_create(class).set(shape.flows as i64);
+    let over = shape.flows_over_share as i64;
+    families.flows_over_share.get_or_create(class).set(over);
+    for (cause, packets, bytes) in [
+        (
+            "queue",
+            shape.queue_dropped_packets,
+            shape.queue_dropped_bytes,
+        ),
+        ("fair", shape.fair_dropped_packets, shape.fair_dropped_bytes),
+    ] {
+        let cause = with(class, &[("cause", cause)]);
+        families
+            .shape_dropped_packets
+            .get_or_create(&cause)
+            .inc_by(packets);
+        families
+            .shape_dropped_bytes
+            .get_or_create(&cause)
+            .inc_by(bytes);
+    }
+    let marked = shape.fair_marked_packets;
+    families.fair_marked.get_or_create(class).inc_by(marked);
 }
 
 /// The exposition text: every attachment under the pin root, and `health` when given.

@@ -12,7 +12,6 @@ use aya::{
 use shaper_common::{
     bucket::TAT_MASK,
     codel::{sojourn_ns, CodelState, Control, FlowCensus},
-    fair::ShapeStats,
     map_names, Bucket, BucketKey, ClassConfig, ClassMeta, ClassStats, CostKind, Credit,
     GlobalShare, Globals, KeyStats, RuleKey, RuleValue, Shape, CLASS_NAME_LEN, LAYOUT_VERSION,
 };
@@ -275,42 +274,6 @@ impl Attachment {
         self.map(map_names::CODEL_FLOWS)
     }
 
-    /// Shape classes' drops and marks by cause, per CPU.
-    pub fn shape_stats(&self) -> Result<PerCpuArray<MapData, ShapeStats>> {
-        self.map(map_names::SHAPE_STATS)
-    }
-
-    /// A shape class's flows and what its queues dropped and marked, by cause.
-    pub fn shape_flows(&self, class_id: u32) -> Result<ShapeFlows> {
-        let census = self.codel_flows()?.get(&class_id, 0)?;
-        let interval = self.classes()?.get(&class_id, 0)?.codel.interval_ns;
-        let mut stats = ShapeStats::default();
-        for cpu in self.shape_stats()?.get(&class_id, 0)?.iter() {
-            stats.accumulate(cpu);
-        }
-        // The census moves with packets: one that has seen none for an interval is idle.
-        let idle = monotonic_ns() >= census.interval_end.saturating_add(interval);
-        let (flows, over_share) = if idle {
-            (0, 0)
-        } else {
-            (
-                census.counted.max(census.counting),
-                census.over_share_counted.max(census.over_share_counting),
-            )
-        };
-        let share = if idle || census.share == 0 {
-            shaper_common::fair::SHARE_ONE
-        } else {
-            census.share
-        };
-        Ok(ShapeFlows {
-            flows,
-            over_share,
-            share,
-            stats,
-        })
-    }
-
     /// Element 0: the ifb this ingress attachment splits aggregates through, or 0.
     pub fn split_to(&self) -> Result<Array<MapData, u32>> {
         self.map(map_names::SPLIT_TO)
@@ -480,16 +443,4 @@ impl Attachment {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
-}
-
-/// A shape class's flows now (its census) and its drops and marks by cause.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ShapeFlows {
-    /// Bulk flows in the last CoDel interval (0 when the class has been idle that long).
-    pub flows: u64,
-    /// Of those, flows over their fair share (flow isolation only).
-    pub over_share: u64,
-    /// The share multiplier its flows are charged with now (`fair::SHARE_ONE`: 1).
-    pub share: u64,
-    pub stats: ShapeStats,
 }

@@ -20,9 +20,10 @@ mod attachment;
 mod loader;
 mod names;
 mod pins;
+mod shape_flows;
 mod upgrade;
 
-pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure, ShapeFlows};
+pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
 pub use loader::{
     attach_fresh, detach, forget, load_object, load_object_bytes, load_program, reattach,
     switch_mode,
@@ -30,6 +31,7 @@ pub use loader::{
 pub use names::decode_name;
 pub(crate) use names::encode_name;
 pub use pins::{lock, set_lock_wait, try_lock, StateLock, DEFAULT_LOCK_WAIT};
+pub use shape_flows::ShapeFlows;
 pub use upgrade::{resize_flow_table, upgrade, Upgraded};
 
 pub(crate) const BPFFS: &str = "/sys/fs/bpf";

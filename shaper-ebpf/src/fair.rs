@@ -1,0 +1,325 @@
+//! Flow isolation on the packet path (`shaper_common::fair`): a bulk packet of a fair
+//! class judged by its flow's own virtual queue at its fair share (and its host's, under
+//! `--fair src|dst`), and the class's drops and marks counted by cause.
+
+use crate::{
+    bucket::bucket_key,
+    maps::{CLASS_BUCKETS, CODEL_FLOWS, FLOW_QUEUES, FLOW_SCRATCH, SHAPE_PACKET, SHAPE_STATS},
+    parse::Packet,
+    rewrite::set_ecn_ce,
+    shape::{judge_packet, spares_aggregate},
+};
+use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+use shaper_common::{
+    bucket::{ticks, TAT_MASK, TICK_BITS},
+    codel::{sojourn_ns, FlowCensus, FRAME_BYTES},
+    fair::{
+        burst_credit, flow_cap_ns, flow_sojourn_ns, flow_ticks, flow_weight, host_flows,
+        over_share, FlowQueue, FlowScratch, FAIR_DST, FAIR_SRC, SHARE_ONE,
+    },
+    BucketKey, ClassConfig, Scope,
+};
+
+/// Set in a host entry's class id (class ids stay below `MAX_CLASSES`).
+pub(crate) const HOST_KEY: u32 = 1 << 31;
+/// Set in `fair_judge`'s class id argument: the census just counted the packet's flow.
+pub(crate) const FRESH: u32 = 1 << 30;
+
+/// `fair_judge`'s verdicts.
+pub(crate) const FAIR_UNDER: u64 = 0;
+pub(crate) const FAIR_OVER: u64 = 1;
+pub(crate) const FAIR_MARKED: u64 = 2;
+pub(crate) const FAIR_DROPPED: u64 = 3;
+
+/// Flow isolation for a bulk packet of a fair class: its flow's virtual queue at the fair
+/// share (`shaper_common::fair`), judged by the flow's own CoDel and the class's cap.
+/// Counts the flow in the census as over its share (with its weight) or the packet's bytes
+/// as spare, and moves the flow's queue on by an admitted packet. A flow without an entry
+/// (a full table, or its first packet) is under its share.
+///
+/// Not inlined, as `shape` itself: the verifier walks this path once, not once per path of
+/// the caller.
+///
+/// `id_and_fresh` is the class id with [`FRESH`] set when the census just counted the
+/// flow. The flow's entry is looked up again here: `look_up_flow` cannot hand its pointer
+/// over (see `FlowLookup`), and this frame cannot sit below that one (512 bytes of stack
+/// over a chain of calls).
+#[inline(never)]
+pub(crate) fn fair_judge(ctx: &TcContext, class: &ClassConfig, now: u64, id_and_fresh: u32) -> u64 {
+    let class_id = id_and_fresh & !FRESH;
+    let fresh = id_and_fresh & FRESH != 0;
+    let (Some(packet), Some(census), Some(scratch)) = (
+        SHAPE_PACKET.get_ptr(0),
+        CODEL_FLOWS.get_ptr_mut(class_id),
+        FLOW_SCRATCH.get_ptr_mut(0),
+    ) else {
+        return FAIR_UNDER;
+    };
+    let packet = unsafe { &*packet };
+    let bytes = packet.wire_len;
+    let scratch = unsafe { &mut *scratch };
+    scratch.key = bucket_key(class_id, class.generation, Scope::Flow, packet);
+    let Some(entry) = FLOW_QUEUES.get_ptr_mut(&scratch.key) else {
+        add(unsafe { &raw mut (*census).spare_bytes }, bytes);
+        return FAIR_UNDER;
+    };
+    // Under `--fair src|dst` the flows of a host share its part, and the host has a
+    // queue of its own at its share.
+    let host = match class.codel.fair {
+        FAIR_SRC | FAIR_DST => host_entry(class_id, class, packet, census, scratch, fresh),
+        _ => None,
+    };
+    let hosts = match host {
+        Some(host) => host_flows(unsafe { &*host }),
+        None => 1,
+    };
+    let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
+    let share = if share == 0 { SHARE_ONE } else { share };
+    let charge = flow_ticks(class.cost.ticks_for(bytes), share, hosts);
+    let finish_word = unsafe { &raw mut (*entry).finish };
+    let now_ticks = ticks(now);
+    // The class's real queue (its virtual queue beyond the burst HTB sends ahead): empty,
+    // a flow's packets go out within that burst (`fair::burst_credit`).
+    let class_tat = match CLASS_BUCKETS.get_ptr(class_id) {
+        Some(bucket) => {
+            let stored = unsafe { core::ptr::read_volatile(&raw const (*bucket).tat) };
+            stored & TAT_MASK
+        }
+        None => 0,
+    };
+    let burst_ticks = class.shape_burst_ticks();
+    let class_delay = sojourn_ns(class_tat, now_ticks, burst_ticks);
+    let within_burst = class_delay == 0;
+    // The least delay the class's queue shows this interval (`roll_share`'s congestion).
+    let least = unsafe { &raw mut (*census).least_delay_ns };
+    if class_delay < unsafe { core::ptr::read_volatile(least) } {
+        unsafe { core::ptr::write_volatile(least, class_delay) };
+    }
+    if fresh && host.is_none() {
+        // Without hosts each flow weighs one (`host_count` counts hosts instead).
+        add(unsafe { &raw mut (*census).weight }, SHARE_ONE);
+    }
+    let finish = unsafe { core::ptr::read_volatile(finish_word) };
+    let drained = finish <= now_ticks;
+    let credit_word = unsafe { &raw mut (*entry).credit };
+    let credit = if drained {
+        0
+    } else {
+        unsafe { core::ptr::read_volatile(credit_word) }
+    };
+    let over = over_share(finish.saturating_sub(credit), now_ticks, charge);
+    if over {
+        let end = unsafe { core::ptr::read_volatile(&raw const (*census).interval_end) };
+        let stamp = unsafe { &raw mut (*entry).over_share_in };
+        if unsafe { core::ptr::read_volatile(stamp) } != end {
+            unsafe { core::ptr::write_volatile(stamp, end) };
+            add(
+                unsafe { &raw mut (*census).over_share_weight },
+                flow_weight(hosts),
+            );
+            add(unsafe { &raw mut (*census).over_share_counting }, 1);
+        }
+    } else {
+        add(unsafe { &raw mut (*census).spare_bytes }, bytes);
+    }
+    // Times at the flow's share: one frame (never dropped, as fq_codel never drops a
+    // flow's only packet), and its queue's delay.
+    let frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, hosts) >> TICK_BITS;
+    let sojourn = sojourn_ns(finish, now_ticks, credit);
+    if sojourn > flow_cap_ns(class.codel.target_ns, frame_ns) {
+        return FAIR_DROPPED;
+    }
+    let sojourn = flow_sojourn_ns(sojourn, frame_ns);
+    // A host's own queue at its share bounds what all its flows together add to the
+    // class's queue, however many they are.
+    let host_charge = flow_ticks(class.cost.ticks_for(bytes), share, 1);
+    if let Some(host) = host {
+        let host_finish = unsafe { core::ptr::read_volatile(&raw const (*host).finish) };
+        let host_credit = if host_finish <= now_ticks {
+            0
+        } else {
+            unsafe { core::ptr::read_volatile(&raw const (*host).credit) }
+        };
+        let host_frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, 1) >> TICK_BITS;
+        let host_sojourn = sojourn_ns(host_finish, now_ticks, host_credit);
+        if host_sojourn > flow_cap_ns(class.codel.target_ns, host_frame_ns) {
+            return FAIR_DROPPED;
+        }
+    }
+    let spare = || spares_aggregate(ctx, packet, class.codel.ecn != 0);
+    let (congested, _) = judge_packet(
+        unsafe { &mut (*entry).codel },
+        sojourn,
+        now,
+        &class.codel,
+        1,
+        spare,
+    );
+    let marked = congested && class.codel.ecn != 0 && set_ecn_ce(ctx, packet);
+    if congested && !marked {
+        return FAIR_DROPPED;
+    }
+    let start = if finish > now_ticks {
+        finish
+    } else {
+        now_ticks
+    };
+    unsafe {
+        core::ptr::write_volatile(finish_word, start + charge);
+        let credit = burst_credit(credit, drained, within_burst, charge, burst_ticks);
+        core::ptr::write_volatile(credit_word, credit);
+    }
+    if let Some(host) = host {
+        let host_word = unsafe { &raw mut (*host).finish };
+        let host_finish = unsafe { core::ptr::read_volatile(host_word) };
+        let host_drained = host_finish <= now_ticks;
+        let host_start = if host_drained { now_ticks } else { host_finish };
+        let credit_word = unsafe { &raw mut (*host).credit };
+        let host_credit = unsafe { core::ptr::read_volatile(credit_word) };
+        let host_credit = burst_credit(
+            host_credit,
+            host_drained,
+            within_burst,
+            host_charge,
+            burst_ticks,
+        );
+        unsafe {
+            core::ptr::write_volatile(host_word, host_start + host_charge);
+            core::ptr::write_volatile(credit_word, host_credit);
+        }
+    }
+    match (marked, over) {
+        (true, _) => FAIR_MARKED,
+        (false, true) => FAIR_OVER,
+        (false, false) => FAIR_UNDER,
+    }
+}
+
+/// Under `--fair src|dst`: the packet's host's entry in the flow table (`fair::FlowQueue`,
+/// a host's fields), rolled to the class's interval and counting the packet's flow when
+/// the census just counted it; a host new to the interval weighs one in the census. No
+/// room for the host: none.
+#[inline(always)]
+pub(crate) fn host_entry(
+    class_id: u32,
+    class: &ClassConfig,
+    packet: &Packet,
+    census: *mut FlowCensus,
+    scratch: &mut FlowScratch,
+    fresh: bool,
+) -> Option<*mut FlowQueue> {
+    let scope = if class.codel.fair == FAIR_SRC {
+        Scope::Src
+    } else {
+        Scope::Dst
+    };
+    // The class id's top bit keeps a host's entry apart from the class's flows.
+    let key = bucket_key(class_id | HOST_KEY, class.generation, scope, packet);
+    set_key(&mut scratch.key, &key);
+    let host = match FLOW_QUEUES.get_ptr_mut(&scratch.key) {
+        Some(host) => host,
+        None => {
+            fresh_entry(&mut scratch.entry, 0);
+            let _ = FLOW_QUEUES.insert(&scratch.key, &scratch.entry, BPF_NOEXIST as u64);
+            FLOW_QUEUES.get_ptr_mut(&scratch.key)?
+        }
+    };
+    let end = unsafe { core::ptr::read_volatile(&raw const (*census).interval_end) };
+    let counted_in = unsafe { &raw mut (*host).counted_in };
+    let last_end = unsafe { core::ptr::read_volatile(counted_in) };
+    let counting = unsafe { &raw mut (*host).over_share_in };
+    if last_end != end {
+        // A new interval for this host: the one before counted what it counted if it was
+        // the interval just before (each ends at least an interval after the last, when a
+        // packet rolls it), else nothing.
+        let interval = class.codel.interval_ns;
+        let counted = unsafe { core::ptr::read_volatile(counting) };
+        let before = if end <= last_end + 2 * interval {
+            counted
+        } else {
+            0
+        };
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*host).sparse, before);
+            core::ptr::write_volatile(counting, 0);
+            core::ptr::write_volatile(counted_in, end);
+        }
+        // Hosts share the class first: each weighs one in the census, once an interval.
+        add(unsafe { &raw mut (*census).weight }, SHARE_ONE);
+    }
+    if fresh {
+        add(counting, 1);
+    }
+    Some(host)
+}
+
+/// A new flow table entry with sparseness word `sparse`, every field written (a struct
+/// literal with `..Default::default()` is a `memset` call: a byte loop in BPF).
+#[inline(always)]
+pub(crate) fn fresh_entry(entry: &mut FlowQueue, sparse: u64) {
+    // Volatile: plain stores of zeros LLVM merges into a `memset` call.
+    unsafe {
+        core::ptr::write_volatile(&raw mut entry.sparse, sparse);
+        core::ptr::write_volatile(&raw mut entry.counted_in, 0);
+        core::ptr::write_volatile(&raw mut entry.finish, 0);
+        core::ptr::write_volatile(&raw mut entry.over_share_in, 0);
+        core::ptr::write_volatile(&raw mut entry.codel.control, 0);
+        core::ptr::write_volatile(&raw mut entry.codel.first_above, 0);
+        core::ptr::write_volatile(&raw mut entry.credit, 0);
+    }
+}
+
+/// Writes `key` into the scratch slot word by word (volatile: a host key's zeroed
+/// fields would otherwise become a `memset` call).
+#[inline(always)]
+pub(crate) fn set_key(slot: &mut BucketKey, key: &BucketKey) {
+    unsafe {
+        core::ptr::write_volatile(&raw mut slot.class_id, key.class_id);
+        core::ptr::write_volatile(&raw mut slot.generation, key.generation);
+        core::ptr::write_volatile(&raw mut slot.family, key.family);
+        core::ptr::write_volatile(&raw mut slot.proto, key.proto);
+        core::ptr::write_volatile(&raw mut slot._pad, 0);
+        core::ptr::write_volatile(&raw mut slot.sport, key.sport);
+        core::ptr::write_volatile(&raw mut slot.dport, key.dport);
+        for word in 0..4 {
+            core::ptr::write_volatile(&raw mut slot.src[word], key.src[word]);
+            core::ptr::write_volatile(&raw mut slot.dst[word], key.dst[word]);
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn add(word: *mut u64, value: u64) {
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(word, value) };
+}
+
+/// A shape class's drop and mark causes (`fair::ShapeStats`).
+#[derive(Clone, Copy)]
+pub(crate) enum Cause {
+    QueueDrop,
+    FairDrop,
+    FairMark,
+}
+
+#[inline(always)]
+pub(crate) fn count_cause(class_id: u32, cause: Cause, bytes: u64) {
+    let Some(stats) = SHAPE_STATS.get_ptr_mut(class_id) else {
+        return;
+    };
+    let stats = unsafe { &mut *stats };
+    match cause {
+        Cause::QueueDrop => {
+            stats.queue_dropped_packets += 1;
+            stats.queue_dropped_bytes += bytes;
+        }
+        Cause::FairDrop => {
+            stats.fair_dropped_packets += 1;
+            stats.fair_dropped_bytes += bytes;
+        }
+        Cause::FairMark => {
+            stats.fair_marked_packets += 1;
+            stats.fair_marked_bytes += bytes;
+        }
+    }
+}
