@@ -56,8 +56,8 @@ pub fn sparse_cost(rate_bits_per_sec: u64) -> crate::ByteCost {
 /// until it has been quiet for a long while.
 #[inline(always)]
 pub fn sparse(tat: u64, now_ns: u64, bytes: u64, cost: &crate::ByteCost) -> (bool, u64) {
-    let (now, _, next) = crate::bucket::advance(tat, now_ns, bytes, cost);
-    (next - now <= cost.tolerance_ticks, next)
+    // A class's own flows at a share of one: the rule a fair class scales by its share.
+    crate::fair::sparse_at_share(tat, now_ns, bytes, cost, crate::fair::SHARE_ONE)
 }
 
 /// CoDel's parameters for one class, precomputed by userspace.
