@@ -8,12 +8,12 @@ use crate::{
     fair::{add, fair_judge, fresh_entry, FRESH},
     maps::{CODEL_FLOWS, FLOW_QUEUES, FLOW_SCRATCH, SHAPE_PACKET},
 };
-use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
+use aya_ebpf::bindings::BPF_NOEXIST;
 use core::intrinsics::{atomic_xadd, atomic_xchg, AtomicOrdering};
 use shaper_common::{
     bucket::{ticks, TAT_MASK},
     codel::FlowCensus,
-    fair::{next_share, sparse_at_share, FAIR_NONE, SHARE_ONE},
+    fair::{next_share, settle_spare, sparse_at_share, FAIR_NONE, SHARE_ONE},
     ClassConfig, Scope,
 };
 
@@ -72,12 +72,7 @@ impl FlowLookup {
 /// its own queue (`fair_judge`): each its own subprogram, called one after the other by
 /// the entry program so that neither frame sits below `shape`'s.
 #[inline(always)]
-pub(crate) fn judge_flow(
-    ctx: &TcContext,
-    class_id: u32,
-    class: &ClassConfig,
-    now: u64,
-) -> FlowLookup {
+pub(crate) fn judge_flow(class_id: u32, class: &ClassConfig, now: u64) -> FlowLookup {
     let flow = FlowLookup(look_up_flow(class_id, class, now));
     if class.codel.fair == FAIR_NONE || !flow.counted() {
         return flow;
@@ -94,7 +89,7 @@ pub(crate) fn judge_flow(
         return flow;
     }
     let id_and_fresh = class_id | if flow.fresh() { FRESH } else { 0 };
-    flow.with_verdict(fair_judge(ctx, class, now, id_and_fresh) as u64)
+    flow.with_verdict(fair_judge(class, now, id_and_fresh) as u64)
 }
 
 /// The packet's flow in the flow table (`FlowLookup`, packed): whether it is sparse
@@ -214,11 +209,17 @@ pub(crate) fn census_count(
             fresh = true;
         }
     }
+    (census_flows(census), fresh)
+}
+
+/// The class's bulk flows by its census (the larger of the last interval's count and
+/// this one's so far, at least 1), as `census_count` reads them: CoDel's drop spacing
+/// divides by them.
+#[inline(always)]
+fn census_flows(census: *mut FlowCensus) -> u64 {
     let last = unsafe { core::ptr::read_volatile(&raw const (*census).counted) };
-    let flows = last
-        .max(unsafe { core::ptr::read_volatile(counting) })
-        .max(1);
-    (flows, fresh)
+    let now = unsafe { core::ptr::read_volatile(&raw const (*census).counting) };
+    last.max(now).max(1)
 }
 
 /// The next interval's share multiplier from the one that ended (`fair::next_share`);
@@ -235,7 +236,7 @@ pub(crate) fn roll_share(census: *mut FlowCensus, class: &ClassConfig, idle: boo
     let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
     // A fresh census holds 0 (no packet judged): not congested.
     let congested = least != u64::MAX && least > 0;
-    let spare = take(unsafe { &raw mut (*census).spare_bytes }, 0);
+    let spare = settle_spare(take(unsafe { &raw mut (*census).spare_bytes }, 0));
     let last_weight = unsafe { core::ptr::read_volatile(&raw const (*census).last_weight) };
     let (share, over) = if idle {
         (SHARE_ONE, 0)

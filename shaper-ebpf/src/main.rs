@@ -199,7 +199,7 @@ mod entry {
             // The shape path (trees included) reads the packet from the slot; its flow's
             // entry and own queue first, each a subprogram beside `shape`, not below it.
             let now = now();
-            let flow = judge_flow(ctx, class_id, class, now);
+            let flow = judge_flow(class_id, class, now);
             return shape(ctx, class_id, class, now, flow);
         }
         if class.parent != 0 {

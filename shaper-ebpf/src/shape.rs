@@ -17,7 +17,7 @@
 use crate::{
     act::{count_drop, count_pass, stats_of},
     bucket::swap,
-    fair::{count_cause, Cause, FAIR_DROPPED, FAIR_MARKED},
+    fair::{count_cause, Cause, FAIR_DROPPED, FAIR_OVER},
     flows::FlowLookup,
     maps::{CLASSES, CLASS_BUCKETS, CODEL, SHAPE_PACKET},
     parse::Packet,
@@ -121,15 +121,14 @@ pub(crate) fn shape(
         count_cause(class_id, Cause::QueueDrop, packet.wire_len);
         return count_drop(stats, packet.wire_len);
     }
-    let mut marked = verdict == FAIR_MARKED;
-    if marked {
-        count_cause(class_id, Cause::FairMark, packet.wire_len);
-    }
-    // Under flow isolation the flows' own CoDels judge the class's queue, not one of its
-    // own; an ancestor's queue (a tree's borrowing) is still judged as before, on every
-    // borrowing flow: a flow's share is of its own class's rate, which says nothing of
-    // who holds the ancestor's queue (spared by share, borrowers stood 72 ms there).
-    let (congested, entered) = if sparse || (fair && judge_id == class_id) {
+    let mut marked = false;
+    // Under flow isolation the class queue's CoDel judges only the packets of flows over
+    // their share (`judge_flow`'s verdict): the queue is theirs, and a flow under its share
+    // is never dropped for it. An ancestor's queue (a tree's borrowing) is still judged on
+    // every borrowing flow: a flow's share is of its own class's rate, which says nothing
+    // of who holds the ancestor's queue (spared by share, borrowers stood 72 ms there).
+    let over_share = verdict == FAIR_OVER;
+    let (congested, entered) = if sparse || (fair && judge_id == class_id && !over_share) {
         (false, false)
     } else {
         let spare = || spares_aggregate(ctx, packet, class.codel.ecn != 0);
@@ -151,6 +150,9 @@ pub(crate) fn shape(
     if congested {
         if class.codel.ecn != 0 && set_ecn_ce(ctx, packet) {
             marked = true;
+            if fair && over_share {
+                count_cause(class_id, Cause::FairMark, packet.wire_len);
+            }
         } else {
             count_cause(class_id, Cause::QueueDrop, packet.wire_len);
             return count_drop(stats, packet.wire_len);

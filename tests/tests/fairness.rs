@@ -193,16 +193,10 @@ fn fair_src_shares_by_host_first() {
     );
 }
 
-/// `--fair none`, the default, is the one queue of before: the unresponsive flow takes
-/// the class.
+/// `--fair none` is the one queue of before: the unresponsive flow takes the class.
 #[test]
 fn fair_none_keeps_one_queue() {
-    let lab = Lab::new().unwrap();
-    lab.router.attach("r1", &[]).unwrap();
-    lab.router
-        .class_add("bulk", "r1", &shape_to_server("10mbit"))
-        .unwrap();
-    let mut lab = lab;
+    let mut lab = shaped_lab(None, &["--fair", "none"]);
     let flood = udp_flood("20M", 20);
     let shares: Shares = run_cell(
         &mut lab,

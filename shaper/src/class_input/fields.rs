@@ -234,10 +234,10 @@ impl ClassInput {
             interval: spec.codel.map(|c| format_duration_ns(c.interval_ns)),
             // Written only when off: on is the default.
             ecn: spec.codel.filter(|c| !c.ecn).map(|_| "off".into()),
-            // Written only when not the default (none).
+            // Written only when not the default (flow).
             fair: spec
                 .codel
-                .filter(|c| c.fair != Fair::None)
+                .filter(|c| c.fair != Fair::default())
                 .map(|c| c.fair.name().into()),
             parent: tree.map(|t| t.parent.clone()),
             ceil: tree.and_then(|t| t.ceil_bits_per_sec).map(exact_rate),

@@ -202,9 +202,7 @@ impl Default for Codel {
             target_ns: DEFAULT_TARGET_NS,
             interval_ns: DEFAULT_INTERVAL_NS,
             ecn: true,
-            // Opt-in for now: with it on, one Cubic flow beside a queue probe kept 0.46-0.69
-            // of a 10 Mbit/s class and four at 100 Mbit/s 0.77-0.80 (the suite asks 0.93).
-            fair: Fair::None,
+            fair: Fair::Flow,
         }
     }
 }
@@ -212,10 +210,10 @@ impl Default for Codel {
 /// Flow isolation in a shape class (`shaper_common::fair`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Fair {
-    /// One queue for every flow (no isolation): the default for now.
-    #[default]
+    /// One queue for every flow (no isolation).
     None,
-    /// Each flow its fair share.
+    /// Each flow its fair share: the default.
+    #[default]
     Flow,
     /// Each source host its share, then each of its flows.
     Src,

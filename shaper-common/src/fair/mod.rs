@@ -29,8 +29,6 @@
 //!
 //! Everything here is integer arithmetic the eBPF program runs, tested on the host.
 
-use crate::codel::CodelState;
-
 /// `ClassConfig::codel.fair` values: how a shape class shares its rate among its flows.
 pub const FAIR_NONE: u32 = 0;
 /// Every flow (5-tuple) its share: the default for shape classes.
@@ -61,7 +59,8 @@ const SHARE_LOWER_DIVISOR: u64 = 16;
 /// For a flow: `sparse` is its sparseness word (`codel::sparse`), `counted_in` the end of
 /// the CoDel interval it was last counted in by the class's census, `finish` its virtual
 /// queue's end (ticks, at its fair share), `over_share_in` the end of the interval it was
-/// last counted in as over its share, and `codel` its own CoDel state.
+/// last counted in as over its share, and `interval_bytes` its bytes judged since the
+/// census counted it in this interval (see [`settle_spare`]).
 ///
 /// For a host (the key of scope src or dst): `counted_in` is the end of the interval it
 /// counts flows in, `over_share_in` its flows counted so far in it, `sparse` its flows in
@@ -74,7 +73,10 @@ pub struct FlowQueue {
     pub counted_in: u64,
     pub finish: u64,
     pub over_share_in: u64,
-    pub codel: CodelState,
+    pub interval_bytes: u64,
+    /// Unused (the flow's own CoDel word until the class queue's CoDel judged the flows
+    /// over their share); the entry keeps its size.
+    pub reserved: u64,
     /// The part of `finish`'s lead the flow (host) sent within the burst HTB sends ahead
     /// while the class's real queue was empty: it waits nowhere, so its queue's delay
     /// leaves it out (see [`burst_credit`]).
@@ -128,7 +130,10 @@ impl ShapeStats {
 /// - At most one flow over its share: nobody contends with it, and it may have what the
 ///   others leave, `weight / (1 − spare / window)` (max-min fairness; a flow alone and a
 ///   probe beside it: the flow gets the rate less the probe's).
-/// - Otherwise (the queue emptied: the rate went unused) `m` falls by 1/16 an interval, so
+/// - A queue that stood with no flow over its share: `m` rises by a quarter (the shares
+///   are too large to tell whose queue it is).
+/// - Otherwise (the queue emptied: the rate went unused, or no flow is over its share)
+///   `m` falls by 1/16 an interval, so
 ///   flows that want more get what others leave, slowly enough that a flow that backed
 ///   off keeps most of its share while it grows back; never below the max-min bound.
 #[inline(always)]
@@ -142,14 +147,21 @@ pub fn next_share(
     let share = share.clamp(SHARE_ONE, MAX_SHARE);
     let contended = over_weight > SHARE_ONE;
     let lowered = share - share / SHARE_LOWER_DIVISOR;
+    let raised = share + share / SHARE_RAISE_DIVISOR;
     let next = if congested && contended {
-        let raised = share + share / SHARE_RAISE_DIVISOR;
         if over_weight > raised {
             over_weight
         } else {
             raised
         }
-    } else if contended {
+    } else if congested && over_weight == 0 {
+        // A queue that stood with nobody over their share: the shares are too large for
+        // CoDel to tell whose queue it is (at `m` = 1 four flows stood 64 ms unjudged).
+        raised
+    } else if contended || over_weight == 0 {
+        // Nobody over their share: every byte was spare, and what that would leave a
+        // flow says nothing (a Cubic flow under a share of half, beside a probe, was held
+        // there: 0.35 of the rate).
         lowered
     } else {
         let left = what_others_leave(over_weight, spare_bytes, window_bytes);
@@ -215,12 +227,41 @@ pub fn flow_weight(host_flows: u64) -> u64 {
         .max(1)
 }
 
-/// Whether a flow is over its share: its virtual queue still holds more than this packet's
-/// own charge when the packet arrives (a flow at or below its share finds it drained, but
-/// for the packet just before).
+/// Whether a flow is over its share: its virtual queue still holds more than this
+/// packet's own charge when the packet arrives, or more than `frame_ticks` (a full-size
+/// frame at the class rate) if that is larger. A flow at or below its share finds it
+/// about drained; a probe whose small packets now and then come two at once is not over
+/// it (so flagged, it made two contenders of one bulk flow and a probe, and halved the
+/// flow's share). (A frame at the flow's share instead let four Cubic flows each stand
+/// a frame's time unjudged: Jain 0.68, 57 ms.)
 #[inline(always)]
-pub fn over_share(finish: u64, now_ticks: u64, charge_ticks: u64) -> bool {
-    finish > now_ticks.saturating_add(charge_ticks)
+pub fn over_share(finish: u64, now_ticks: u64, charge_ticks: u64, frame_ticks: u64) -> bool {
+    let slack = if charge_ticks > frame_ticks {
+        charge_ticks
+    } else {
+        frame_ticks
+    };
+    finish > now_ticks.saturating_add(slack)
+}
+
+/// The class's spare bytes in an interval, as the census added them up (a flow found over
+/// its share takes back what it had added before: a wrapped negative), read when it
+/// rolls: what only the flows under their share sent, never below zero.
+#[inline(always)]
+pub fn settle_spare(spare: u64) -> u64 {
+    if spare > u64::MAX / 2 {
+        0
+    } else {
+        spare
+    }
+}
+
+/// Whether a flow counts as contending for the rate in the interval that ends at `end`:
+/// it was found over its share in it or in the one before (`over_share_in`, the end of
+/// the last interval it was). Its packets are then never the others' spare bytes.
+#[inline(always)]
+pub fn contending(over_share_in: u64, end: u64, interval_ns: u64) -> bool {
+    over_share_in != 0 && end <= over_share_in.saturating_add(2 * interval_ns)
 }
 
 /// Whether a flow's packet is sparse in a fair class (`codel::sparse`, with the packet's
@@ -241,27 +282,17 @@ pub fn sparse_at_share(
     (next - now <= cost.tolerance_ticks, next)
 }
 
-/// A flow's own queue's delay (ns, at its share) as its CoDel judges it: 0 while it holds
-/// at most one frame (`frame_ns`: a frame's time at the flow's share), as fq_codel never
-/// drops a flow's only packet.
-#[inline(always)]
-pub fn flow_sojourn_ns(sojourn_ns: u64, frame_ns: u64) -> u64 {
-    if sojourn_ns <= frame_ns {
-        0
-    } else {
-        sojourn_ns
-    }
-}
-
 /// The most a flow's own queue may hold (ns, at its share) before its excess is dropped:
-/// four CoDel targets and at least four packets at its share. The class's real queue
-/// holds about the average of its flows' own queues, so this bounds what an unresponsive
-/// flow (UDP, or BBR beyond its share) adds to everyone's delay. (Letting a flow that
-/// heeds its CoDel stand up to the class's cap, as one queue's flow could, gave Cubic
-/// more beside BBR, 0.53 / 0.39, and no more beside UDP over 40 ms: not kept.)
+/// eight CoDel targets and at least four packets at its share. The class queue's CoDel
+/// judges the flows over their share long before (their packets, not a neighbour's), so
+/// this only holds what heeds no CoDel (UDP, or BBR beyond its share) and bounds what it
+/// adds to everyone's delay. (Four targets, when each flow's own CoDel judged its queue,
+/// dropped Cubic flows there that CoDel would have let be: four at 100 Mbit/s kept
+/// 0.918-0.924 of the rate, 0.956 with eight; a Cubic flow beside UDP at twice the rate
+/// 0.460-0.486 either way, its RTT 8-10 ms then, 12.6 ms now.)
 #[inline(always)]
 pub fn flow_cap_ns(target_ns: u64, frame_ns: u64) -> u64 {
-    let targets = 4 * target_ns;
+    let targets = 8 * target_ns;
     let frames = frame_ns.saturating_mul(4);
     if targets > frames {
         targets
@@ -304,146 +335,4 @@ pub fn host_flows(host: &FlowQueue) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const WINDOW: u64 = 125_000;
-
-    #[test]
-    fn contending_flows_split_the_rate_among_them() {
-        let two = 2 * SHARE_ONE;
-        // Two flows over their share and a standing queue: at once to two.
-        assert_eq!(next_share(SHARE_ONE, true, (two, two), 0, WINDOW), two);
-        // Four bulk flows, three over their share: a quarter at a time past three.
-        let four = 4 * SHARE_ONE;
-        let three = 3 * SHARE_ONE;
-        assert_eq!(
-            next_share(three, true, (four, three), 0, WINDOW),
-            three * 5 / 4
-        );
-        // Never past the bulk flows: an equal split among them.
-        assert_eq!(next_share(four, true, (two, two), 0, WINDOW), two);
-    }
-
-    #[test]
-    fn a_flow_alone_over_its_share_gets_what_the_others_leave() {
-        let two = 2 * SHARE_ONE;
-        // A flow beside a probe sending 1/10 of the window: 1 / 0.9.
-        let m = next_share(SHARE_ONE, true, (two, SHARE_ONE), WINDOW / 10, WINDOW);
-        assert!((m as i64 - (SHARE_ONE * 10 / 9) as i64).abs() <= 2, "{m}");
-        // A flood beside a flow using 0.4 of the rate: the flood gets 0.6.
-        let m = next_share(SHARE_ONE, true, (two, SHARE_ONE), WINDOW * 4 / 10, WINDOW);
-        assert!((m as i64 - (SHARE_ONE * 10 / 6) as i64).abs() <= 2, "{m}");
-        // ... but falls toward it by 1/16 an interval, not at once.
-        let m = next_share(two, true, (two, SHARE_ONE), 0, WINDOW);
-        assert_eq!(m, two - two / 16);
-        // Spare bytes beyond the window: held to 15/16.
-        let m = next_share(
-            SHARE_ONE,
-            false,
-            (32 * SHARE_ONE, SHARE_ONE),
-            10 * WINDOW,
-            WINDOW,
-        );
-        assert!(m.abs_diff(16 * SHARE_ONE) <= 16 * SHARE_ONE / 1000, "{m}");
-    }
-
-    #[test]
-    fn an_idle_moment_lowers_the_share_of_contending_flows_slowly() {
-        let two = 2 * SHARE_ONE;
-        assert_eq!(
-            next_share(two, false, (two, two), 0, WINDOW),
-            two - two / 16
-        );
-        // A fresh census (share 0) reads as one.
-        assert_eq!(next_share(0, false, (two, 0), 0, WINDOW), SHARE_ONE);
-    }
-
-    #[test]
-    fn hosts_share_first_then_their_flows() {
-        // Host A's eight flows and host B's one, all over their shares: weight 2.
-        let weight = 8 * flow_weight(8) + flow_weight(1);
-        let m = next_share(SHARE_ONE, true, (weight, weight), 0, WINDOW);
-        assert_eq!(m, 2 * SHARE_ONE);
-        let cost = 1_000_000;
-        // A's flows pay 16 times the class cost (1/16 each, 1/2 together); B's twice.
-        assert_eq!(flow_ticks(cost, m, 8), 16 * cost);
-        assert_eq!(flow_ticks(cost, m, 1), 2 * cost);
-    }
-
-    #[test]
-    fn charges_keep_their_precision_and_saturate() {
-        // 1500 bytes at 100 Gbit/s is 1920 ticks: times 3/2 exactly.
-        assert_eq!(flow_ticks(1920, SHARE_ONE * 3 / 2, 1), 2880);
-        assert_eq!(flow_ticks(u64::MAX, MAX_SHARE, MAX_SHARE), 1 << 62);
-        assert_eq!(flow_ticks(1 << 45, SHARE_ONE, 4), 1 << 47);
-        assert_eq!(flow_ticks(1 << 46, SHARE_ONE, 4), 1 << 62);
-        assert_eq!(flow_ticks(7, 0, 0), 7, "below one: the class rate");
-    }
-
-    #[test]
-    fn a_flow_is_over_its_share_only_with_more_than_its_packet_queued() {
-        assert!(!over_share(0, 1_000, 100));
-        assert!(!over_share(1_100, 1_000, 100));
-        assert!(over_share(1_101, 1_000, 100));
-    }
-
-    #[test]
-    fn a_flow_queue_of_one_frame_is_never_judged_and_the_cap_holds_four() {
-        assert_eq!(flow_sojourn_ns(1_000, 1_200), 0);
-        assert_eq!(flow_sojourn_ns(1_300, 1_200), 1_300);
-        assert_eq!(flow_cap_ns(5_000_000, 1_200_000), 20_000_000);
-        // 64 flows at 10 Mbit/s: a frame takes 77 ms at a share.
-        assert_eq!(flow_cap_ns(5_000_000, 77_000_000), 308_000_000);
-    }
-
-    #[test]
-    fn a_flow_is_sparse_below_a_sixteenth_of_its_share() {
-        let cost = crate::codel::sparse_cost(10_000_000);
-        // At a share of one this is the class's own rule.
-        for bytes in [64, 1514] {
-            assert_eq!(
-                sparse_at_share(0, 1_000_000, bytes, &cost, SHARE_ONE),
-                crate::codel::sparse(0, 1_000_000, bytes, &cost)
-            );
-        }
-        // A steady flow at 1/20 of the class rate is sparse alone, bulk among 4 sharing it.
-        let gap_ns = 1514 * 8 * 1_000_000_000 / (10_000_000 / 20);
-        let mut words = (0, 0);
-        let mut verdicts = (true, true);
-        for packet in 1..200u64 {
-            let now = packet * gap_ns;
-            let alone = sparse_at_share(words.0, now, 1514, &cost, SHARE_ONE);
-            let shared = sparse_at_share(words.1, now, 1514, &cost, 4 * SHARE_ONE);
-            words = (alone.1, shared.1);
-            verdicts = (alone.0, shared.0);
-        }
-        assert_eq!(verdicts, (true, false));
-    }
-
-    #[test]
-    fn only_what_a_flow_sent_within_the_burst_is_credited() {
-        // Within the burst: credited, up to the burst.
-        assert_eq!(burst_credit(0, false, true, 100, 1_000), 100);
-        assert_eq!(burst_credit(950, false, true, 100, 1_000), 1_000);
-        // Behind a real queue: kept as it was, not grown.
-        assert_eq!(burst_credit(300, false, false, 100, 1_000), 300);
-        // A drained queue starts over.
-        assert_eq!(burst_credit(300, true, false, 100, 1_000), 0);
-        assert_eq!(burst_credit(300, true, true, 100, 1_000), 100);
-    }
-
-    #[test]
-    fn a_host_counts_at_least_one_flow() {
-        let host = FlowQueue::default();
-        assert_eq!(host_flows(&host), 1);
-        let host = FlowQueue {
-            sparse: 3,
-            over_share_in: 5,
-            ..FlowQueue::default()
-        };
-        assert_eq!(host_flows(&host), 5);
-        assert_eq!(flow_weight(0), SHARE_ONE);
-        assert_eq!(flow_weight(4), SHARE_ONE / 4);
-    }
-}
+mod tests;

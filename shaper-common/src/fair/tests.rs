@@ -1,0 +1,182 @@
+use super::*;
+
+const WINDOW: u64 = 125_000;
+
+#[test]
+fn contending_flows_split_the_rate_among_them() {
+    let two = 2 * SHARE_ONE;
+    // Two flows over their share and a standing queue: at once to two.
+    assert_eq!(next_share(SHARE_ONE, true, (two, two), 0, WINDOW), two);
+    // Four bulk flows, three over their share: a quarter at a time past three.
+    let four = 4 * SHARE_ONE;
+    let three = 3 * SHARE_ONE;
+    assert_eq!(
+        next_share(three, true, (four, three), 0, WINDOW),
+        three * 5 / 4
+    );
+    // Never past the bulk flows: an equal split among them.
+    assert_eq!(next_share(four, true, (two, two), 0, WINDOW), two);
+}
+
+#[test]
+fn a_flow_alone_over_its_share_gets_what_the_others_leave() {
+    let two = 2 * SHARE_ONE;
+    // A flow beside a probe sending 1/10 of the window: 1 / 0.9.
+    let m = next_share(SHARE_ONE, true, (two, SHARE_ONE), WINDOW / 10, WINDOW);
+    assert!((m as i64 - (SHARE_ONE * 10 / 9) as i64).abs() <= 2, "{m}");
+    // A flood beside a flow using 0.4 of the rate: the flood gets 0.6.
+    let m = next_share(SHARE_ONE, true, (two, SHARE_ONE), WINDOW * 4 / 10, WINDOW);
+    assert!((m as i64 - (SHARE_ONE * 10 / 6) as i64).abs() <= 2, "{m}");
+    // ... but falls toward it by 1/16 an interval, not at once.
+    let m = next_share(two, true, (two, SHARE_ONE), 0, WINDOW);
+    assert_eq!(m, two - two / 16);
+    // Spare bytes beyond the window: held to 15/16.
+    let m = next_share(
+        SHARE_ONE,
+        false,
+        (32 * SHARE_ONE, SHARE_ONE),
+        10 * WINDOW,
+        WINDOW,
+    );
+    assert!(m.abs_diff(16 * SHARE_ONE) <= 16 * SHARE_ONE / 1000, "{m}");
+}
+
+#[test]
+fn an_idle_moment_lowers_the_share_of_contending_flows_slowly() {
+    let two = 2 * SHARE_ONE;
+    assert_eq!(
+        next_share(two, false, (two, two), 0, WINDOW),
+        two - two / 16
+    );
+    // No flow over its share: falls by 1/16 whatever the spare bytes say ...
+    assert_eq!(
+        next_share(two, false, (two, 0), WINDOW / 2, WINDOW),
+        two - two / 16
+    );
+    // ... unless the queue stood: then the shares were too large, and it rises.
+    let four = 4 * SHARE_ONE;
+    assert_eq!(
+        next_share(two, true, (four, 0), WINDOW / 2, WINDOW),
+        two + two / 4
+    );
+    // A fresh census (share 0) reads as one.
+    assert_eq!(next_share(0, false, (two, 0), 0, WINDOW), SHARE_ONE);
+}
+
+#[test]
+fn hosts_share_first_then_their_flows() {
+    // Host A's eight flows and host B's one, all over their shares: weight 2.
+    let weight = 8 * flow_weight(8) + flow_weight(1);
+    let m = next_share(SHARE_ONE, true, (weight, weight), 0, WINDOW);
+    assert_eq!(m, 2 * SHARE_ONE);
+    let cost = 1_000_000;
+    // A's flows pay 16 times the class cost (1/16 each, 1/2 together); B's twice.
+    assert_eq!(flow_ticks(cost, m, 8), 16 * cost);
+    assert_eq!(flow_ticks(cost, m, 1), 2 * cost);
+}
+
+#[test]
+fn charges_keep_their_precision_and_saturate() {
+    // 1500 bytes at 100 Gbit/s is 1920 ticks: times 3/2 exactly.
+    assert_eq!(flow_ticks(1920, SHARE_ONE * 3 / 2, 1), 2880);
+    assert_eq!(flow_ticks(u64::MAX, MAX_SHARE, MAX_SHARE), 1 << 62);
+    assert_eq!(flow_ticks(1 << 45, SHARE_ONE, 4), 1 << 47);
+    assert_eq!(flow_ticks(1 << 46, SHARE_ONE, 4), 1 << 62);
+    assert_eq!(flow_ticks(7, 0, 0), 7, "below one: the class rate");
+}
+
+#[test]
+fn a_flow_is_over_its_share_only_with_more_than_its_packet_queued() {
+    assert!(!over_share(0, 1_000, 100, 50));
+    assert!(!over_share(1_100, 1_000, 100, 50));
+    assert!(over_share(1_101, 1_000, 100, 50));
+    // Small packets: over once more than a full-size frame waits.
+    assert!(!over_share(1_300, 1_000, 100, 300));
+    assert!(over_share(1_301, 1_000, 100, 300));
+}
+
+#[test]
+fn a_flow_queue_is_capped_at_eight_targets_or_four_frames_at_its_share() {
+    assert_eq!(flow_cap_ns(5_000_000, 1_200_000), 40_000_000);
+    // 64 flows at 10 Mbit/s: a frame takes 77 ms at a share.
+    assert_eq!(flow_cap_ns(5_000_000, 77_000_000), 308_000_000);
+}
+
+#[test]
+fn a_flow_is_sparse_below_a_sixteenth_of_its_share() {
+    let cost = crate::codel::sparse_cost(10_000_000);
+    // At a share of one this is the class's own rule.
+    for bytes in [64, 1514] {
+        assert_eq!(
+            sparse_at_share(0, 1_000_000, bytes, &cost, SHARE_ONE),
+            crate::codel::sparse(0, 1_000_000, bytes, &cost)
+        );
+    }
+    // A steady flow at 1/20 of the class rate is sparse alone, bulk among 4 sharing it.
+    let gap_ns = 1514 * 8 * 1_000_000_000 / (10_000_000 / 20);
+    let mut words = (0, 0);
+    let mut verdicts = (true, true);
+    for packet in 1..200u64 {
+        let now = packet * gap_ns;
+        let alone = sparse_at_share(words.0, now, 1514, &cost, SHARE_ONE);
+        let shared = sparse_at_share(words.1, now, 1514, &cost, 4 * SHARE_ONE);
+        words = (alone.1, shared.1);
+        verdicts = (alone.0, shared.0);
+    }
+    assert_eq!(verdicts, (true, false));
+}
+
+#[test]
+fn only_what_a_flow_sent_within_the_burst_is_credited() {
+    // Within the burst: credited, up to the burst.
+    assert_eq!(burst_credit(0, false, true, 100, 1_000), 100);
+    assert_eq!(burst_credit(950, false, true, 100, 1_000), 1_000);
+    // Behind a real queue: kept as it was, not grown.
+    assert_eq!(burst_credit(300, false, false, 100, 1_000), 300);
+    // A drained queue starts over.
+    assert_eq!(burst_credit(300, true, false, 100, 1_000), 0);
+    assert_eq!(burst_credit(300, true, true, 100, 1_000), 100);
+}
+
+#[test]
+fn a_host_counts_at_least_one_flow() {
+    let host = FlowQueue::default();
+    assert_eq!(host_flows(&host), 1);
+    let host = FlowQueue {
+        sparse: 3,
+        over_share_in: 5,
+        ..FlowQueue::default()
+    };
+    assert_eq!(host_flows(&host), 5);
+    assert_eq!(flow_weight(0), SHARE_ONE);
+    assert_eq!(flow_weight(4), SHARE_ONE / 4);
+}
+
+#[test]
+fn a_flow_contends_in_the_interval_it_was_over_its_share_and_the_next() {
+    const INTERVAL: u64 = 100_000_000;
+    let flagged_at = 5 * INTERVAL;
+    assert!(
+        contending(flagged_at, flagged_at, INTERVAL),
+        "this interval"
+    );
+    assert!(
+        contending(flagged_at, flagged_at + INTERVAL, INTERVAL),
+        "the next"
+    );
+    // Intervals roll on a packet, so the next one may end a little late.
+    assert!(contending(flagged_at, flagged_at + 2 * INTERVAL, INTERVAL));
+    assert!(
+        !contending(flagged_at, flagged_at + 2 * INTERVAL + 1, INTERVAL),
+        "then no more"
+    );
+    assert!(!contending(0, INTERVAL, INTERVAL), "never over its share");
+}
+
+#[test]
+fn spare_bytes_taken_back_past_zero_are_none() {
+    assert_eq!(settle_spare(1_500), 1_500);
+    let added = 3_000u64;
+    let taken_back = added.wrapping_sub(4_500);
+    assert_eq!(settle_spare(taken_back), 0);
+}
