@@ -269,11 +269,13 @@ impl Codel {
     }
 
     /// The HTB leaf's limit: a bounded bfifo of the bytes the class sends in CoDel's hard
-    /// cap (at least four frames), so even a wrong estimate cannot stand a second of queue.
+    /// cap (at least four frames), so even a wrong estimate cannot stand a second of queue;
+    /// at most what bfifo's 32-bit limit holds (4 GiB: 100 ms from 344 Gbit/s on, where tc
+    /// refused the class outright).
     pub(crate) fn leaf_limit_bytes(self, rate_bits_per_sec: u64) -> u64 {
         let cap_ns = self.config(rate_bits_per_sec).cap_ns as u128;
         let bytes = cap_ns * rate_bits_per_sec as u128 / 8 / 1_000_000_000;
-        (bytes as u64).max(4 * FRAME_BYTES)
+        (bytes.min(u32::MAX as u128) as u64).max(4 * FRAME_BYTES)
     }
 }
 
@@ -424,4 +426,18 @@ pub fn shape_classes_changed(attachment: &Attachment) {
 /// Validates a class name without touching state.
 pub(crate) fn check_name(name: &str) -> Result<()> {
     encode_name(name).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leaf_holds_the_cap_at_the_rate_within_what_bfifo_takes() {
+        let codel = Codel::default();
+        // 100 ms at 10 Mbit/s.
+        assert_eq!(codel.leaf_limit_bytes(10_000_000), 125_000);
+        assert!(codel.leaf_limit_bytes(8) >= 4 * FRAME_BYTES);
+        assert_eq!(codel.leaf_limit_bytes(400_000_000_000), u32::MAX as u64);
+    }
 }
