@@ -129,6 +129,7 @@ const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
             "shaping_with_codel_matches_the_model_packet_by_packet",
             "tree::a_three_level_tree_matches_the_model_packet_by_packet",
             "global::an_expired_share_falls_to_the_floor_in_the_packet_path",
+            "fair_flows_hold_the_flow_over_its_share_and_spare_the_other",
         ],
         Needs::Any,
     ),
@@ -203,12 +204,21 @@ const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
     ),
 ];
 
-/// CI's share of the guest plan: each kernel's verifier loads every program variant, shaper
-/// attaches in the mode the kernel gives it (and to a tun device), polices UDP to the rate
-/// and detaches leaving nothing; the CNI plugin's ADD/CHECK/DEL; a kernel below the floor
-/// refuses in one line. Under TCG each load of the program on 6.1 verifies for 15–20 s.
+/// CI's share of the guest plan: each kernel's verifier loads every program variant, flow
+/// isolation holds a flow over its share and spares the other (clock driven, on the
+/// kernel's own packet path), shaper attaches in the mode the kernel gives it (and to a
+/// tun device), polices UDP to the rate and detaches leaving nothing; the CNI plugin's
+/// ADD/CHECK/DEL; a kernel below the floor refuses in one line. Under TCG each load of
+/// the program on 6.1 verifies for 15–20 s.
 const CI_TESTS: &[(&str, &[&str], Needs)] = &[
-    ("test_run", &["every_program_variant_loads"], Needs::Any),
+    (
+        "test_run",
+        &[
+            "every_program_variant_loads",
+            "fair_flows_hold_the_flow_over_its_share_and_spare_the_other",
+        ],
+        Needs::Any,
+    ),
     (
         "policing",
         &[

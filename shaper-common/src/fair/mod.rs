@@ -292,7 +292,7 @@ pub fn sparse_at_share(
 /// 0.460-0.486 either way, its RTT 8-10 ms then, 12.6 ms now.)
 #[inline(always)]
 pub fn flow_cap_ns(target_ns: u64, frame_ns: u64) -> u64 {
-    let targets = 8 * target_ns;
+    let targets = 4 * target_ns;
     let frames = frame_ns.saturating_mul(4);
     if targets > frames {
         targets
