@@ -9,10 +9,11 @@
 //! Packets of sparse flows (a ping, a DNS query) skip CoDel and the bulk queue: they go to
 //! the class's sparse HTB leaf (higher priority) or leave at once under EDT.
 //!
-//! With flow isolation (`--fair`, the default) each bulk flow also has a virtual queue of
-//! its own at its fair share (`shaper_common::fair`): its CoDel and the cap judge that
-//! queue, so drops and marks land on the flows over their share, and the class queue's
-//! CoDel stands aside (only the hard cap guards it, and an ancestor's queue in a tree).
+//! With flow isolation (`--fair flow|src|dst`) each bulk flow also has a virtual queue of
+//! its own at its fair share (`shaper_common::fair`): past its cap a flow's excess is
+//! dropped, and the class queue's CoDel judges only the packets of flows over their
+//! share, so drops and marks land on them (an ancestor's queue in a tree is judged on
+//! every borrowing packet, as before).
 
 use crate::{
     act::{count_drop, count_pass, stats_of},

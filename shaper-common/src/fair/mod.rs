@@ -5,12 +5,12 @@
 //! it (the class's GCRA word). Fairness adds a *virtual queue per flow* in the flow table,
 //! draining at the flow's fair share: `finish` is when the flow's admitted bytes would
 //! have left a fair queue (deficit round robin, as fq_codel serves its flows). A flow whose
-//! packets arrive faster than its share builds a backlog there, and only there: its own
-//! CoDel judges that backlog's sojourn and drops or CE-marks *its* packets, and beyond the
-//! class's hard cap its excess is dropped whole (an unresponsive flow is held to its
-//! share). A flow below its share has no backlog, so it is never dropped for another's
-//! excess, and the packets admitted add up to about the class rate, so the real queue stays
-//! short for everyone.
+//! packets arrive faster than its share builds a backlog there, and only there: it is
+//! *over its share* ([`over_share`]), and only its packets meet the class queue's CoDel,
+//! which drops or CE-marks them; beyond its cap ([`flow_cap_ns`]) its excess is dropped
+//! whole (an unresponsive flow is held to its share). A flow below its share has no
+//! backlog, so it is never dropped for another's excess, and the packets admitted add up
+//! to about the class rate, so the real queue stays short for everyone.
 //!
 //! **The share.** (See [`next_share`] for the rule.) In fair queueing a backlogged flow is served `rate / backlogged flows`,
 //! and flows below that keep what they send. Here a flow's packet is charged its cost at
