@@ -96,8 +96,8 @@ fn a_flow_is_over_its_share_only_with_more_than_its_packet_queued() {
 }
 
 #[test]
-fn a_flow_queue_is_capped_at_eight_targets_or_four_frames_at_its_share() {
-    assert_eq!(flow_cap_ns(5_000_000, 1_200_000), 40_000_000);
+fn a_flow_queue_is_capped_at_four_targets_or_four_frames_at_its_share() {
+    assert_eq!(flow_cap_ns(5_000_000, 1_200_000), 20_000_000);
     // 64 flows at 10 Mbit/s: a frame takes 77 ms at a share.
     assert_eq!(flow_cap_ns(5_000_000, 77_000_000), 308_000_000);
 }
