@@ -31,7 +31,8 @@ pub(crate) const FAIR_OVER: u64 = 1;
 pub(crate) const FAIR_DROPPED: u64 = 2;
 
 /// Flow isolation for a bulk packet of a fair class: its flow's virtual queue at the fair
-/// share (`shaper_common::fair`), judged by the flow's own CoDel and the class's cap.
+/// share (`shaper_common::fair`), held to its cap; whether it is over its share, which
+/// `shape` hands to the class queue's CoDel.
 /// Counts the flow in the census as over its share (with its weight) or the packet's bytes
 /// as spare, and moves the flow's queue on by an admitted packet. A flow without an entry
 /// (a full table, or its first packet) is under its share.
