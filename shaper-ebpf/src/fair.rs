@@ -4,7 +4,9 @@
 
 use crate::{
     bucket::{bucket_key, swap},
-    maps::{CLASS_BUCKETS, CODEL_FLOWS, FLOW_QUEUES, FLOW_SCRATCH, SHAPE_PACKET, SHAPE_STATS},
+    maps::{
+        CLASSES, CLASS_BUCKETS, CODEL_FLOWS, FLOW_QUEUES, FLOW_SCRATCH, SHAPE_PACKET, SHAPE_STATS,
+    },
     parse::Packet,
 };
 use aya_ebpf::bindings::BPF_NOEXIST;
@@ -21,10 +23,10 @@ use shaper_common::{
 
 /// Set in a host entry's class id (class ids stay below `MAX_CLASSES`).
 pub(crate) const HOST_KEY: u32 = 1 << 31;
-/// Set in `fair_judge`'s class id argument: the census just counted the packet's flow.
+/// Set in `shaper_fair_judge`'s class id argument: the census just counted the packet's flow.
 pub(crate) const FRESH: u32 = 1 << 30;
 
-/// `fair_judge`'s verdicts: under or over its share (passed on to `shape`, whose class
+/// `shaper_fair_judge`'s verdicts: under or over its share (passed on to `shape`, whose class
 /// queue CoDel judges the flows over it), dropped beyond the flow's cap.
 pub(crate) const FAIR_UNDER: u64 = 0;
 pub(crate) const FAIR_OVER: u64 = 1;
@@ -37,18 +39,22 @@ pub(crate) const FAIR_DROPPED: u64 = 2;
 /// as spare, and moves the flow's queue on by an admitted packet. A flow without an entry
 /// (a full table, or its first packet) is under its share.
 ///
-/// Not inlined, as `shape` itself: the verifier walks this path once, not once per path of
-/// the caller.
+/// A global function (exported by `bpf-linker-v3`, so its BTF says global): the verifier
+/// checks it once, on its own, not again for every state its caller reaches it in (one
+/// comparison more here cost 177 000 instructions as a static subprogram). So its
+/// arguments are scalars: the class is looked up again here.
 ///
 /// `id_and_fresh` is the class id with [`FRESH`] set when the census just counted the
 /// flow. The flow's entry is looked up again here: `look_up_flow` cannot hand its pointer
 /// over (see `FlowLookup`), and this frame cannot sit below that one (512 bytes of stack
 /// over a chain of calls).
+#[no_mangle]
 #[inline(never)]
-pub(crate) fn fair_judge(class: &ClassConfig, now: u64, id_and_fresh: u32) -> u64 {
+pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     let class_id = id_and_fresh & !FRESH;
     let fresh = id_and_fresh & FRESH != 0;
-    let (Some(packet), Some(census), Some(scratch)) = (
+    let (Some(class), Some(packet), Some(census), Some(scratch)) = (
+        CLASSES.get(class_id),
         SHAPE_PACKET.get_ptr(0),
         CODEL_FLOWS.get_ptr_mut(class_id),
         FLOW_SCRATCH.get_ptr_mut(0),
@@ -65,13 +71,17 @@ pub(crate) fn fair_judge(class: &ClassConfig, now: u64, id_and_fresh: u32) -> u6
     };
     // Under `--fair src|dst` the flows of a host share its part, and the host has a
     // queue of its own at its share.
+    // Null without one: an `Option` of a pointer leaves the register undefined when
+    // `None`, and LLVM may spill it, which the verifier refuses (an uninitialized read).
     let host = match class.codel.fair {
-        FAIR_SRC | FAIR_DST => host_entry(class_id, class, packet, census, scratch, fresh),
-        _ => None,
+        FAIR_SRC | FAIR_DST => host_entry(class_id, class, packet, census, scratch, fresh)
+            .unwrap_or(core::ptr::null_mut()),
+        _ => core::ptr::null_mut(),
     };
-    let hosts = match host {
-        Some(host) => host_flows(unsafe { &*host }),
-        None => 1,
+    let hosts = if host.is_null() {
+        1
+    } else {
+        host_flows(unsafe { &*host })
     };
     let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
     let share = if share == 0 { SHARE_ONE } else { share };
@@ -95,11 +105,17 @@ pub(crate) fn fair_judge(class: &ClassConfig, now: u64, id_and_fresh: u32) -> u6
     if class_delay < unsafe { core::ptr::read_volatile(least) } {
         unsafe { core::ptr::write_volatile(least, class_delay) };
     }
-    if fresh && host.is_none() {
+    if fresh && host.is_null() {
         // Without hosts each flow weighs one (`host_count` counts hosts instead).
         add(unsafe { &raw mut (*census).weight }, SHARE_ONE);
     }
-    let finish = unsafe { core::ptr::read_volatile(finish_word) };
+    let stored_finish = unsafe { core::ptr::read_volatile(finish_word) };
+    // A flow's queue holds no more than the class's real queue, which drains at the
+    // class rate: while the others pause, the flow's bytes leave faster than its share
+    // (at a fixed share, four Cubic flows at 100 Mbit/s read 20 ms of own queue over a
+    // 5 ms real one, and the cap dropped them: 0.87-0.93 of the rate).
+    let class_queue = flow_ticks(class_tat.saturating_sub(now_ticks), share, hosts);
+    let finish = stored_finish.min(now_ticks + class_queue);
     let drained = finish <= now_ticks;
     let credit_word = unsafe { &raw mut (*entry).credit };
     let credit = if drained {
@@ -161,7 +177,7 @@ pub(crate) fn fair_judge(class: &ClassConfig, now: u64, id_and_fresh: u32) -> u6
     // A host's own queue at its share bounds what all its flows together add to the
     // class's queue, however many they are.
     let host_charge = flow_ticks(class.cost.ticks_for(bytes), share, 1);
-    if let Some(host) = host {
+    if !host.is_null() {
         let host_finish = unsafe { core::ptr::read_volatile(&raw const (*host).finish) };
         let host_credit = if host_finish <= now_ticks {
             0
@@ -174,12 +190,12 @@ pub(crate) fn fair_judge(class: &ClassConfig, now: u64, id_and_fresh: u32) -> u6
             return FAIR_DROPPED;
         }
     }
-    advance(finish_word, finish, now_ticks, charge);
+    advance(finish_word, stored_finish, finish.max(now_ticks), charge);
     unsafe {
         let credit = burst_credit(credit, drained, within_burst, charge, burst_ticks);
         core::ptr::write_volatile(credit_word, credit);
     }
-    if let Some(host) = host {
+    if !host.is_null() {
         let host_word = unsafe { &raw mut (*host).finish };
         let host_finish = unsafe { core::ptr::read_volatile(host_word) };
         let host_drained = host_finish <= now_ticks;
@@ -192,7 +208,12 @@ pub(crate) fn fair_judge(class: &ClassConfig, now: u64, id_and_fresh: u32) -> u6
             host_charge,
             burst_ticks,
         );
-        advance(host_word, host_finish, now_ticks, host_charge);
+        advance(
+            host_word,
+            host_finish,
+            host_finish.max(now_ticks),
+            host_charge,
+        );
         unsafe { core::ptr::write_volatile(credit_word, host_credit) };
     }
     if over {
@@ -203,13 +224,14 @@ pub(crate) fn fair_judge(class: &ClassConfig, now: u64, id_and_fresh: u32) -> u6
 }
 
 /// Moves a virtual queue's end (`word`, read as `seen`) on by an admitted packet's
-/// `charge`: from now when it had drained, else from its end. Atomic, as the class's
+/// `charge`, from `start`: now when it had drained, the real queue's end when that is
+/// nearer, else its own end. Atomic, as the class's
 /// queue: a flow's packets reach this on two CPUs at once (forwarded through an ifb), and
 /// each update a plain write lost left the flow's queue short by a packet, so it fell
 /// behind the real one for good (one Cubic flow's RTT climbed from 11 to 51 ms in 30 s).
 #[inline(always)]
-fn advance(word: *mut u64, seen: u64, now_ticks: u64, charge: u64) {
-    if seen <= now_ticks && swap(word, seen, now_ticks + charge) {
+fn advance(word: *mut u64, seen: u64, start: u64, charge: u64) {
+    if seen != start && swap(word, seen, start + charge) {
         return;
     }
     // Backlogged, or another CPU restarted it first: behind what it holds.

@@ -5,7 +5,7 @@
 
 use crate::{
     bucket::{bucket_key, count_new_key, swap},
-    fair::{add, fair_judge, fresh_entry, FRESH},
+    fair::{add, fresh_entry, shaper_fair_judge, FRESH},
     maps::{CODEL_FLOWS, FLOW_QUEUES, FLOW_SCRATCH, SHAPE_PACKET},
 };
 use aya_ebpf::bindings::BPF_NOEXIST;
@@ -69,7 +69,7 @@ impl FlowLookup {
 }
 
 /// The packet's flow in the flow table (`look_up_flow`), then, in a fair class, judged by
-/// its own queue (`fair_judge`): each its own subprogram, called one after the other by
+/// its own queue (`shaper_fair_judge`): each its own subprogram, called one after the other by
 /// the entry program so that neither frame sits below `shape`'s.
 #[inline(always)]
 pub(crate) fn judge_flow(class_id: u32, class: &ClassConfig, now: u64) -> FlowLookup {
@@ -89,7 +89,7 @@ pub(crate) fn judge_flow(class_id: u32, class: &ClassConfig, now: u64) -> FlowLo
         return flow;
     }
     let id_and_fresh = class_id | if flow.fresh() { FRESH } else { 0 };
-    flow.with_verdict(fair_judge(class, now, id_and_fresh) as u64)
+    flow.with_verdict(shaper_fair_judge(id_and_fresh, now) as u64)
 }
 
 /// The packet's flow in the flow table (`FlowLookup`, packed): whether it is sparse

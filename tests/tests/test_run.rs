@@ -352,10 +352,13 @@ fn every_program_variant_loads() {
     ] {
         let program: &aya::programs::SchedClassifier =
             harness.ebpf.program(name).unwrap().try_into().unwrap();
-        assert!(
-            program.info().is_ok(),
-            "{name} has no kernel program after its load"
-        );
+        let info = program.info();
+        assert!(info.is_ok(), "{name} has no kernel program after its load");
+        // How close the variant runs to the verifier's 1M-instruction budget, for anyone
+        // adding to the packet path (`--nocapture` shows it).
+        if let Some(count) = info.ok().and_then(|info| info.verified_instruction_count()) {
+            eprintln!("{name}: {count} instructions verified");
+        }
     }
 }
 
