@@ -1938,9 +1938,8 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
 /// Mbit/s class (EDT path: no HTB burst) gets 1000-byte UDP packets from two flows for
 /// 6 s, flow A at 1.6 times the rate and flow B at 0.3 times. B, under its share, is
 /// never dropped; A, the only flow over its share, is held to what B leaves (5.6 Mbit/s
-/// within 5 % over the last 3 s), not to half the rate nor the whole; over a thousand
-/// drops count as fair drops (A beyond its cap), the rest are the class queue's CoDel's,
-/// on A alone.
+/// within 5 % over the last 3 s), not to half the rate nor the whole; most drops count
+/// as fair drops (A beyond its cap), the rest are the class queue's CoDel's, on A alone.
 /// With `--fair none` (the one queue of before) B loses packets to A's queue.
 #[test]
 fn fair_flows_hold_the_flow_over_its_share_and_spare_the_other() {
@@ -2005,9 +2004,11 @@ fn fair_flows_hold_the_flow_over_its_share_and_spare_the_other() {
         (a_bps / left_bps - 1.0).abs() <= 0.05,
         "A got {a_bps:.0} bit/s, B left {left_bps:.0}"
     );
-    // A's cap drops part of its excess, the class queue's CoDel the rest (B lost none, so
-    // every drop is A's): 2 247 and 2 794 with each flow's queue held to the class's.
-    assert!(causes.fair_dropped_packets > 1000, "{causes:?}");
+    assert!(
+        causes.fair_dropped_packets > 1000
+            && causes.fair_dropped_packets > causes.queue_dropped_packets,
+        "{causes:?}"
+    );
     let (_, b_sent, b_passed, causes) = run("none");
     println!("fair none: B passed {b_passed} of {b_sent}; {causes:?}");
     assert!(b_passed < b_sent, "one queue spared B");
