@@ -109,13 +109,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         // Without hosts each flow weighs one (`host_count` counts hosts instead).
         add(unsafe { &raw mut (*census).weight }, SHARE_ONE);
     }
-    let stored_finish = unsafe { core::ptr::read_volatile(finish_word) };
-    // A flow's queue holds no more than the class's real queue, which drains at the
-    // class rate: while the others pause, the flow's bytes leave faster than its share
-    // (at a fixed share, four Cubic flows at 100 Mbit/s read 20 ms of own queue over a
-    // 5 ms real one, and the cap dropped them: 0.87-0.93 of the rate).
-    let class_queue = flow_ticks(class_tat.saturating_sub(now_ticks), share, hosts);
-    let finish = stored_finish.min(now_ticks + class_queue);
+    let finish = unsafe { core::ptr::read_volatile(finish_word) };
     let drained = finish <= now_ticks;
     let credit_word = unsafe { &raw mut (*entry).credit };
     let credit = if drained {
@@ -190,7 +184,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
             return FAIR_DROPPED;
         }
     }
-    advance(finish_word, stored_finish, finish.max(now_ticks), charge);
+    advance(finish_word, finish, now_ticks, charge);
     unsafe {
         let credit = burst_credit(credit, drained, within_burst, charge, burst_ticks);
         core::ptr::write_volatile(credit_word, credit);
@@ -208,12 +202,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
             host_charge,
             burst_ticks,
         );
-        advance(
-            host_word,
-            host_finish,
-            host_finish.max(now_ticks),
-            host_charge,
-        );
+        advance(host_word, host_finish, now_ticks, host_charge);
         unsafe { core::ptr::write_volatile(credit_word, host_credit) };
     }
     if over {
@@ -224,14 +213,13 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
 }
 
 /// Moves a virtual queue's end (`word`, read as `seen`) on by an admitted packet's
-/// `charge`, from `start`: now when it had drained, the real queue's end when that is
-/// nearer, else its own end. Atomic, as the class's
+/// `charge`: from now when it had drained, else from its end. Atomic, as the class's
 /// queue: a flow's packets reach this on two CPUs at once (forwarded through an ifb), and
 /// each update a plain write lost left the flow's queue short by a packet, so it fell
 /// behind the real one for good (one Cubic flow's RTT climbed from 11 to 51 ms in 30 s).
 #[inline(always)]
-fn advance(word: *mut u64, seen: u64, start: u64, charge: u64) {
-    if seen != start && swap(word, seen, start + charge) {
+fn advance(word: *mut u64, seen: u64, now_ticks: u64, charge: u64) {
+    if seen <= now_ticks && swap(word, seen, now_ticks + charge) {
         return;
     }
     // Backlogged, or another CPU restarted it first: behind what it holds.
