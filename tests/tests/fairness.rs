@@ -55,14 +55,13 @@ fn stats(lab: &Lab) -> serde_json::Value {
     rows[0].clone()
 }
 
-/// TCP (`congestion`) beside UDP at `udp_rate`: the TCP flow's share and the UDP flow's
-/// held to the bounds; the class counts its drops by cause.
-fn tcp_beside_udp(
+/// One run of TCP (`congestion`) beside UDP at `udp_rate`: the shares, and the class's
+/// `stats` row after it.
+fn tcp_beside_udp_run(
     one_way: Option<Duration>,
     congestion: &str,
     udp_rate: &'static str,
-    tcp_least: f64,
-) {
+) -> (Shares, serde_json::Value) {
     let mut lab = shaped_lab(one_way, &[]);
     let flood = udp_flood(udp_rate, SECONDS);
     let shares = run_cell(
@@ -73,7 +72,39 @@ fn tcp_beside_udp(
         STEADY_FROM,
     )
     .unwrap();
+    (shares, stats(&lab))
+}
+
+/// TCP (`congestion`) beside UDP at `udp_rate`: the TCP flow's share and the UDP flow's
+/// held to the bounds; the class counts its drops by cause. A first run outside
+/// the bounds is run twice more and the median run by TCP share is judged: now and then
+/// one 20 s window loses a few percent to one event (Cubic at 2x: 0.429 once in the
+/// full suite, 0.465-0.479 in the other runs here), and isolation that does not hold
+/// stays out in all three (one queue: 0.02-0.03).
+fn tcp_beside_udp(
+    one_way: Option<Duration>,
+    congestion: &str,
+    udp_rate: &'static str,
+    tcp_least: f64,
+) {
     let what = format!("{congestion} beside UDP at {udp_rate} (one way {one_way:?})");
+    let within = |shares: &Shares| {
+        shares.tcp[0] >= tcp_least && shares.udp[0] <= 0.55 && shares.total() >= 0.95
+    };
+    let first = tcp_beside_udp_run(one_way, congestion, udp_rate);
+    let (shares, row) = if within(&first.0) {
+        first
+    } else {
+        let mut runs = vec![first];
+        runs.extend((0..2).map(|_| tcp_beside_udp_run(one_way, congestion, udp_rate)));
+        let tcp: Vec<String> = runs
+            .iter()
+            .map(|(s, _)| format!("{:.3}", s.tcp[0]))
+            .collect();
+        println!("{what}: outside on the first run; TCP in three runs {tcp:?}");
+        runs.sort_by(|a, b| a.0.tcp[0].total_cmp(&b.0.tcp[0]));
+        runs.swap_remove(1)
+    };
     println!("{what}: {shares}");
     assert!(
         shares.tcp[0] >= tcp_least,
@@ -92,7 +123,6 @@ fn tcp_beside_udp(
     );
     // The unresponsive flow's excess is dropped for being over its share, not by the
     // class queue's cap.
-    let row = stats(&lab);
     let (fair, queue) = (
         row["fair_dropped_packets"].as_u64().unwrap(),
         row["queue_dropped_packets"].as_u64().unwrap(),
