@@ -29,6 +29,10 @@ use std::time::Duration;
 const SECONDS: u32 = 30;
 const STEADY_FROM: Duration = Duration::from_secs(10);
 const RATE_BPS: f64 = 10e6;
+/// Beside a TCP flow, the most an unresponsive UDP flow may take, and the least both
+/// together carry (fractions of the rate).
+const UDP_MOST: f64 = 0.55;
+const TOGETHER_LEAST: f64 = 0.95;
 
 /// A lab (with `one_way` delay each way, if any) whose router shapes everything toward
 /// the server at 10 Mbit/s, with `extra` class options (`--fair flow` unless they say).
@@ -89,7 +93,7 @@ fn tcp_beside_udp(
 ) {
     let what = format!("{congestion} beside UDP at {udp_rate} (one way {one_way:?})");
     let within = |shares: &Shares| {
-        shares.tcp[0] >= tcp_least && shares.udp[0] <= 0.55 && shares.total() >= 0.95
+        shares.tcp[0] >= tcp_least && shares.udp[0] <= UDP_MOST && shares.total() >= TOGETHER_LEAST
     };
     let first = tcp_beside_udp_run(one_way, congestion, udp_rate);
     let (shares, row) = if within(&first.0) {
@@ -112,12 +116,12 @@ fn tcp_beside_udp(
         shares.tcp[0]
     );
     assert!(
-        shares.udp[0] <= 0.55,
+        shares.udp[0] <= UDP_MOST,
         "{what}: UDP got {:.3} of the rate",
         shares.udp[0]
     );
     assert!(
-        shares.total() >= 0.95,
+        shares.total() >= TOGETHER_LEAST,
         "{what}: together {:.3}",
         shares.total()
     );
