@@ -16,7 +16,7 @@ use shaper_common::{
     codel::{sojourn_ns, FlowCensus, FRAME_BYTES},
     fair::{
         burst_credit, contending, flow_cap_ns, flow_ticks, flow_weight, host_flows, over_share,
-        FlowQueue, FlowScratch, FAIR_DST, FAIR_SRC, SHARE_ONE,
+        served_from, FlowQueue, FlowScratch, FAIR_DST, FAIR_SRC, SHARE_ONE,
     },
     BucketKey, ClassConfig, Scope,
 };
@@ -109,7 +109,11 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         // Without hosts each flow weighs one (`host_count` counts hosts instead).
         add(unsafe { &raw mut (*census).weight }, SHARE_ONE);
     }
-    let finish = unsafe { core::ptr::read_volatile(finish_word) };
+    // The link idle since the class's queue emptied (`fair::served_from`): a fair queue
+    // would have served the flow at the whole rate meanwhile.
+    let idle_ticks = now_ticks.saturating_sub(class_tat);
+    let stored_finish = unsafe { core::ptr::read_volatile(finish_word) };
+    let finish = shaper_fair_start(stored_finish, now_ticks, idle_ticks, share, hosts);
     let drained = finish <= now_ticks;
     let credit_word = unsafe { &raw mut (*entry).credit };
     let credit = if drained {
@@ -164,37 +168,33 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     // or one's that heeds no CoDel) is dropped. Within the cap, the class queue's CoDel
     // judges the flows over their share (below).
     let frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, hosts) >> TICK_BITS;
-    let cap_ns = flow_cap_ns(class.codel.target_ns, frame_ns);
+    let cap_ns = flow_cap_ns(class.codel.target_ns, frame_ns, charge >> TICK_BITS);
     if sojourn_ns(finish, now_ticks, credit) > cap_ns {
         return FAIR_DROPPED;
     }
     // A host's own queue at its share bounds what all its flows together add to the
     // class's queue, however many they are.
-    let host_charge = flow_ticks(class.cost.ticks_for(bytes), share, 1);
     if !host.is_null() {
-        let host_finish = unsafe { core::ptr::read_volatile(&raw const (*host).finish) };
-        let host_credit = if host_finish <= now_ticks {
-            0
-        } else {
-            unsafe { core::ptr::read_volatile(&raw const (*host).credit) }
-        };
-        let host_frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, 1) >> TICK_BITS;
-        let host_sojourn = sojourn_ns(host_finish, now_ticks, host_credit);
-        if host_sojourn > flow_cap_ns(class.codel.target_ns, host_frame_ns) {
-            return FAIR_DROPPED;
-        }
-    }
-    advance(finish_word, finish, now_ticks, charge);
-    unsafe {
-        let credit = burst_credit(credit, drained, within_burst, charge, burst_ticks);
-        core::ptr::write_volatile(credit_word, credit);
-    }
-    if !host.is_null() {
+        let host_charge = flow_ticks(class.cost.ticks_for(bytes), share, 1);
         let host_word = unsafe { &raw mut (*host).finish };
-        let host_finish = unsafe { core::ptr::read_volatile(host_word) };
+        let host_stored = unsafe { core::ptr::read_volatile(host_word) };
+        let host_finish = shaper_fair_start(host_stored, now_ticks, idle_ticks, share, 1);
         let host_drained = host_finish <= now_ticks;
         let credit_word = unsafe { &raw mut (*host).credit };
-        let host_credit = unsafe { core::ptr::read_volatile(credit_word) };
+        let host_credit = if host_drained {
+            0
+        } else {
+            unsafe { core::ptr::read_volatile(credit_word) }
+        };
+        let host_frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, 1) >> TICK_BITS;
+        let host_cap_ns = flow_cap_ns(
+            class.codel.target_ns,
+            host_frame_ns,
+            host_charge >> TICK_BITS,
+        );
+        if sojourn_ns(host_finish, now_ticks, host_credit) > host_cap_ns {
+            return FAIR_DROPPED;
+        }
         let host_credit = burst_credit(
             host_credit,
             host_drained,
@@ -202,8 +202,13 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
             host_charge,
             burst_ticks,
         );
-        advance(host_word, host_finish, now_ticks, host_charge);
+        advance(host_word, host_stored, host_finish, host_charge);
         unsafe { core::ptr::write_volatile(credit_word, host_credit) };
+    }
+    advance(finish_word, stored_finish, finish, charge);
+    unsafe {
+        let credit = burst_credit(credit, drained, within_burst, charge, burst_ticks);
+        core::ptr::write_volatile(credit_word, credit);
     }
     if over {
         FAIR_OVER
@@ -212,14 +217,30 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     }
 }
 
+/// Where a flow's (host's) virtual queue stands for a packet: `fair::served_from` with
+/// the link's idle time at the flow's share. A global function as `shaper_fair_judge`:
+/// inline, its branches split every state after it (140 000 instructions more).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn shaper_fair_start(
+    finish: u64,
+    now_ticks: u64,
+    idle_ticks: u64,
+    share: u64,
+    hosts: u64,
+) -> u64 {
+    served_from(finish, now_ticks, flow_ticks(idle_ticks, share, hosts))
+}
+
 /// Moves a virtual queue's end (`word`, read as `seen`) on by an admitted packet's
-/// `charge`: from now when it had drained, else from its end. Atomic, as the class's
+/// `charge`: from `start` (`fair::served_from`: now when it had drained, less when the link
+/// idled) when that differs from what it holds, else from its end. Atomic, as the class's
 /// queue: a flow's packets reach this on two CPUs at once (forwarded through an ifb), and
 /// each update a plain write lost left the flow's queue short by a packet, so it fell
 /// behind the real one for good (one Cubic flow's RTT climbed from 11 to 51 ms in 30 s).
 #[inline(always)]
-fn advance(word: *mut u64, seen: u64, now_ticks: u64, charge: u64) {
-    if seen <= now_ticks && swap(word, seen, now_ticks + charge) {
+fn advance(word: *mut u64, seen: u64, start: u64, charge: u64) {
+    if start != seen && swap(word, seen, start + charge) {
         return;
     }
     // Backlogged, or another CPU restarted it first: behind what it holds.

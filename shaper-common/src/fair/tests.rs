@@ -97,9 +97,11 @@ fn a_flow_is_over_its_share_only_with_more_than_its_packet_queued() {
 
 #[test]
 fn a_flow_queue_is_capped_at_four_targets_or_four_frames_at_its_share() {
-    assert_eq!(flow_cap_ns(5_000_000, 1_200_000), 20_000_000);
+    assert_eq!(flow_cap_ns(5_000_000, 1_200_000, 1_200_000), 20_000_000);
+    // A 64 KiB aggregate at 25 Mbit/s (21 ms): two of them.
+    assert_eq!(flow_cap_ns(5_000_000, 484_000, 21_000_000), 42_000_000);
     // 64 flows at 10 Mbit/s: a frame takes 77 ms at a share.
-    assert_eq!(flow_cap_ns(5_000_000, 77_000_000), 308_000_000);
+    assert_eq!(flow_cap_ns(5_000_000, 77_000_000, 77_000_000), 308_000_000);
 }
 
 #[test]
@@ -179,4 +181,16 @@ fn spare_bytes_taken_back_past_zero_are_none() {
     let added = 3_000u64;
     let taken_back = added.wrapping_sub(4_500);
     assert_eq!(settle_spare(taken_back), 0);
+}
+
+#[test]
+fn a_flow_queue_is_served_at_the_whole_rate_while_the_link_idles() {
+    // 3 000 ticks of backlog, 1 000 ticks idle at the flow's share: 2 000 left.
+    assert_eq!(served_from(13_000, 10_000, 1_000), 12_000);
+    // Idle longer than its backlog: drained, from now.
+    assert_eq!(served_from(13_000, 10_000, 5_000), 10_000);
+    // Drained already: from now, whatever the idle time.
+    assert_eq!(served_from(9_000, 10_000, 0), 10_000);
+    // A busy link forgives nothing.
+    assert_eq!(served_from(13_000, 10_000, 0), 13_000);
 }
