@@ -85,7 +85,10 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     };
     let share = unsafe { core::ptr::read_volatile(&raw const (*census).share) };
     let share = if share == 0 { SHARE_ONE } else { share };
-    let charge = flow_ticks(class.cost.ticks_for(bytes), share, hosts);
+    // The packet's and a full frame's cost at the class rate, each worked out once.
+    let class_charge = class.cost.ticks_for(bytes);
+    let class_frame = class.cost.ticks_for(FRAME_BYTES);
+    let charge = flow_ticks(class_charge, share, hosts);
     let finish_word = unsafe { &raw mut (*entry).finish };
     let now_ticks = ticks(now);
     // The class's real queue (its virtual queue beyond the burst HTB sends ahead): empty,
@@ -127,7 +130,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         finish.saturating_sub(credit),
         now_ticks,
         charge,
-        class.cost.ticks_for(FRAME_BYTES),
+        class_frame,
     );
     let end = unsafe { core::ptr::read_volatile(&raw const (*census).interval_end) };
     let stamp = unsafe { &raw mut (*entry).over_share_in };
@@ -167,7 +170,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     // The flow's queue at its share beyond its cap: its excess (an unresponsive flow's,
     // or one's that heeds no CoDel) is dropped. Within the cap, the class queue's CoDel
     // judges the flows over their share (below).
-    let frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, hosts) >> TICK_BITS;
+    let frame_ns = flow_ticks(class_frame, share, hosts) >> TICK_BITS;
     let cap_ns = flow_cap_ns(class.codel.target_ns, frame_ns, charge >> TICK_BITS);
     if sojourn_ns(finish, now_ticks, credit) > cap_ns {
         return FAIR_DROPPED;
@@ -175,7 +178,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     // A host's own queue at its share bounds what all its flows together add to the
     // class's queue, however many they are.
     if !host.is_null() {
-        let host_charge = flow_ticks(class.cost.ticks_for(bytes), share, 1);
+        let host_charge = flow_ticks(class_charge, share, 1);
         let host_word = unsafe { &raw mut (*host).finish };
         let host_stored = unsafe { core::ptr::read_volatile(host_word) };
         let host_finish = shaper_fair_start(host_stored, now_ticks, idle_ticks, share, 1);
@@ -186,7 +189,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         } else {
             unsafe { core::ptr::read_volatile(credit_word) }
         };
-        let host_frame_ns = flow_ticks(class.cost.ticks_for(FRAME_BYTES), share, 1) >> TICK_BITS;
+        let host_frame_ns = flow_ticks(class_frame, share, 1) >> TICK_BITS;
         let host_cap_ns = flow_cap_ns(
             class.codel.target_ns,
             host_frame_ns,
