@@ -15,8 +15,9 @@ use shaper_common::{
     bucket::{ticks, TAT_MASK, TICK_BITS},
     codel::{sojourn_ns, FlowCensus, FRAME_BYTES},
     fair::{
-        burst_credit, contending, flow_cap_ns, flow_ticks, flow_weight, host_flows, over_share,
-        served_from, FlowQueue, FlowScratch, FAIR_DST, FAIR_SRC, SHARE_ONE,
+        burst_credit, cap_for_ns, contending, flow_cap_ns, flow_ticks, flow_weight, host_flows,
+        over_share, roll_cap_drops, served_from, FlowQueue, FlowScratch, FAIR_DST, FAIR_SRC,
+        SHARE_ONE,
     },
     BucketKey, ClassConfig, Scope,
 };
@@ -138,8 +139,15 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     // The flow's bytes in this interval so far (from the packet the census counted it
     // by), which it added to the spare bytes while under its share.
     let bytes_word = unsafe { &raw mut (*entry).interval_bytes };
+    let drops_word = unsafe { &raw mut (*entry).cap_drops };
     if fresh {
-        unsafe { core::ptr::write_volatile(bytes_word, 0) };
+        // The last interval's losses to the cap against its bytes: held to the short cap?
+        unsafe {
+            let offered = core::ptr::read_volatile(bytes_word);
+            let drops = core::ptr::read_volatile(drops_word);
+            core::ptr::write_volatile(drops_word, roll_cap_drops(drops, offered));
+            core::ptr::write_volatile(bytes_word, 0);
+        }
     }
     let sent_before = unsafe { core::ptr::read_volatile(bytes_word) };
     add(bytes_word, bytes);
@@ -171,8 +179,18 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     // or one's that heeds no CoDel) is dropped. Within the cap, the class queue's CoDel
     // judges the flows over their share (below).
     let frame_ns = flow_ticks(class_frame, share, hosts) >> TICK_BITS;
-    let cap_ns = flow_cap_ns(class.codel.target_ns, frame_ns, charge >> TICK_BITS);
+    let short_ns = flow_cap_ns(class.codel.target_ns, frame_ns, charge >> TICK_BITS);
+    let drops = unsafe { core::ptr::read_volatile(drops_word) };
+    let cap_ns = cap_for_ns(
+        drops,
+        short_ns,
+        class.codel.interval_ns,
+        class.codel.cap_ns,
+        share,
+        hosts,
+    );
     if sojourn_ns(finish, now_ticks, credit) > cap_ns {
+        add(drops_word, bytes);
         return FAIR_DROPPED;
     }
     // A host's own queue at its share bounds what all its flows together add to the
@@ -190,12 +208,24 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
             unsafe { core::ptr::read_volatile(credit_word) }
         };
         let host_frame_ns = flow_ticks(class_frame, share, 1) >> TICK_BITS;
-        let host_cap_ns = flow_cap_ns(
+        let host_short_ns = flow_cap_ns(
             class.codel.target_ns,
             host_frame_ns,
             host_charge >> TICK_BITS,
         );
+        add(unsafe { &raw mut (*host).interval_bytes }, bytes);
+        let host_drops_word = unsafe { &raw mut (*host).cap_drops };
+        let host_drops = unsafe { core::ptr::read_volatile(host_drops_word) };
+        let host_cap_ns = cap_for_ns(
+            host_drops,
+            host_short_ns,
+            class.codel.interval_ns,
+            class.codel.cap_ns,
+            share,
+            1,
+        );
         if sojourn_ns(host_finish, now_ticks, host_credit) > host_cap_ns {
+            add(host_drops_word, bytes);
             return FAIR_DROPPED;
         }
         let host_credit = burst_credit(
@@ -298,6 +328,14 @@ pub(crate) fn host_entry(
             core::ptr::write_volatile(&raw mut (*host).sparse, before);
             core::ptr::write_volatile(counting, 0);
             core::ptr::write_volatile(counted_in, end);
+            let drops = &raw mut (*host).cap_drops;
+            let offered = &raw mut (*host).interval_bytes;
+            let rolled = roll_cap_drops(
+                core::ptr::read_volatile(drops),
+                core::ptr::read_volatile(offered),
+            );
+            core::ptr::write_volatile(drops, rolled);
+            core::ptr::write_volatile(offered, 0);
         }
         // Hosts share the class first: each weighs one in the census, once an interval.
         add(unsafe { &raw mut (*census).weight }, SHARE_ONE);
@@ -319,7 +357,7 @@ pub(crate) fn fresh_entry(entry: &mut FlowQueue, sparse: u64) {
         core::ptr::write_volatile(&raw mut entry.finish, 0);
         core::ptr::write_volatile(&raw mut entry.over_share_in, 0);
         core::ptr::write_volatile(&raw mut entry.interval_bytes, 0);
-        core::ptr::write_volatile(&raw mut entry.reserved, 0);
+        core::ptr::write_volatile(&raw mut entry.cap_drops, 0);
         core::ptr::write_volatile(&raw mut entry.credit, 0);
     }
 }
