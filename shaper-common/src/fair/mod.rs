@@ -308,19 +308,21 @@ const STREAK_SHIFT: u32 = 56;
 const STREAK_MAX: u64 = 63;
 /// In [`FlowQueue::cap_drops`]: its bytes lost to its cap in this interval.
 const DROPPED_MASK: u64 = (1 << STREAK_SHIFT) - 1;
-/// One part in this of a flow's bytes lost to its cap makes an interval a lossy one.
-pub const UNRESPONSIVE_DIVISOR: u64 = 8;
-/// Lossy intervals in a row that mark a flow as one that heeds no drop. A flood over its
-/// share loses its excess (a third of its bytes at 1.5x) every interval; TCP backs off at
-/// its first loss, but one lost aggregate is a fifth of a flow's interval (four Cubic
-/// flows at 100 Mbit/s with TSO: held after one lossy interval, 0.90 of the rate; never
-/// held, 0.94).
+/// One part in this of a flow's bytes lost to its cap makes an interval a lossy one: a
+/// flood loses its excess there (a third of its bytes at 1.5x its share, two thirds and
+/// more beside TCP at 1.5x the class rate), TCP a packet or two of a window before it
+/// backs off, but one lost 64 KiB aggregate is a fifth of a flow's interval at 25 Mbit/s.
+/// Four Cubic flows at 100 Mbit/s with TSO: 0.954-0.956 of the rate with a quarter,
+/// 0.931-0.945 with an eighth, 0.90 with four packets an interval.
+pub const UNRESPONSIVE_DIVISOR: u64 = 4;
+/// Lossy intervals in a row that mark a flow as one that heeds no drop: a flood over its
+/// share is lossy every interval, TCP now and then.
 pub const UNRESPONSIVE_INTERVALS: u64 = 3;
 
 /// A flow's (host's) cap word at the start of its interval, from the last one's word and
 /// its bytes judged then (`offered`, the dropped included): the streak of lossy intervals
-/// carried on or ended, [`HELD`] from [`UNRESPONSIVE_INTERVALS`] of them on, and no drops
-/// counted yet.
+/// carried on or ended, [`HELD`] from [`UNRESPONSIVE_INTERVALS`] of them on (held after
+/// one, four Cubic flows at 100 Mbit/s kept 0.90 of the rate), and no drops counted yet.
 #[inline(always)]
 pub fn roll_cap_drops(word: u64, offered: u64) -> u64 {
     let dropped = word & DROPPED_MASK;
@@ -343,11 +345,14 @@ pub fn roll_cap_drops(word: u64, offered: u64) -> u64 {
 /// The cap of a flow's (host's) own queue (ns at its share): the short one
 /// ([`flow_cap_ns`]) while it is [`HELD`], else the long one, two CoDel intervals, which
 /// TCP needs where its window is a few packets (16 and 64 Cubic flows at 100 Mbit/s:
-/// 0.95-0.97 of the rate, against 0.77-0.80 with the short one, which drops the tail of a
-/// small window: a retransmission timeout). The long cap holds at most half the class's
-/// own cap of the class's queue (`class_cap_ns`, in the class's time; a flow's time runs
-/// `share x hosts` times slower), so a flood found unresponsive only after an interval
-/// never fills the class queue for the flows under their share. Never below the short one.
+/// 0.94-0.97 of the rate, against 0.77-0.80 with the short one, which drops the tail of
+/// a small window: a retransmission timeout). The long cap holds at most a quarter of
+/// the class's own cap of the class's queue (`class_cap_ns`, in the class's time; a
+/// flow's time runs `share x hosts` times slower), so a flood found unresponsive only
+/// after three intervals never fills the class queue for the flows under their share,
+/// and a flow alone stays near the short cap (with half the class's cap, a lone Cubic
+/// flow let a probe beside it wait 33 ms at p99; 22-23 ms with a quarter). Never below
+/// the short one.
 #[inline(always)]
 pub fn cap_for_ns(
     cap_drops: u64,
@@ -360,7 +365,7 @@ pub fn cap_for_ns(
     if cap_drops & HELD != 0 {
         return short_ns;
     }
-    let budget = flow_ticks(crate::bucket::ticks(class_cap_ns / 2), share, hosts)
+    let budget = flow_ticks(crate::bucket::ticks(class_cap_ns / 4), share, hosts)
         >> crate::bucket::TICK_BITS;
     interval_ns.saturating_mul(2).min(budget).max(short_ns)
 }

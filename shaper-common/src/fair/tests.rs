@@ -196,9 +196,11 @@ fn a_flow_queue_is_served_at_the_whole_rate_while_the_link_idles() {
 }
 
 #[test]
-fn a_flow_that_lost_an_eighth_to_its_cap_three_intervals_running_is_held() {
+fn a_flow_that_lost_a_quarter_to_its_cap_three_intervals_running_is_held() {
     let streak = |intervals: u64| intervals << 56;
-    // A flood losing a third: lossy intervals add up, held from the third on.
+    // TCP losing one aggregate of its interval is not lossy; a flood losing a third is:
+    // lossy intervals add up, held from the third on.
+    assert_eq!(roll_cap_drops(streak(2) | 64_000, 312_000), 0);
     assert_eq!(roll_cap_drops(100_000, 300_000), streak(1));
     assert_eq!(roll_cap_drops(streak(1) | 100_000, 300_000), streak(2));
     assert_eq!(
@@ -209,9 +211,9 @@ fn a_flow_that_lost_an_eighth_to_its_cap_three_intervals_running_is_held() {
         roll_cap_drops(streak(3) | HELD | 4_000, 8_000),
         streak(4) | HELD
     );
-    // Exactly an eighth is lossy, a byte less is not, and ends the streak: let go.
-    assert_eq!(roll_cap_drops(streak(2) | 1_000, 8_000), streak(3) | HELD);
-    assert_eq!(roll_cap_drops(streak(5) | HELD | 999, 8_000), 0);
+    // Exactly a quarter is lossy, a byte less is not, and ends the streak: let go.
+    assert_eq!(roll_cap_drops(streak(2) | 2_000, 8_000), streak(3) | HELD);
+    assert_eq!(roll_cap_drops(streak(5) | HELD | 1_999, 8_000), 0);
     // Nothing lost, or nothing judged: not lossy.
     assert_eq!(roll_cap_drops(streak(2), 8_000), 0);
     assert_eq!(roll_cap_drops(0, 0), 0);
@@ -223,22 +225,17 @@ fn a_flow_that_lost_an_eighth_to_its_cap_three_intervals_running_is_held() {
 }
 
 #[test]
-fn the_long_cap_is_two_intervals_within_half_the_class_queue() {
+fn the_long_cap_is_two_intervals_within_a_quarter_of_the_class_queue() {
     const MS: u64 = 1_000_000;
     let one = SHARE_ONE;
+    let long = |share: u64, hosts: u64| cap_for_ns(0, 20 * MS, 100 * MS, 100 * MS, share, hosts);
     // Sixteen flows: two intervals of a flow's time are 12.5 ms of the class's.
-    assert_eq!(
-        cap_for_ns(0, 20 * MS, 100 * MS, 100 * MS, 16 * one, 1),
-        200 * MS
-    );
-    // Alone: half the class's 100 ms cap.
-    assert_eq!(cap_for_ns(0, 20 * MS, 100 * MS, 100 * MS, one, 1), 50 * MS);
-    // Two flows, or one of two hosts' two flows: 100 ms of its time.
-    assert_eq!(
-        cap_for_ns(0, 20 * MS, 100 * MS, 100 * MS, 2 * one, 1),
-        100 * MS
-    );
-    assert_eq!(cap_for_ns(0, 20 * MS, 100 * MS, 100 * MS, one, 2), 100 * MS);
+    assert_eq!(long(16 * one, 1), 200 * MS);
+    // Alone: a quarter of the class's 100 ms cap.
+    assert_eq!(long(one, 1), 25 * MS);
+    // Four flows, or one of two hosts' two flows: 100 / 50 ms of its time.
+    assert_eq!(long(4 * one, 1), 100 * MS);
+    assert_eq!(long(one, 2), 50 * MS);
     // Never below the short cap; held: the short one.
     assert_eq!(cap_for_ns(0, 80 * MS, 100 * MS, 100 * MS, one, 1), 80 * MS);
     assert_eq!(
