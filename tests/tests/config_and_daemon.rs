@@ -847,7 +847,9 @@ fn codel_knobs_round_trip_and_change_in_place() -> Result<()> {
             interval_ms * 1_000_000,
             10_000_000,
         )
-        .with_ecn(ecn);
+        .with_ecn(ecn)
+        // Fair by flow, the default.
+        .with_fair(shaper_common::fair::FAIR_FLOW);
         anyhow::ensure!(
             codel == expected,
             "CoDel in the program's map {codel:?}, expected {expected:?}"

@@ -614,7 +614,7 @@ fn apply_switches_the_attach_mode_under_load_without_a_gap() -> Result<()> {
 
 /// Layout 8 to 9 (flow isolation): a shape class attached by a layout-8 shaper (its fair
 /// mode zero in what was padding, none of the new maps pinned) comes out of `upgrade`
-/// with one queue (`fair none`, the default), the new maps made; `class change --fair
+/// with the one queue it had (`fair none`), the new maps made; `class change --fair
 /// flow` then isolates it in place: a UDP flood at twice the rate leaves a Cubic flow its
 /// share.
 #[test]

@@ -252,16 +252,16 @@ mod tests {
     }
 
     #[test]
-    fn a_shape_class_has_one_queue_unless_told_and_reads_back_as_written() {
+    fn a_shape_class_is_fair_by_flow_unless_told_and_reads_back_as_written() {
         let shaped = |fair: Option<&str>| ClassInput {
             action: Some("shape".into()),
             fair: fair.map(str::to_string),
             ..input("s", "10mbit")
         };
         for (given, wanted, written) in [
-            (None, Fair::None, None),
-            (Some("none"), Fair::None, None),
-            (Some("flow"), Fair::Flow, Some("flow")),
+            (None, Fair::Flow, None),
+            (Some("none"), Fair::None, Some("none")),
+            (Some("flow"), Fair::Flow, None),
             (Some("src"), Fair::Src, Some("src")),
             (Some("dst"), Fair::Dst, Some("dst")),
         ] {

@@ -176,10 +176,10 @@ class_fields! {
     /// Shape: `on` (default) CE-marks ECN-capable packets where CoDel would drop them;
     /// `off` drops them too.
     ecn: Switch = "on|off", in_place;
-    /// Shape: how the class shares its rate among its flows: none (the default: one
-    /// queue for all), flow (each flow a fair share while it wants it, an unresponsive
-    /// flow held to it), or src or dst (each source or destination host a fair share
-    /// first, then each of its flows).
+    /// Shape: how the class shares its rate among its flows: flow (the default: each
+    /// flow a fair share while it wants it, an unresponsive flow held to it), src or dst
+    /// (each source or destination host a fair share first, then each of its flows), or
+    /// none (one queue for all).
     fair: Text = "flow|src|dst|none", in_place;
     /// A class on the same interface and direction that this one is charged to as well:
     /// its rate is guaranteed within the parent, and it may borrow up to --ceil.
@@ -234,10 +234,10 @@ impl ClassInput {
             interval: spec.codel.map(|c| format_duration_ns(c.interval_ns)),
             // Written only when off: on is the default.
             ecn: spec.codel.filter(|c| !c.ecn).map(|_| "off".into()),
-            // Written only when not the default (none).
+            // Written only when not the default (flow).
             fair: spec
                 .codel
-                .filter(|c| c.fair != Fair::None)
+                .filter(|c| c.fair != Fair::default())
                 .map(|c| c.fair.name().into()),
             parent: tree.map(|t| t.parent.clone()),
             ceil: tree.and_then(|t| t.ceil_bits_per_sec).map(exact_rate),

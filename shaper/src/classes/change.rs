@@ -77,9 +77,9 @@ impl Change {
         if let (Some(before), Some(after)) = (current.codel, self.codel) {
             let codel = |c: Codel| {
                 let ecn = if c.ecn { "" } else { " noecn" };
-                // One queue, the default, goes unsaid.
+                // Fair by flow, the default, goes unsaid.
                 let fair = match c.fair {
-                    Fair::None => String::new(),
+                    Fair::Flow => String::new(),
                     fair => format!(" fair {}", fair.name()),
                 };
                 let (target, interval) = (c.target_ns, c.interval_ns);

@@ -356,12 +356,12 @@ mod tests {
                 .flat_map(|i| i.classes.iter().map(|(_, spec)| spec.codel.map(|c| c.fair)))
                 .collect()
         };
-        // Shaped both ways: one queue by default; each direction as asked.
+        // Shaped both ways: fair by flow by default; each direction as asked.
         let both = r#"{"cniVersion":"1.0.0","ingressRate":5000000,"ingressBurst":800000,
             "egressRate":5000000,"egressBurst":800000,"ingressAction":"shape","egressAction":"shape""#;
         assert_eq!(
             fair_of(&format!("{both}}}")),
-            vec![Some(Fair::None), Some(Fair::None)]
+            vec![Some(Fair::Flow), Some(Fair::Flow)]
         );
         assert_eq!(
             fair_of(&format!(

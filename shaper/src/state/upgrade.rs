@@ -283,7 +283,9 @@ fn migrate_from_unversioned(attachment: &Attachment) -> Result<()> {
 /// so its pin is removed for loading the object to make it anew (the old program keeps
 /// its own until the swap; the census restarts, counting one flow for an interval);
 /// `FLOW_QUEUES`, `SHAPE_STATS` and `FLOW_SCRATCH` are new. The fair mode sits in fields
-/// that were padding: zero, `fair none`, the default, so classes keep one queue.
+/// that were padding: zero, `fair none`, so upgraded classes keep the one queue they had
+/// (`class change --fair flow`, or an `apply` of a file that leaves `fair` out, makes
+/// them fair).
 fn migrate_to_fair(attachment: &Attachment) -> Result<()> {
     let census = attachment.dir().join(map_names::CODEL_FLOWS);
     if census.exists() {

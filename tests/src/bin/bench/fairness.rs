@@ -1,6 +1,6 @@
 //! Flow isolation (issue 50): flows sharing one shape class on the router (matching
-//! everything toward the server), shaper's `--fair flow` beside `--fair none` (one
-//! queue, still the default) and tbf in the class's place (a 200 ms buffer), on the µs lab
+//! everything toward the server), shaper's `--fair flow` (the default) beside `--fair none`
+//! (one queue) and tbf in the class's place (a 200 ms buffer), on the µs lab
 //! and over a 40 ms path. Cells: Cubic and BBR beside an unresponsive UDP flow at 1.5× and
 //! 10× the rate, Cubic beside BBR, 4 Cubic flows at 10 Mbit/s, 16 and 64 at 100 Mbit/s,
 //! and (`--fair src`) eight flows of one host beside one of another. CAKE and htb +
@@ -16,9 +16,9 @@ use shaper_tests::{
 use std::time::Duration;
 
 /// The limiters, as the report names them.
-const FAIR: &str = "shaper shape --fair flow";
+const FAIR: &str = "shaper shape --fair flow (the default)";
 const FAIR_SRC: &str = "shaper shape --fair src";
-const ONE_QUEUE: &str = "shaper shape --fair none (the default)";
+const ONE_QUEUE: &str = "shaper shape --fair none";
 const TBF: &str = "tbf, 200 ms buffer";
 
 /// What shares one class in a cell.
