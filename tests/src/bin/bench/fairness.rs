@@ -7,11 +7,11 @@
 //! fq_codel need Debian's kernels (`cargo xtask bench --vm`); they are not on the lab's.
 
 use crate::senders::{lab, FORTY_MS_PATH};
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use serde_json::{json, Value};
 use shaper_tests::{
     fairness::{add_second_client, run_cell, tcp, udp_flood, Shares, SECOND_CLIENT_V4},
-    shape_to_server, Lab, Tcp, Udp,
+    shape_to_server, Lab, Tcp, Udp, ROUTER_TO_SERVER,
 };
 use std::time::Duration;
 
@@ -309,6 +309,222 @@ pub fn check(report: &Value) -> Vec<String> {
     problems
 }
 
+/// Flow isolation beside the qdiscs that give it, in Debian's kernels (`bench --vm`, the
+/// peers section): CAKE with its defaults (`triple-isolate`, `rtt 100ms`), CAKE with `rtt`
+/// at the path's RTT, and htb + fq_codel, each in the router's egress toward the server
+/// in place of shaper's class, at 10 Mbit/s on the µs path and over 40 ms (netem).
+const CAKE: &str = "cake";
+const CAKE_RTT: &str = "cake, rtt of the path";
+const HTB_FQ_CODEL: &str = "htb + fq_codel";
+/// shaper's row beside them: one shape class, its defaults (fair by flow, HTB + CoDel).
+const SHAPER: &str = "shaper shape";
+const PEER_RATE: &str = "10mbit";
+const PEER_RATE_BPS: f64 = 10e6;
+
+/// The isolation cells the guests run: TCP beside UDP at 2x, Cubic beside BBR, four
+/// Cubic flows, on the µs path and over 40 ms.
+fn peer_cells() -> Vec<(Option<Duration>, Traffic)> {
+    let flood = |congestion| Traffic::TcpBesideUdp {
+        congestion,
+        times: 2.0,
+    };
+    let mut cells = Vec::new();
+    for one_way in [None, Some(FORTY_MS_PATH)] {
+        for traffic in [
+            flood("cubic"),
+            flood("bbr"),
+            Traffic::CubicBesideBbr,
+            Traffic::Cubics(4),
+        ] {
+            cells.push((one_way, traffic));
+        }
+    }
+    cells
+}
+
+fn path_name(one_way: Option<Duration>) -> String {
+    match one_way {
+        Some(delay) => format!("{} ms", 2 * delay.as_millis()),
+        None => "µs".into(),
+    }
+}
+
+/// What a peer row sets up on the router's egress toward the server, as tc or shaper
+/// spell it.
+fn peer_configuration(limiter: &str, one_way: Option<Duration>) -> String {
+    let rtt = match one_way {
+        Some(delay) => format!("rtt {}ms", 2 * delay.as_millis()),
+        // CAKE's keyword for 100 µs, the closest it has to the lab's µs path.
+        None => "datacentre".into(),
+    };
+    match limiter {
+        CAKE => format!("tc qdisc replace dev {ROUTER_TO_SERVER} root cake bandwidth {PEER_RATE}"),
+        CAKE_RTT => format!(
+            "tc qdisc replace dev {ROUTER_TO_SERVER} root cake bandwidth {PEER_RATE} {rtt}"
+        ),
+        HTB_FQ_CODEL => crate::latency::Limiter::HtbFqCodel
+            .commands(PEER_RATE_BPS as u64)
+            .iter()
+            .map(|words| words.join(" "))
+            .collect::<Vec<_>>()
+            .join("; "),
+        _ => format!(
+            "shaper attach {ROUTER_TO_SERVER}; shaper class add bulk --dev {ROUTER_TO_SERVER} --rate {PEER_RATE} --action shape (fair by flow, burst 128k, CoDel 5/100 ms)"
+        ),
+    }
+}
+
+fn install_peer(lab: &Lab, limiter: &str, one_way: Option<Duration>) -> Result<()> {
+    if limiter == SHAPER {
+        // The default path (a peers row before may have asked for EDT).
+        std::env::set_var("SHAPER_SHAPE_BACKEND", "htb");
+        lab.router.attach(ROUTER_TO_SERVER, &[])?;
+        lab.router
+            .class_add("bulk", ROUTER_TO_SERVER, &shape_to_server(PEER_RATE))?;
+        return Ok(());
+    }
+    for line in peer_configuration(limiter, one_way).split("; ") {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let out = lab.router.run(words[0], &words[1..])?;
+        anyhow::ensure!(out.status.success(), "{line}: {out:?}");
+    }
+    Ok(())
+}
+
+/// A peer row's name, which `--rows TEXT` matches.
+fn peer_setup(limiter: &str, one_way: Option<Duration>, traffic: Traffic) -> String {
+    format!(
+        "isolation: {}, {}, {limiter}",
+        traffic.name(),
+        path_name(one_way)
+    )
+}
+
+/// Whether `--rows TEXT` names any isolation row.
+pub fn any_peer_row(text: &str) -> bool {
+    peer_cells().iter().any(|&(one_way, traffic)| {
+        [SHAPER, CAKE, CAKE_RTT, HTB_FQ_CODEL]
+            .iter()
+            .any(|limiter| peer_setup(limiter, one_way, traffic).contains(text))
+    })
+}
+
+/// Runs the isolation rows (those whose setup contains `rows`, if given) in this kernel,
+/// each limiter of a cell one after the other; one JSON row each.
+pub fn beside_peers(rows: Option<&str>) -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let effort = FairnessEffort {
+        seconds: 30,
+        steady_from: 10.0,
+        cells: Vec::new(),
+        targets: false,
+    };
+    for (one_way, traffic) in peer_cells() {
+        for limiter in [SHAPER, CAKE, CAKE_RTT, HTB_FQ_CODEL] {
+            let setup = peer_setup(limiter, one_way, traffic);
+            if rows.is_some_and(|text| !setup.contains(text)) {
+                continue;
+            }
+            let mut lab = match one_way {
+                Some(delay) => Lab::with_netem(delay)?,
+                None => Lab::new()?,
+            };
+            install_peer(&lab, limiter, one_way).with_context(|| setup.clone())?;
+            let cell = cell(PEER_RATE, PEER_RATE_BPS, None, traffic);
+            let shares = run(&mut lab, &effort, cell).with_context(|| setup.clone())?;
+            let base_rtt_ms = one_way.map_or(0.0, |d| 2.0 * d.as_secs_f64() * 1e3);
+            println!("{setup:64} {shares}");
+            out.push(json!({
+                "setup": setup,
+                "limiter": limiter,
+                "configuration": peer_configuration(limiter, one_way),
+                "path": path_name(one_way),
+                "traffic": traffic.name(),
+                "tcp": shares.tcp,
+                "udp": shares.udp,
+                "total": shares.total(),
+                "jain": shares.jain(),
+                "rtt_over_base_ms": (shares.worst_rtt_ms() - base_rtt_ms).max(0.0),
+            }));
+        }
+    }
+    Ok(out)
+}
+
+/// The isolation rows' table (markdown).
+pub fn peers_table(rows: &[Value]) -> String {
+    let mut out = String::from(
+        "\n| path | traffic | limiter | TCP | UDP | together | Jain | worst TCP RTT over base ms | configuration |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let list = |value: &Value| {
+        floats(value)
+            .iter()
+            .map(|v| format!("{v:.3}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    for row in rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.1} | `{}` |\n",
+            row["path"].as_str().unwrap_or_default(),
+            row["traffic"].as_str().unwrap_or_default(),
+            row["limiter"].as_str().unwrap_or_default(),
+            list(&row["tcp"]),
+            list(&row["udp"]),
+            row["total"].as_f64().unwrap_or(0.0),
+            row["jain"].as_f64().unwrap_or(0.0),
+            row["rtt_over_base_ms"].as_f64().unwrap_or(0.0),
+            row["configuration"].as_str().unwrap_or_default(),
+        ));
+    }
+    out
+}
+
+/// Issue 50's comparison in one kernel's rows: in every cell shaper's smallest TCP share
+/// within 0.03 of `peer`'s, and its worst TCP RTT no more than `peer`'s + 3 ms. Each line
+/// says what held or broke (a cell without both rows is broken).
+pub fn check_beside(rows: &[Value], kernel: &str, peer: &str) -> (Vec<String>, Vec<String>) {
+    let (mut held, mut broken) = (Vec::new(), Vec::new());
+    let least = |row: &Value| floats(&row["tcp"]).into_iter().fold(f64::MAX, f64::min);
+    let rtt = |row: &Value| row["rtt_over_base_ms"].as_f64().unwrap_or(f64::NAN);
+    for (one_way, traffic) in peer_cells() {
+        let find = |limiter: &str| {
+            rows.iter().find(|row| {
+                row["limiter"] == limiter
+                    && row["path"] == path_name(one_way).as_str()
+                    && row["traffic"] == traffic.name().as_str()
+            })
+        };
+        let cell = format!("{kernel}, {}, {}", traffic.name(), path_name(one_way));
+        let (Some(ours), Some(theirs)) = (find(SHAPER), find(peer)) else {
+            broken.push(format!("{cell}: a row is missing"));
+            continue;
+        };
+        for (what, a, b, ok) in [
+            (
+                "smallest TCP share",
+                least(ours),
+                least(theirs),
+                least(ours) >= least(theirs) - 0.03,
+            ),
+            (
+                "worst TCP RTT over base ms",
+                rtt(ours),
+                rtt(theirs),
+                rtt(ours) <= rtt(theirs) + 3.0,
+            ),
+        ] {
+            let line = format!("{cell}, {what}: shaper {a:.3}, {peer} {b:.3}");
+            if ok {
+                held.push(line);
+            } else {
+                broken.push(line);
+            }
+        }
+    }
+    (held, broken)
+}
+
 /// Rows a sane full run could report (the driver's own tests).
 #[cfg(test)]
 pub fn sane_rows() -> Vec<Value> {
@@ -337,5 +553,43 @@ mod tests {
         unequal["fairness"][1]["jain"] = json!(0.9);
         assert_eq!(check(&unequal).len(), 1);
         assert_eq!(check(&json!({"fairness": []})), ["fairness: no rows"]);
+    }
+
+    /// Every isolation cell with a shaper row and a CAKE row: `tcp` shares and RTT each.
+    fn peer_rows(ours: (&[f64], f64), cake: (&[f64], f64)) -> Vec<Value> {
+        let mut rows = Vec::new();
+        for (one_way, traffic) in peer_cells() {
+            for (limiter, (tcp, rtt)) in [(SHAPER, ours), (CAKE, cake)] {
+                rows.push(json!({"limiter": limiter, "path": path_name(one_way),
+                    "traffic": traffic.name(), "tcp": tcp, "rtt_over_base_ms": rtt}));
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn isolation_is_held_within_cake_s_share_less_0_03_and_rtt_plus_3_ms() {
+        let cells = peer_cells().len();
+        let (held, broken) = check_beside(&peer_rows((&[0.46], 8.0), (&[0.48], 6.0)), "k", CAKE);
+        assert_eq!((held.len(), broken.len()), (2 * cells, 0), "{broken:?}");
+        // The smallest of a cell's TCP shares is the one compared.
+        let (_, broken) = check_beside(
+            &peer_rows((&[0.50, 0.44], 5.0), (&[0.48, 0.48], 5.0)),
+            "k",
+            CAKE,
+        );
+        assert_eq!(broken.len(), cells, "{broken:?}");
+        assert!(broken[0].contains("smallest TCP share: shaper 0.440, cake 0.480"));
+        // 3.5 ms more RTT than CAKE is beyond.
+        let (_, broken) = check_beside(&peer_rows((&[0.48], 9.5), (&[0.48], 6.0)), "k", CAKE);
+        assert_eq!(broken.len(), cells, "{broken:?}");
+        // A cell without CAKE's row is broken, not skipped.
+        let (_, broken) = check_beside(
+            &peer_rows((&[0.48], 5.0), (&[0.48], 5.0)),
+            "k",
+            HTB_FQ_CODEL,
+        );
+        assert_eq!(broken.len(), cells);
+        assert!(broken[0].ends_with("a row is missing"));
     }
 }

@@ -225,6 +225,13 @@ pub fn run(rows: Option<&str>) -> Result<Value> {
         .to_string();
     let started = std::time::Instant::now();
     let cases = cases_named(rows)?;
+    // `--rows TEXT` may name isolation rows only.
+    let cases: Vec<PeerCase> = match rows {
+        Some(text) if cases.is_empty() && !crate::fairness::any_peer_row(text) => {
+            bail!("--rows {text:?} matches no row (the setups of `--only peers` and the isolation rows)")
+        }
+        _ => cases,
+    };
     let mut runs: Vec<Vec<Value>> = vec![Vec::new(); cases.len()];
     for pass in 0..TARGET_RUNS {
         for (case, runs) in cases.iter().zip(&mut runs) {
@@ -244,6 +251,8 @@ pub fn run(rows: Option<&str>) -> Result<Value> {
             runs.push(row);
         }
     }
+    // Flow isolation beside CAKE and htb + fq_codel (issue 50), after the latency rows.
+    let isolation = crate::fairness::beside_peers(rows)?;
     let report = json!({
         "kernel": kernel,
         "date": crate::date(),
@@ -253,8 +262,10 @@ pub fn run(rows: Option<&str>) -> Result<Value> {
         "target_runs": TARGET_RUNS,
         "rows_filter": rows,
         "rows": runs.into_iter().map(median_row).collect::<Vec<_>>(),
+        "isolation": isolation,
     });
     println!("{}", table(&report));
+    println!("{}", crate::fairness::peers_table(&isolation_of(&report)));
     Ok(report)
 }
 
@@ -270,7 +281,7 @@ fn cases_named(rows: Option<&str>) -> Result<Vec<PeerCase>> {
         .filter(|case| case.setup().contains(text))
         .cloned()
         .collect();
-    if chosen.is_empty() {
+    if chosen.is_empty() && !crate::fairness::any_peer_row(text) {
         bail!(
             "--rows {text:?} matches no row; the rows are: {}",
             all.iter()
@@ -391,6 +402,11 @@ pub fn check(report: &Value, shape: Limiter) -> (Vec<String>, Vec<String>) {
     (held, broken)
 }
 
+/// A report's isolation rows (none in a report from before they were measured).
+fn isolation_of(report: &Value) -> Vec<Value> {
+    report["isolation"].as_array().cloned().unwrap_or_default()
+}
+
 /// The markdown of one kernel's table.
 fn table(report: &Value) -> String {
     let mut out = format!(
@@ -494,11 +510,40 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
         for line in &edt_broken {
             section.push_str(&format!("- beyond: {line}\n"));
         }
+        // Flow isolation (issue 50): held against CAKE's defaults, reported against CAKE
+        // with the path's RTT and htb + fq_codel.
+        let isolation = isolation_of(&parsed);
+        section.push_str(&format!(
+            "\nFlow isolation on {kernel} (issue 50): one class of 10 Mbit/s matching everything, TCP's goodput and UDP's rate received over the rate, Jain's index of the TCP flows, the worst TCP flow's mean RTT over the base; one run of each row:\n"
+        ));
+        section.push_str(&crate::fairness::peers_table(&isolation));
+        let (iso_held, iso_broken) = crate::fairness::check_beside(&isolation, &kernel, "cake");
+        section.push_str("\nIsolation targets against CAKE's defaults (smallest TCP share within 0.03, worst TCP RTT within + 3 ms):\n\n");
+        for line in &iso_held {
+            section.push_str(&format!("- held: {line}\n"));
+        }
+        for line in &iso_broken {
+            section.push_str(&format!("- **missed**: {line}\n"));
+        }
+        for peer in ["cake, rtt of the path", "htb + fq_codel"] {
+            let (within, beyond) = crate::fairness::check_beside(&isolation, &kernel, peer);
+            section.push_str(&format!(
+                "\nThe same against {peer} (reported, not held):\n\n"
+            ));
+            for line in &within {
+                section.push_str(&format!("- within: {line}\n"));
+            }
+            for line in &beyond {
+                section.push_str(&format!("- beyond: {line}\n"));
+            }
+        }
         println!("{}", table(&parsed));
-        for line in &broken {
+        println!("{}", crate::fairness::peers_table(&isolation));
+        for line in broken.iter().chain(&iso_broken) {
             println!("missed: {line}");
         }
         all_broken.extend(broken);
+        all_broken.extend(iso_broken);
     }
     section.push_str(&format!("\n{END}\n"));
     let old = std::fs::read_to_string(report).unwrap_or_default();
