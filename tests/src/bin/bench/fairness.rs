@@ -211,6 +211,15 @@ fn run(lab: &mut Lab, effort: &FairnessEffort, cell: Cell) -> Result<Shares> {
     }
 }
 
+/// A JSON array of shares as a table cell: "0.470 / 0.510".
+fn share_list(value: &Value) -> String {
+    floats(value)
+        .iter()
+        .map(|v| format!("{v:.3}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
 /// A JSON array's numbers.
 fn floats(value: &Value) -> Vec<f64> {
     value
@@ -263,13 +272,6 @@ pub fn markdown(report: &Value) -> String {
     let mut out = String::from(
         "\n## Fairness: flows sharing one shape class\n\nOne class on the router matching everything toward the server; TCP: each flow's goodput over the rate, UDP (an unresponsive sender at 1.5× or 10× the rate): its L2 rate received over the rate; Jain's index of the TCP flows; the worst TCP flow's mean RTT over the path's base. Held in the full run (column *held*), shaper's fair rows: TCP beside UDP ≥ 0.45 with UDP ≤ 0.55 and together ≥ 0.95; Cubic and BBR each ≥ 0.40; Jain ≥ 0.98 / 0.97 / 0.95 for 4 / 16 / 64 Cubic flows with together ≥ 0.95; under `--fair src`, host B's one flow ≥ 0.45 beside host A's eight. `cargo xtask test` asserts one representative cell of each (`fairness.rs`); CAKE and htb + fq_codel beside shaper: the peers section.\n\n| limiter | rate | base RTT ms | traffic | TCP | UDP | together | Jain | RTT over base ms | held |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    let list = |value: &Value| {
-        floats(value)
-            .iter()
-            .map(|v| format!("{v:.3}"))
-            .collect::<Vec<_>>()
-            .join(" / ")
-    };
     for row in report["fairness"].as_array().into_iter().flatten() {
         let held = if row["held"] == true {
             if broken(row).is_some() {
@@ -286,8 +288,8 @@ pub fn markdown(report: &Value) -> String {
             row["rate"].as_str().unwrap_or_default(),
             row["base_rtt_ms"].as_f64().unwrap_or(0.0),
             row["traffic"].as_str().unwrap_or_default(),
-            list(&row["tcp"]),
-            list(&row["udp"]),
+            share_list(&row["tcp"]),
+            share_list(&row["udp"]),
             row["total"].as_f64().unwrap_or(0.0),
             row["jain"].as_f64().unwrap_or(0.0),
             row["rtt_over_base_ms"].as_f64().unwrap_or(0.0),
@@ -456,21 +458,14 @@ pub fn peers_table(rows: &[Value]) -> String {
     let mut out = String::from(
         "\n| path | traffic | limiter | TCP | UDP | together | Jain | worst TCP RTT over base ms | configuration |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    let list = |value: &Value| {
-        floats(value)
-            .iter()
-            .map(|v| format!("{v:.3}"))
-            .collect::<Vec<_>>()
-            .join(" / ")
-    };
     for row in rows {
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.1} | `{}` |\n",
             row["path"].as_str().unwrap_or_default(),
             row["traffic"].as_str().unwrap_or_default(),
             row["limiter"].as_str().unwrap_or_default(),
-            list(&row["tcp"]),
-            list(&row["udp"]),
+            share_list(&row["tcp"]),
+            share_list(&row["udp"]),
             row["total"].as_f64().unwrap_or(0.0),
             row["jain"].as_f64().unwrap_or(0.0),
             row["rtt_over_base_ms"].as_f64().unwrap_or(0.0),
