@@ -16,8 +16,8 @@ use shaper_common::{
     codel::{sojourn_ns, FlowCensus, FRAME_BYTES},
     fair::{
         burst_credit, cap_for_ns, contending, flow_cap_ns, flow_ticks, flow_weight, host_flows,
-        over_share, roll_cap_drops, served_from, FlowQueue, FlowScratch, FAIR_DST, FAIR_SRC,
-        SHARE_ONE,
+        over_share, roll_cap_drops, served_from, FlowQueue, FlowScratch, FAIR_DST,
+        FAIR_FLOW_QUEUES, FAIR_MODE, FAIR_SRC, SHARE_ONE,
     },
     BucketKey, ClassConfig, Scope,
 };
@@ -28,7 +28,8 @@ pub(crate) const HOST_KEY: u32 = 1 << 31;
 pub(crate) const FRESH: u32 = 1 << 30;
 
 /// `shaper_fair_judge`'s verdicts: under or over its share (passed on to `shape`, whose class
-/// queue CoDel judges the flows over it), dropped beyond the flow's cap.
+/// queue CoDel judges the flows over it; never over with a queue per flow in the leaf),
+/// dropped beyond the flow's cap.
 pub(crate) const FAIR_UNDER: u64 = 0;
 pub(crate) const FAIR_OVER: u64 = 1;
 pub(crate) const FAIR_DROPPED: u64 = 2;
@@ -74,7 +75,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     // queue of its own at its share.
     // Null without one: an `Option` of a pointer leaves the register undefined when
     // `None`, and LLVM may spill it, which the verifier refuses (an uninitialized read).
-    let host = match class.codel.fair {
+    let host = match class.codel.fair & FAIR_MODE {
         FAIR_SRC | FAIR_DST => host_entry(class_id, class, packet, census, scratch, fresh)
             .unwrap_or(core::ptr::null_mut()),
         _ => core::ptr::null_mut(),
@@ -243,7 +244,9 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         let credit = burst_credit(credit, drained, within_burst, charge, burst_ticks);
         core::ptr::write_volatile(credit_word, credit);
     }
-    if over {
+    // With a queue per flow in the leaf (`FAIR_FLOW_QUEUES`) each flow's CoDel is there,
+    // on its own real queue: no flow is handed to the class queue's.
+    if over && class.codel.fair & FAIR_FLOW_QUEUES == 0 {
         FAIR_OVER
     } else {
         FAIR_UNDER
@@ -293,7 +296,7 @@ pub(crate) fn host_entry(
     scratch: &mut FlowScratch,
     fresh: bool,
 ) -> Option<*mut FlowQueue> {
-    let scope = if class.codel.fair == FAIR_SRC {
+    let scope = if class.codel.fair & FAIR_MODE == FAIR_SRC {
         Scope::Src
     } else {
         Scope::Dst

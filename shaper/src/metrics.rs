@@ -68,6 +68,7 @@ struct Families {
     shape_dropped_packets: Family<Labels, Counter>,
     shape_dropped_bytes: Family<Labels, Counter>,
     fair_marked: Family<Labels, Counter>,
+    leaf_marked: Family<Labels, Counter>,
 }
 
 fn location_labels(location: &Location) -> Labels {
@@ -213,6 +214,18 @@ fn shape_metrics(shape: &crate::report::CodelRow, class: &Labels, families: &Fam
     }
     let marked = shape.fair_marked_packets;
     families.fair_marked.get_or_create(class).inc_by(marked);
+    if shape.bulk_leaf != "none" && shape.bulk_leaf != "unknown" {
+        // The leaf's own drops (fq_codel's CoDel on each flow's queue, or a full FIFO):
+        // packets only, tc keeps no bytes for them.
+        let leaf = with(class, &[("cause", "leaf")]);
+        let dropped = shape.leaf_dropped_packets;
+        families
+            .shape_dropped_packets
+            .get_or_create(&leaf)
+            .inc_by(dropped);
+        let marked = shape.leaf_marked_packets;
+        families.leaf_marked.get_or_create(class).inc_by(marked);
+    }
 }
 
 /// The exposition text: every attachment under the pin root, and `health` when given.
@@ -282,9 +295,10 @@ fn register_attachment_families(registry: &mut Registry, families: Families) {
         (global_expired, "shaper_class_global_share_expired", "1 when a global class's share expired and the packet path holds it at its floor"),
         (flows, "shaper_class_flows", "Bulk flows of a shape class in its last CoDel interval"),
         (flows_over_share, "shaper_class_flows_over_share", "Flows of a fair shape class over their fair share in its last CoDel interval"),
-        (shape_dropped_packets, "shaper_class_shape_dropped_packets", "Packets a shape class dropped, by cause: queue (the class queue's CoDel or cap) or fair (a flow over its fair share)"),
+        (shape_dropped_packets, "shaper_class_shape_dropped_packets", "Packets a shape class dropped, by cause: queue (the class queue's CoDel or cap), fair (a flow over its fair share) or leaf (its HTB leaf: fq_codel's CoDel on a flow's own queue, or a full FIFO)"),
         (shape_dropped_bytes, "shaper_class_shape_dropped_bytes", "Bytes a shape class dropped, by cause (as shaper_class_shape_dropped_packets)"),
         (fair_marked, "shaper_class_fair_marked_packets", "Packets a fair shape class CE-marked on flows over their fair share"),
+        (leaf_marked, "shaper_class_leaf_marked_packets", "Packets a shape class's HTB leaf CE-marked itself (fq_codel's CoDel on a flow's own queue)"),
     ]);
 }
 
@@ -425,6 +439,9 @@ mod tests {
                 fair_dropped_packets: 7,
                 fair_dropped_bytes: 10_500,
                 fair_marked_packets: 1,
+                bulk_leaf: "flow queues",
+                leaf_dropped_packets: 5,
+                leaf_marked_packets: 6,
             }),
             level_bytes: None,
         }
@@ -446,6 +463,8 @@ mod tests {
             "shaper_class_shape_dropped_packets_total{class=\"vm\",cause=\"queue\"} 2",
             "shaper_class_shape_dropped_bytes_total{class=\"vm\",cause=\"fair\"} 10500",
             "shaper_class_fair_marked_packets_total{class=\"vm\"} 1",
+            "shaper_class_shape_dropped_packets_total{class=\"vm\",cause=\"leaf\"} 5",
+            "shaper_class_leaf_marked_packets_total{class=\"vm\"} 6",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
         }

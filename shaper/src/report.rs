@@ -117,6 +117,14 @@ pub struct CodelRow {
     pub fair_dropped_packets: u64,
     pub fair_dropped_bytes: u64,
     pub fair_marked_packets: u64,
+    /// The bulk leaf: `flow queues` (fq_codel, where the kernel has it: each flow's CoDel
+    /// is there, on its own real queue), `fifo`, `none` (EDT paces, no leaf) or `unknown`
+    /// (tc could not read it: the interface is gone); the
+    /// packets it dropped (its CoDel, or a full FIFO's tail) and CE-marked itself, not
+    /// part of `dropped_*` and `marked_*` (the program had passed them).
+    pub bulk_leaf: &'static str,
+    pub leaf_dropped_packets: u64,
+    pub leaf_marked_packets: u64,
 }
 
 /// What a report reads beyond each class's maps.
@@ -203,6 +211,18 @@ pub fn attachment_rows(
         Default::default()
     };
     let mut rows = Vec::with_capacity(views.len());
+    // The HTB leaves' own counters: one tc call in the attachment's namespace, only where
+    // a shape class has a leaf. Unreadable (the interface gone): the leaves are unknown,
+    // the rest of the report stands.
+    let has_leaf = |view: &ClassView| view.spec.codel.is_some() && view.spec.action.arg != 0;
+    let leaves = if views.iter().any(has_leaf) {
+        crate::netns::in_namespace(&location.netns, || {
+            crate::qdisc::bulk_leaf_counts(&location.queue_dev())
+        })
+        .unwrap_or_default()
+    } else {
+        Default::default()
+    };
     for view in views {
         let mut row = ClassRow::of(location, &view);
         let spec = &view.spec;
@@ -228,6 +248,14 @@ pub fn attachment_rows(
             });
         }
         if let Some(codel) = spec.codel {
+            let leaf = has_leaf(&view).then(|| leaves.get(&spec.action.arg).copied());
+            let bulk_leaf = match leaf {
+                None => "none",
+                Some(None) => "unknown",
+                Some(Some(counts)) if counts.per_flow => "flow queues",
+                Some(Some(_)) => "fifo",
+            };
+            let leaf = leaf.flatten().unwrap_or_default();
             let (delay_ns, dropping) = attachment.shape_queue(view.id)?;
             let flows = attachment.shape_flows(view.id)?;
             row.codel = Some(CodelRow {
@@ -245,6 +273,9 @@ pub fn attachment_rows(
                 fair_dropped_packets: flows.stats.fair_dropped_packets,
                 fair_dropped_bytes: flows.stats.fair_dropped_bytes,
                 fair_marked_packets: flows.stats.fair_marked_packets,
+                bulk_leaf,
+                leaf_dropped_packets: leaf.dropped_packets,
+                leaf_marked_packets: leaf.marked_packets,
             });
         }
         if detail.level && spec.scope == Scope::Class {

@@ -277,6 +277,15 @@ impl Harness {
         classes.set(id, config, 0).unwrap();
     }
 
+    /// Marks class `id`'s bulk leaf as a queue per flow (`fair::FAIR_FLOW_QUEUES`, what
+    /// shaper sets where it made an fq_codel leaf).
+    fn with_flow_queues(&self, id: u32) {
+        let mut classes = self.attachment.classes().unwrap();
+        let mut config = classes.get(&id, 0).unwrap();
+        config.codel.fair |= shaper_common::fair::FAIR_FLOW_QUEUES;
+        classes.set(id, config, 0).unwrap();
+    }
+
     /// The program the harness drives: `shaper_clocked`, "now" from `skb->tstamp`.
     fn clocked(&self) -> &aya::programs::SchedClassifier {
         self.ebpf
@@ -1940,16 +1949,23 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
 /// never dropped; A, the only flow over its share, is held to what B leaves (5.6 Mbit/s
 /// within 5 % over the last 3 s), not to half the rate nor the whole; most drops count
 /// as fair drops (A beyond its cap), the rest are the class queue's CoDel's, on A alone.
-/// With `--fair none` (the one queue of before) B loses packets to A's queue.
+/// Marked as having a queue per flow in its leaf (fq_codel's CoDel then judges each flow),
+/// the class queue's CoDel drops nothing and B is still spared. With `--fair none` (the
+/// one queue of before) B loses packets to A's queue.
 #[test]
 fn fair_flows_hold_the_flow_over_its_share_and_spare_the_other() {
-    let run = |fair: &'static str| -> (u64, u64, u64, shaper_common::fair::ShapeStats) {
+    let run = |fair: &'static str,
+               flow_queues: bool|
+     -> (u64, u64, u64, shaper_common::fair::ShapeStats) {
         let harness = Harness::new(&[&[
             "bulk", "--proto", "udp", "--dport", "9300", "--rate", "8mbit", "--action", "shape",
             "--ecn", "off", "--fair", fair,
         ]]);
         let id = harness.class_id("bulk");
         harness.on_the_edt_path(id);
+        if flow_queues {
+            harness.with_flow_queues(id);
+        }
         let program = harness.clocked();
         let send = |sport: u16, now: u64| -> bool {
             let mut data = ipv4(V4::default(), udp(9300, 958)); // 1000 bytes on the wire
@@ -1991,7 +2007,7 @@ fn fair_flows_hold_the_flow_over_its_share_and_spare_the_other() {
         }
         (a_passed_late, b_sent, b_passed, causes)
     };
-    let (a_late, b_sent, b_passed, causes) = run("flow");
+    let (a_late, b_sent, b_passed, causes) = run("flow", false);
     let a_bps = a_late as f64 * 8000.0 / 3.0;
     println!(
         "fair flow: A {:.3} Mbit/s over the last 3 s, B passed {b_passed} of {b_sent}; {causes:?}",
@@ -2009,7 +2025,17 @@ fn fair_flows_hold_the_flow_over_its_share_and_spare_the_other() {
             && causes.fair_dropped_packets > causes.queue_dropped_packets,
         "{causes:?}"
     );
-    let (_, b_sent, b_passed, causes) = run("none");
+    // With a queue per flow in the leaf, its CoDel judges A's own queue: the class queue's
+    // CoDel drops nothing, and the cap alone holds A here (no leaf in a test run).
+    let (a_late, b_sent, b_passed, causes) = run("flow", true);
+    println!(
+        "fair flow, a queue per flow in the leaf: A {:.3} Mbit/s, B passed {b_passed} of {b_sent}; {causes:?}",
+        a_late as f64 * 8000.0 / 3.0 / 1e6
+    );
+    assert_eq!(b_passed, b_sent, "B, under its share, lost packets");
+    assert_eq!(causes.queue_dropped_packets, 0, "{causes:?}");
+    assert!(causes.fair_dropped_packets > 1000, "{causes:?}");
+    let (_, b_sent, b_passed, causes) = run("none", false);
     println!("fair none: B passed {b_passed} of {b_sent}; {causes:?}");
     assert!(b_passed < b_sent, "one queue spared B");
     assert_eq!(causes.fair_dropped_packets, 0, "{causes:?}");

@@ -104,8 +104,8 @@ enum Needs {
     Tcx,
     /// A kernel below the floor: the refusal (an ignored test, run only there).
     BelowFloor,
-    /// A kernel with the fq qdisc (each Debian kernel from the floor up; not the lab's):
-    /// shape's EDT path (an ignored test on the host).
+    /// A kernel with the fq and fq_codel qdiscs (each Debian kernel from the floor up; not
+    /// the lab's): shape's EDT path and the per-flow bulk leaf (ignored tests on the host).
     Fq,
 }
 
@@ -196,6 +196,11 @@ const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
         "latency",
         &["shape_at_10mbit_keeps_a_cubic_flows_queue_and_neighbours_short"],
         Needs::Any,
+    ),
+    (
+        "fairness",
+        &["per_flow_leaves_keep_cubic_at_half_and_its_queue_short_beside_a_udp_flood"],
+        Needs::Fq,
     ),
     (
         "bad_inputs",

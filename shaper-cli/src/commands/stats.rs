@@ -86,10 +86,14 @@ fn flows_text(row: &Value) -> String {
     }
 }
 
-/// A shape class's drops by cause: its queue's (CoDel, cap), and flows over their share.
+/// A shape class's drops by cause: its queue's (CoDel, cap; with a queue per flow in the
+/// leaf, the leaf's CoDel's too), and flows over their share.
 fn drop_causes_text(row: &Value) -> String {
     match row["queue_dropped_packets"].as_u64() {
-        Some(queue) => format!("{queue}/{}", counter(row, "fair_dropped_packets")),
+        Some(queue) => {
+            let queue = queue + counter(row, "leaf_dropped_packets");
+            format!("{queue}/{}", counter(row, "fair_dropped_packets"))
+        }
         None => "-".into(),
     }
 }

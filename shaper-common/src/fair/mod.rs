@@ -37,6 +37,12 @@ pub const FAIR_FLOW: u32 = 1;
 pub const FAIR_SRC: u32 = 2;
 /// Each destination address its share first, then each of its flows within it.
 pub const FAIR_DST: u32 = 3;
+/// The low bits of `codel.fair`: which of the above.
+pub const FAIR_MODE: u32 = 0xff;
+/// Set beside the mode when the class's bulk leaf is a queue per flow with a CoDel of its
+/// own (fq_codel, where the kernel has it): that leaf's CoDel judges each flow's real
+/// queue, so the program's CoDel on the class's one queue stands aside.
+pub const FAIR_FLOW_QUEUES: u32 = 1 << 8;
 
 /// 1.0 in the share multiplier's and the weights' fixed point (16 fraction bits).
 pub const SHARE_ONE: u64 = 1 << 16;

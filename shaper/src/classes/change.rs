@@ -315,6 +315,9 @@ fn resync_shaping(
         }
     }
     config.codel = rated.codel.unwrap_or_default().config(drain_rate);
+    if config.action_arg != 0 {
+        config.codel.fair |= qdisc::flow_queues_flag(config.codel.fair);
+    }
     config.sparse_cost = sparse_cost(drain_rate);
     Ok(())
 }
