@@ -117,11 +117,9 @@ pub struct CodelRow {
     pub fair_dropped_packets: u64,
     pub fair_dropped_bytes: u64,
     pub fair_marked_packets: u64,
-    /// The bulk leaf: `flow queues` (fq_codel, where the kernel has it: each flow's CoDel
-    /// is there, on its own real queue), `fifo`, `none` (EDT paces, no leaf) or `unknown`
-    /// (tc could not read it: the interface is gone); the
-    /// packets it dropped (its CoDel, or a full FIFO's tail) and CE-marked itself, not
-    /// part of `dropped_*` and `marked_*` (the program had passed them).
+    /// The bulk leaf (`flow queues`: fq_codel, each flow's CoDel there; `fifo`; `none`
+    /// under EDT; `unknown`: tc cannot list it) and what it dropped and CE-marked itself,
+    /// outside `dropped_*` and `marked_*` (the program had passed those packets).
     pub bulk_leaf: &'static str,
     pub leaf_dropped_packets: u64,
     pub leaf_marked_packets: u64,
@@ -211,9 +209,8 @@ pub fn attachment_rows(
         Default::default()
     };
     let mut rows = Vec::with_capacity(views.len());
-    // The HTB leaves' own counters: one tc call in the attachment's namespace, only where
-    // a shape class has a leaf. Unreadable (the interface gone): the leaves are unknown,
-    // the rest of the report stands.
+    // The HTB leaves' counters: one tc call in the attachment's namespace. Unreadable
+    // (the interface gone): the leaves are unknown, the rest of the report stands.
     let has_leaf = |view: &ClassView| view.spec.codel.is_some() && view.spec.action.arg != 0;
     let leaves = if views.iter().any(has_leaf) {
         crate::netns::in_namespace(&location.netns, || {
@@ -249,34 +246,7 @@ pub fn attachment_rows(
         }
         if let Some(codel) = spec.codel {
             let leaf = has_leaf(&view).then(|| leaves.get(&spec.action.arg).copied());
-            let bulk_leaf = match leaf {
-                None => "none",
-                Some(None) => "unknown",
-                Some(Some(counts)) if counts.per_flow => "flow queues",
-                Some(Some(_)) => "fifo",
-            };
-            let leaf = leaf.flatten().unwrap_or_default();
-            let (delay_ns, dropping) = attachment.shape_queue(view.id)?;
-            let flows = attachment.shape_flows(view.id)?;
-            row.codel = Some(CodelRow {
-                target: format_duration_ns(codel.target_ns),
-                interval: format_duration_ns(codel.interval_ns),
-                ecn: codel.ecn,
-                queue_delay_us: delay_ns / 1000,
-                codel_dropping: dropping,
-                fair: codel.fair.name(),
-                flows: flows.flows,
-                flows_over_share: flows.over_share,
-                fair_share_bps: fair_share(spec.drain().0, flows.share),
-                queue_dropped_packets: flows.stats.queue_dropped_packets,
-                queue_dropped_bytes: flows.stats.queue_dropped_bytes,
-                fair_dropped_packets: flows.stats.fair_dropped_packets,
-                fair_dropped_bytes: flows.stats.fair_dropped_bytes,
-                fair_marked_packets: flows.stats.fair_marked_packets,
-                bulk_leaf,
-                leaf_dropped_packets: leaf.dropped_packets,
-                leaf_marked_packets: leaf.marked_packets,
-            });
+            row.codel = Some(codel_row(attachment, &view, codel, leaf)?);
         }
         if detail.level && spec.scope == Scope::Class {
             // The word's own rate and burst (a shape class's in a tree drains at its ceil).
@@ -287,6 +257,44 @@ pub fn attachment_rows(
     }
     let keys_held = census.values().map(|owner| owner.held).sum();
     Ok(AttachmentRows { rows, keys_held })
+}
+
+/// A shape class's CoDel row; `leaf`: its bulk leaf's counters (`None` without an HTB leaf,
+/// `Some(None)` when tc did not list it).
+fn codel_row(
+    attachment: &Attachment,
+    view: &ClassView,
+    codel: classes::Codel,
+    leaf: Option<Option<crate::qdisc::LeafCounts>>,
+) -> Result<CodelRow> {
+    let bulk_leaf = match leaf {
+        None => "none",
+        Some(None) => "unknown",
+        Some(Some(counts)) if counts.per_flow => "flow queues",
+        Some(Some(_)) => "fifo",
+    };
+    let leaf = leaf.flatten().unwrap_or_default();
+    let (delay_ns, dropping) = attachment.shape_queue(view.id)?;
+    let flows = attachment.shape_flows(view.id)?;
+    Ok(CodelRow {
+        target: format_duration_ns(codel.target_ns),
+        interval: format_duration_ns(codel.interval_ns),
+        ecn: codel.ecn,
+        queue_delay_us: delay_ns / 1000,
+        codel_dropping: dropping,
+        fair: codel.fair.name(),
+        flows: flows.flows,
+        flows_over_share: flows.over_share,
+        fair_share_bps: fair_share(view.spec.drain().0, flows.share),
+        queue_dropped_packets: flows.stats.queue_dropped_packets,
+        queue_dropped_bytes: flows.stats.queue_dropped_bytes,
+        fair_dropped_packets: flows.stats.fair_dropped_packets,
+        fair_dropped_bytes: flows.stats.fair_dropped_bytes,
+        fair_marked_packets: flows.stats.fair_marked_packets,
+        bulk_leaf,
+        leaf_dropped_packets: leaf.dropped_packets,
+        leaf_marked_packets: leaf.marked_packets,
+    })
 }
 
 /// Every class of every attachment (in namespace `netns`, on `dev` when given), each
