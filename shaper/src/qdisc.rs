@@ -20,7 +20,7 @@ use std::process::Command;
 
 mod leaf;
 pub use leaf::LeafCounts;
-pub(crate) use leaf::{bulk_leaf_counts, flow_queues_flag, BulkQueue};
+pub(crate) use leaf::{bulk_leaf_counts, flow_queues_flag, BulkQueue, FlowQueues};
 use leaf::{set_flow_queues, set_leaf_qdisc};
 
 /// "SH": the major handle of shaper's HTB root.
@@ -279,11 +279,9 @@ fn set_tree(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<
         let per_flow = leaf == bulk_leaf(class_id);
         let leaf = handle_text(leaf);
         htb_class(&inner, &leaf, leaf_rate, ceil, prio)?;
-        if per_flow {
-            if let BulkQueue::PerFlow { .. } = class.bulk_queue {
-                if set_flow_queues(dev, &leaf, class, create)? {
-                    continue;
-                }
+        if let (true, BulkQueue::PerFlow(queues)) = (per_flow, class.bulk_queue) {
+            if set_flow_queues(dev, &leaf, class, queues, create)? {
+                continue;
             }
         }
         // Bounds the real queue (HTB's default leaf is a txqueuelen-long pfifo).

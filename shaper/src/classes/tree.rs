@@ -321,11 +321,11 @@ impl ClassSpec {
             qdisc::BulkQueue::Fifo
         } else {
             let config = codel.config(ceil);
-            qdisc::BulkQueue::PerFlow {
+            qdisc::BulkQueue::PerFlow(qdisc::FlowQueues {
                 target_ns: config.target_ns,
                 interval_ns: config.interval_ns,
                 ecn: codel.ecn,
-            }
+            })
         };
         qdisc::HtbClass {
             parent,

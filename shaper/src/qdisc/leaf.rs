@@ -17,11 +17,15 @@ pub(crate) enum BulkQueue {
     /// a UDP flood wait behind the flood's admitted share), each judged by a CoDel of its
     /// own at the class's settings (`fair::FAIR_FLOW_QUEUES`: the program's CoDel then
     /// judges no flow of the class's own queue; its fair caps still hold a flood).
-    PerFlow {
-        target_ns: u64,
-        interval_ns: u64,
-        ecn: bool,
-    },
+    PerFlow(FlowQueues),
+}
+
+/// A per-flow leaf's CoDel: the class's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FlowQueues {
+    pub target_ns: u64,
+    pub interval_ns: u64,
+    pub ecn: bool,
 }
 
 /// Whether the kernel lacks fq_codel (learnt once: tc's error on the first per-flow leaf).
@@ -33,8 +37,8 @@ static FLOW_QUEUES_MADE: AtomicBool = AtomicBool::new(false);
 /// whose HTB class was just made or changed (`set_class`): set when its bulk leaf is a
 /// queue per flow, so the program leaves each flow's CoDel to the leaf.
 pub(crate) fn flow_queues_flag(fair: u32) -> u32 {
-    let made = FLOW_QUEUES_MADE.load(Ordering::Relaxed) && !NO_FLOW_QUEUES.load(Ordering::Relaxed);
-    if fair != shaper_common::fair::FAIR_NONE && made {
+    // Made once means the kernel has fq_codel: every fair class's leaf is one.
+    if fair != shaper_common::fair::FAIR_NONE && FLOW_QUEUES_MADE.load(Ordering::Relaxed) {
         shaper_common::fair::FAIR_FLOW_QUEUES
     } else {
         0
@@ -67,12 +71,13 @@ pub(super) fn set_flow_queues(
     dev: &str,
     leaf: &str,
     class: &HtbClass,
+    queues: FlowQueues,
     create: bool,
 ) -> Result<bool> {
     if NO_FLOW_QUEUES.load(Ordering::Relaxed) {
         return Ok(false);
     }
-    let options = flow_queue_options(class.leaf_limit_bytes, class.bulk_queue);
+    let options = flow_queue_options(class.leaf_limit_bytes, queues);
     let mut args = vec!["fq_codel"];
     args.extend(options.iter().map(String::as_str));
     match set_leaf_qdisc(dev, leaf, &args, create) {
@@ -91,15 +96,12 @@ pub(super) fn set_flow_queues(
 /// fq_codel's options for a per-flow bulk leaf: its CoDel at the class's target, interval
 /// and ECN; its memory bounded to four times the bytes the class sends in its hard cap
 /// (an skb's truesize runs up to twice its length), its packet limit fq_codel's default.
-fn flow_queue_options(leaf_limit_bytes: u64, queue: BulkQueue) -> Vec<String> {
-    let BulkQueue::PerFlow {
+fn flow_queue_options(leaf_limit_bytes: u64, queues: FlowQueues) -> Vec<String> {
+    let FlowQueues {
         target_ns,
         interval_ns,
         ecn,
-    } = queue
-    else {
-        return Vec::new();
-    };
+    } = queues;
     let micros = |ns: u64| format!("{}us", ns.div_ceil(1000).max(1));
     vec![
         "limit".into(),
@@ -173,7 +175,7 @@ mod tests {
 
     #[test]
     fn a_per_flow_leaf_holds_its_codel_back_to_the_cap_and_bounds_its_memory() {
-        let queue = |target_ns, ecn| BulkQueue::PerFlow {
+        let queue = |target_ns, ecn| FlowQueues {
             target_ns,
             interval_ns: 100_000_000,
             ecn,
