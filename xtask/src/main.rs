@@ -51,6 +51,10 @@ enum Task {
         /// (a quick look: printed and kept in target/vm/rows-KERNEL.json, not published).
         #[arg(long, requires = "vm")]
         rows: Option<String>,
+        /// With --vm: only the flow isolation rows (beside CAKE and htb + fq_codel), kept
+        /// in target/vm/isolation-KERNEL.json and published as their own section.
+        #[arg(long, requires = "vm", conflicts_with = "rows")]
+        isolation: bool,
     },
     /// Mutation testing of shaper-common's arithmetic with cargo-mutants (hours; not in
     /// CI): prints and writes target/mutants/summary.md, fails below 90 % caught.
@@ -117,10 +121,16 @@ fn run(task: Task) -> Result<()> {
             vm,
             kernel,
             rows,
+            isolation,
         } => {
             require_root("bench")?;
             setup::setup()?;
             if vm {
+                let rows = if isolation {
+                    VmRows::Isolation
+                } else {
+                    rows.map_or(VmRows::All, VmRows::Named)
+                };
                 bench_vm(&kernel, rows)
             } else {
                 bench(quick, json)
@@ -355,31 +365,50 @@ fn test() -> Result<()> {
 /// `bench --vm`: the peers section in each kernel's guest, each guest's figures kept under
 /// target/vm, then published (docs/BENCHMARKS.md's section, its plot) and held to the
 /// targets by the bench driver on this host.
-fn bench_vm(kernels: &[String], rows: Option<String>) -> Result<()> {
-    let narrowed = rows.is_some();
-    if let Some(text) = rows {
-        vm::only_peers_rows(text);
+/// Which of the peers section's rows `bench --vm` runs.
+enum VmRows {
+    /// Every row: both sections published.
+    All,
+    /// The flow isolation rows: their section published.
+    Isolation,
+    /// The rows whose setup contains the text: a quick look, not published.
+    Named(String),
+}
+
+fn bench_vm(kernels: &[String], rows: VmRows) -> Result<()> {
+    let prefix = match &rows {
+        VmRows::All => "peers",
+        VmRows::Isolation => "isolation",
+        // A quick look (its tables were printed by the guest): kept apart from the
+        // published figures.
+        VmRows::Named(_) => "rows",
+    };
+    match rows {
+        VmRows::All => {}
+        // Every isolation row's setup starts so (`shaper-bench`'s `peer_setup`).
+        VmRows::Isolation => vm::only_peers_rows("isolation: ".to_string()),
+        VmRows::Named(text) => vm::only_peers_rows(text),
     }
     let outcomes = vm::vm_test(kernels, vm::Plan::Bench)?;
     let dir = workspace_root().join("target/vm");
-    // A narrowed run is a quick look (its tables were printed by the guest): kept apart
-    // from the published figures.
-    let prefix = if narrowed { "rows" } else { "peers" };
     for outcome in &outcomes {
         let path = dir.join(format!("{prefix}-{}.json", outcome.kernel));
         std::fs::write(&path, outcome.report.join("\n"))?;
         println!("[xtask] {}'s figures: {}", outcome.kernel, path.display());
     }
-    if narrowed {
+    if prefix == "rows" {
         return Ok(());
     }
     // Every kernel measured so far (one at a time is fine: `--kernel 6.12`, then 6.1),
-    // newest kernel first; each table carries its kernel and date.
+    // newest kernel first; each table carries its kernel and date, and the bench takes
+    // each kernel's newest isolation rows from the files that have them.
     let mut files: Vec<String> = std::fs::read_dir(&dir)?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| {
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-            name.is_some_and(|n| n.starts_with("peers-") && n.ends_with(".json"))
+            name.is_some_and(|n| {
+                (n.starts_with("peers-") || n.starts_with("isolation-")) && n.ends_with(".json")
+            })
         })
         .map(|path| path.display().to_string())
         .collect();

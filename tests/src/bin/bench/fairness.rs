@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result};
 use serde_json::{json, Value};
 use shaper_tests::{
     fairness::{add_second_client, run_cell, tcp, udp_flood, Shares, SECOND_CLIENT_V4},
-    shape_to_server, Lab, Tcp, Udp, ROUTER_TO_SERVER,
+    shape_to_server, Lab, Tcp, Udp, ROUTER_TO_CLIENT, ROUTER_TO_SERVER,
 };
 use std::time::Duration;
 
@@ -315,11 +315,19 @@ pub fn check(report: &Value) -> Vec<String> {
 /// peers section): CAKE with its defaults (`triple-isolate`, `rtt 100ms`), CAKE with `rtt`
 /// at the path's RTT, and htb + fq_codel, each in the router's egress toward the server
 /// in place of shaper's class, at 10 Mbit/s on the µs path and over 40 ms (netem).
-const CAKE: &str = "cake";
-const CAKE_RTT: &str = "cake, rtt of the path";
-const HTB_FQ_CODEL: &str = "htb + fq_codel";
+pub const CAKE: &str = "cake";
+pub const CAKE_RTT: &str = "cake, rtt of the path";
+pub const HTB_FQ_CODEL: &str = "htb + fq_codel";
 /// shaper's row beside them: one shape class, its defaults (fair by flow, HTB + CoDel).
-const SHAPER: &str = "shaper shape";
+pub const SHAPER: &str = "shaper shape";
+/// The same with the router's ingress splitting aggregates (`attach --split-aggregates`),
+/// what docs/GUIDE.md asks of a router whose senders use TSO: CAKE splits them itself
+/// (`split-gso`, on by default below 1 Gbit/s), HTB's leaf and fq_codel do not.
+pub const SHAPER_SPLIT: &str = "shaper shape, aggregates split";
+/// Every isolation row's limiter, in the order a cell runs them.
+const PEER_LIMITERS: [&str; 5] = [SHAPER, SHAPER_SPLIT, CAKE, CAKE_RTT, HTB_FQ_CODEL];
+/// Each isolation row's run (s).
+pub const PEER_SECONDS: u32 = 30;
 const PEER_RATE: &str = "10mbit";
 const PEER_RATE_BPS: f64 = 10e6;
 
@@ -370,6 +378,10 @@ fn peer_configuration(limiter: &str, one_way: Option<Duration>) -> String {
             .map(|words| words.join(" "))
             .collect::<Vec<_>>()
             .join("; "),
+        SHAPER_SPLIT => format!(
+            "shaper attach {ROUTER_TO_CLIENT} --direction ingress --split-aggregates; {}",
+            peer_configuration(SHAPER, one_way)
+        ),
         _ => format!(
             "shaper attach {ROUTER_TO_SERVER}; shaper class add bulk --dev {ROUTER_TO_SERVER} --rate {PEER_RATE} --action shape (fair by flow, burst 128k, CoDel 5/100 ms; HTB leaf fq_codel with the class's CoDel)"
         ),
@@ -377,9 +389,15 @@ fn peer_configuration(limiter: &str, one_way: Option<Duration>) -> String {
 }
 
 fn install_peer(lab: &Lab, limiter: &str, one_way: Option<Duration>) -> Result<()> {
-    if limiter == SHAPER {
+    if limiter == SHAPER || limiter == SHAPER_SPLIT {
         // The default path (a peers row before may have asked for EDT).
         std::env::set_var("SHAPER_SHAPE_BACKEND", "htb");
+        if limiter == SHAPER_SPLIT {
+            lab.router.attach(
+                ROUTER_TO_CLIENT,
+                &["--direction", "ingress", "--split-aggregates"],
+            )?;
+        }
         lab.router.attach(ROUTER_TO_SERVER, &[])?;
         lab.router
             .class_add("bulk", ROUTER_TO_SERVER, &shape_to_server(PEER_RATE))?;
@@ -402,13 +420,19 @@ fn peer_setup(limiter: &str, one_way: Option<Duration>, traffic: Traffic) -> Str
     )
 }
 
+/// Every isolation row's setup (what `--rows TEXT` is matched against).
+pub fn peer_rows() -> Vec<String> {
+    peer_cells()
+        .into_iter()
+        .flat_map(|(one_way, traffic)| {
+            PEER_LIMITERS.map(|limiter| peer_setup(limiter, one_way, traffic))
+        })
+        .collect()
+}
+
 /// Whether `--rows TEXT` names any isolation row.
 pub fn any_peer_row(text: &str) -> bool {
-    peer_cells().iter().any(|&(one_way, traffic)| {
-        [SHAPER, CAKE, CAKE_RTT, HTB_FQ_CODEL]
-            .iter()
-            .any(|limiter| peer_setup(limiter, one_way, traffic).contains(text))
-    })
+    peer_rows().iter().any(|setup| setup.contains(text))
 }
 
 /// Runs the isolation rows (those whose setup contains `rows`, if given) in this kernel,
@@ -416,13 +440,13 @@ pub fn any_peer_row(text: &str) -> bool {
 pub fn beside_peers(rows: Option<&str>) -> Result<Vec<Value>> {
     let mut out = Vec::new();
     let effort = FairnessEffort {
-        seconds: 30,
+        seconds: PEER_SECONDS,
         steady_from: 10.0,
         cells: Vec::new(),
         targets: false,
     };
     for (one_way, traffic) in peer_cells() {
-        for limiter in [SHAPER, CAKE, CAKE_RTT, HTB_FQ_CODEL] {
+        for limiter in PEER_LIMITERS {
             let setup = peer_setup(limiter, one_way, traffic);
             if rows.is_some_and(|text| !setup.contains(text)) {
                 continue;
@@ -435,7 +459,21 @@ pub fn beside_peers(rows: Option<&str>) -> Result<Vec<Value>> {
             let cell = cell(PEER_RATE, PEER_RATE_BPS, None, traffic);
             let shares = run(&mut lab, &effort, cell).with_context(|| setup.clone())?;
             let base_rtt_ms = one_way.map_or(0.0, |d| 2.0 * d.as_secs_f64() * 1e3);
-            println!("{setup:64} {shares}");
+            // Where shaper's losses were: its class queue, a flow's cap, or the leaf.
+            let drops = if limiter == SHAPER || limiter == SHAPER_SPLIT {
+                let row = lab.router.stats_row("bulk")?;
+                json!({
+                    "queue": row["queue_dropped_packets"],
+                    "fair": row["fair_dropped_packets"],
+                    "leaf": row["leaf_dropped_packets"],
+                    "leaf_marked": row["leaf_marked_packets"],
+                    "mean_packet_bytes": row["passed_bytes"].as_u64().unwrap_or(0)
+                        / row["passed_packets"].as_u64().unwrap_or(0).max(1),
+                })
+            } else {
+                Value::Null
+            };
+            println!("{setup:64} {shares}; shaper's drops {drops}");
             out.push(json!({
                 "setup": setup,
                 "limiter": limiter,
@@ -447,6 +485,7 @@ pub fn beside_peers(rows: Option<&str>) -> Result<Vec<Value>> {
                 "total": shares.total(),
                 "jain": shares.jain(),
                 "rtt_over_base_ms": (shares.worst_rtt_ms() - base_rtt_ms).max(0.0),
+                "shaper_drops": drops,
             }));
         }
     }
@@ -456,11 +495,20 @@ pub fn beside_peers(rows: Option<&str>) -> Result<Vec<Value>> {
 /// The isolation rows' table (markdown).
 pub fn peers_table(rows: &[Value]) -> String {
     let mut out = String::from(
-        "\n| path | traffic | limiter | TCP | UDP | together | Jain | worst TCP RTT over base ms | configuration |\n|---|---|---|---|---|---|---|---|---|\n",
+        "\n| path | traffic | limiter | TCP | UDP | together | Jain | worst TCP RTT over base ms | shaper's drops: class queue / flow caps / leaf; mean packet bytes | configuration |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
+        let drops = &row["shaper_drops"];
+        let drops = if drops.is_object() {
+            format!(
+                "{} / {} / {}; {}",
+                drops["queue"], drops["fair"], drops["leaf"], drops["mean_packet_bytes"]
+            )
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.1} | `{}` |\n",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.1} | {drops} | `{}` |\n",
             row["path"].as_str().unwrap_or_default(),
             row["traffic"].as_str().unwrap_or_default(),
             row["limiter"].as_str().unwrap_or_default(),
@@ -475,10 +523,16 @@ pub fn peers_table(rows: &[Value]) -> String {
     out
 }
 
-/// Issue 50's comparison in one kernel's rows: in every cell shaper's smallest TCP share
-/// within 0.03 of `peer`'s, and its worst TCP RTT no more than `peer`'s + 3 ms. Each line
-/// says what held or broke (a cell without both rows is broken).
-pub fn check_beside(rows: &[Value], kernel: &str, peer: &str) -> (Vec<String>, Vec<String>) {
+/// Issue 50's comparison in one kernel's rows: in every cell the smallest TCP share of
+/// shaper's row `ours` within 0.03 of `peer`'s, and its worst TCP RTT no more than
+/// `peer`'s + 3 ms. Each line says what held or broke (a cell without both rows is
+/// broken).
+pub fn check_beside(
+    rows: &[Value],
+    kernel: &str,
+    (ours, peer): (&str, &str),
+) -> (Vec<String>, Vec<String>) {
+    let shaper = ours;
     let (mut held, mut broken) = (Vec::new(), Vec::new());
     let least = |row: &Value| floats(&row["tcp"]).into_iter().fold(f64::MAX, f64::min);
     let rtt = |row: &Value| row["rtt_over_base_ms"].as_f64().unwrap_or(f64::NAN);
@@ -491,7 +545,7 @@ pub fn check_beside(rows: &[Value], kernel: &str, peer: &str) -> (Vec<String>, V
             })
         };
         let cell = format!("{kernel}, {}, {}", traffic.name(), path_name(one_way));
-        let (Some(ours), Some(theirs)) = (find(SHAPER), find(peer)) else {
+        let (Some(ours), Some(theirs)) = (find(shaper), find(peer)) else {
             broken.push(format!("{cell}: a row is missing"));
             continue;
         };
@@ -509,7 +563,7 @@ pub fn check_beside(rows: &[Value], kernel: &str, peer: &str) -> (Vec<String>, V
                 rtt(ours) <= rtt(theirs) + 3.0,
             ),
         ] {
-            let line = format!("{cell}, {what}: shaper {a:.3}, {peer} {b:.3}");
+            let line = format!("{cell}, {what}: {shaper} {a:.3}, {peer} {b:.3}");
             if ok {
                 held.push(line);
             } else {
@@ -565,24 +619,32 @@ mod tests {
     #[test]
     fn isolation_is_held_within_cake_s_share_less_0_03_and_rtt_plus_3_ms() {
         let cells = peer_cells().len();
-        let (held, broken) = check_beside(&peer_rows((&[0.46], 8.0), (&[0.48], 6.0)), "k", CAKE);
+        let (held, broken) = check_beside(
+            &peer_rows((&[0.46], 8.0), (&[0.48], 6.0)),
+            "k",
+            (SHAPER, CAKE),
+        );
         assert_eq!((held.len(), broken.len()), (2 * cells, 0), "{broken:?}");
         // The smallest of a cell's TCP shares is the one compared.
         let (_, broken) = check_beside(
             &peer_rows((&[0.50, 0.44], 5.0), (&[0.48, 0.48], 5.0)),
             "k",
-            CAKE,
+            (SHAPER, CAKE),
         );
         assert_eq!(broken.len(), cells, "{broken:?}");
-        assert!(broken[0].contains("smallest TCP share: shaper 0.440, cake 0.480"));
+        assert!(broken[0].contains("smallest TCP share: shaper shape 0.440, cake 0.480"));
         // 3.5 ms more RTT than CAKE is beyond.
-        let (_, broken) = check_beside(&peer_rows((&[0.48], 9.5), (&[0.48], 6.0)), "k", CAKE);
+        let (_, broken) = check_beside(
+            &peer_rows((&[0.48], 9.5), (&[0.48], 6.0)),
+            "k",
+            (SHAPER, CAKE),
+        );
         assert_eq!(broken.len(), cells, "{broken:?}");
         // A cell without CAKE's row is broken, not skipped.
         let (_, broken) = check_beside(
             &peer_rows((&[0.48], 5.0), (&[0.48], 5.0)),
             "k",
-            HTB_FQ_CODEL,
+            (SHAPER, HTB_FQ_CODEL),
         );
         assert_eq!(broken.len(), cells);
         assert!(broken[0].ends_with("a row is missing"));

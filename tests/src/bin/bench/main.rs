@@ -357,13 +357,13 @@ fn main() -> Result<()> {
         println!("wrote {}", path.display());
     }
     if let Some(path) = &options.report {
-        // The peers section comes from Debian's kernels (`bench --vm`): kept as it is.
-        let kept = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|old| peers::section_of(&old));
+        // The sections from Debian's kernels (`bench --vm`) are kept as they are.
+        let old = std::fs::read_to_string(path).unwrap_or_default();
         let mut text = markdown(&report);
-        if let Some(section) = kept {
-            text = peers::with_section(&text, &section);
+        for kept in [&peers::PEERS, &peers::ISOLATION] {
+            if let Some(section) = kept.of(&old) {
+                text = kept.replace_in(&text, &section);
+            }
         }
         std::fs::write(path, text)?;
         println!("wrote {}", path.display());

@@ -32,9 +32,24 @@ const FIGURES: [&str; 6] = [
     "probes_lost",
     "drops",
 ];
-/// Where the section starts and ends in docs/BENCHMARKS.md (the full bench keeps it).
-pub const BEGIN: &str = "<!-- peers: written by `cargo xtask bench --vm` -->";
-pub const END: &str = "<!-- peers: end -->";
+/// A section of docs/BENCHMARKS.md that `bench --vm` writes between its two markers (the
+/// full bench on this host keeps it as it is).
+pub struct Section {
+    begin: &'static str,
+    end: &'static str,
+}
+
+/// Latency under load beside the peers.
+pub const PEERS: Section = Section {
+    begin: "<!-- peers: written by `cargo xtask bench --vm` -->",
+    end: "<!-- peers: end -->",
+};
+/// Flow isolation beside CAKE and htb + fq_codel (`bench --vm --isolation` alone, or the
+/// full `bench --vm`).
+pub const ISOLATION: Section = Section {
+    begin: "<!-- isolation: written by `cargo xtask bench --vm` -->",
+    end: "<!-- isolation: end -->",
+};
 
 /// One row: a limiter, its rate, the path, the load.
 #[derive(Clone, Debug)]
@@ -224,14 +239,8 @@ pub fn run(rows: Option<&str>) -> Result<Value> {
         .trim()
         .to_string();
     let started = std::time::Instant::now();
+    // `--rows TEXT` may name isolation rows only (then no latency row runs).
     let cases = cases_named(rows)?;
-    // `--rows TEXT` may name isolation rows only.
-    let cases: Vec<PeerCase> = match rows {
-        Some(text) if cases.is_empty() && !crate::fairness::any_peer_row(text) => {
-            bail!("--rows {text:?} matches no row (the setups of `--only peers` and the isolation rows)")
-        }
-        _ => cases,
-    };
     let mut runs: Vec<Vec<Value>> = vec![Vec::new(); cases.len()];
     for pass in 0..TARGET_RUNS {
         for (case, runs) in cases.iter().zip(&mut runs) {
@@ -282,12 +291,14 @@ fn cases_named(rows: Option<&str>) -> Result<Vec<PeerCase>> {
         .cloned()
         .collect();
     if chosen.is_empty() && !crate::fairness::any_peer_row(text) {
+        let names: Vec<String> = all
+            .iter()
+            .map(PeerCase::setup)
+            .chain(crate::fairness::peer_rows())
+            .collect();
         bail!(
             "--rows {text:?} matches no row; the rows are: {}",
-            all.iter()
-                .map(PeerCase::setup)
-                .collect::<Vec<_>>()
-                .join("; ")
+            names.join("; ")
         );
     }
     Ok(chosen)
@@ -433,14 +444,72 @@ fn table(report: &Value) -> String {
     out
 }
 
-/// `--publish-peers FILE,FILE --report docs/BENCHMARKS.md`: writes the section (tables,
-/// plots, targets) into the report in place of the last one; fails when a target broke.
+/// `--publish-peers FILE,FILE --report docs/BENCHMARKS.md`: writes the sections the files
+/// carry into the report in place of the last ones: the latency rows' (tables, plots,
+/// targets) from every file with them, the isolation rows' from the newest file of each
+/// kernel with them; a section no file carries is kept. Fails when a target broke.
 pub fn publish(files: &[String], report: &Path) -> Result<()> {
+    let mut parsed = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {file}"))?;
+        let value: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{file} is not the bench's JSON"))?;
+        parsed.push(value);
+    }
+    let mut text = std::fs::read_to_string(report).unwrap_or_default();
+    let mut all_broken = Vec::new();
+    let with_rows: Vec<&Value> = parsed
+        .iter()
+        .filter(|file| file["rows"].as_array().is_some_and(|rows| !rows.is_empty()))
+        .collect();
+    if !with_rows.is_empty() {
+        let (section, broken) = latency_section(&with_rows, report)?;
+        text = PEERS.replace_in(&text, &section);
+        all_broken.extend(broken);
+    }
+    let isolation = newest_isolation_by_kernel(&parsed);
+    if !isolation.is_empty() {
+        let (section, broken) = isolation_section(&isolation);
+        text = ISOLATION.replace_in(&text, &section);
+        all_broken.extend(broken);
+    }
+    std::fs::write(report, text)?;
+    println!("wrote {}", report.display());
+    for line in &all_broken {
+        println!("missed: {line}");
+    }
+    if !all_broken.is_empty() {
+        bail!("{} target(s) missed", all_broken.len());
+    }
+    Ok(())
+}
+
+/// Of the files with isolation rows, the newest of each kernel (by its date), newest
+/// kernel first.
+fn newest_isolation_by_kernel(files: &[Value]) -> Vec<&Value> {
+    let mut chosen: Vec<&Value> = Vec::new();
+    for file in files.iter().filter(|file| !isolation_of(file).is_empty()) {
+        match chosen
+            .iter_mut()
+            .find(|kept| kept["kernel"] == file["kernel"])
+        {
+            Some(kept) if kept["date"].as_str() < file["date"].as_str() => *kept = file,
+            Some(_) => {}
+            None => chosen.push(file),
+        }
+    }
+    chosen.sort_by(|a, b| b["kernel"].as_str().cmp(&a["kernel"].as_str()));
+    chosen
+}
+
+/// The latency section: each file's table, its plot (written beside `report`), and the
+/// targets against CAKE; with the targets it missed.
+fn latency_section(files: &[&Value], report: &Path) -> Result<(String, Vec<String>)> {
     crate::plots::register_font()?;
     let dir = report.parent().unwrap_or(Path::new(".")).join("bench");
     std::fs::create_dir_all(&dir)?;
     let mut section = format!(
-        "{BEGIN}\n## Beside CAKE, fq_codel, tbf and fq (Debian's kernels under qemu)\n\n\
+        "{}\n## Beside CAKE, fq_codel, tbf and fq (Debian's kernels under qemu)\n\n\
          `cargo xtask bench --vm` runs these rows inside Debian 12's own kernels (the lab's \
          kernel has none of fq, fq_codel, CAKE or netem), booted under qemu with TCG here \
          (emulated: a guest's CPU is some ten times slower than the host's, so rates stay at \
@@ -454,15 +523,13 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
          the rate): it stands in for Cilium's per-pod EDT, whose aggregate rate a BPF program \
          sets, like shaper's EDT path. Target (issue 35): shaper's shape on its default path, one and four \
          Cubic flows, the median of {TARGET_RUNS} runs of each cell, goodput ≥ CAKE's − 0.02, bulk added RTT p50 ≤ CAKE's + 3 ms, probe p99 ≤ \
-         CAKE's + 2 ms.\n"
+         CAKE's + 2 ms.\n",
+        PEERS.begin
     );
     let mut all_broken = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {file}"))?;
-        let parsed: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{file} is not the bench's JSON"))?;
+    for &parsed in files {
         let kernel = parsed["kernel"].as_str().unwrap_or("unknown").to_string();
-        section.push_str(&table(&parsed));
+        section.push_str(&table(parsed));
         let name = format!("peers-{kernel}.png");
         let series: crate::latency::RttSeries = parsed["rows"]
             .as_array()
@@ -494,8 +561,8 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
         ));
         // The targets hold shape's default path (HTB + CoDel); the EDT path, asked for by
         // name, is compared the same way and reported.
-        let (held, broken) = check(&parsed, Limiter::Shape);
-        let (edt_held, edt_broken) = check(&parsed, Limiter::ShapeEdt);
+        let (held, broken) = check(parsed, Limiter::Shape);
+        let (edt_held, edt_broken) = check(parsed, Limiter::ShapeEdt);
         section.push_str("\nTargets against CAKE (shape's default path, HTB + CoDel):\n\n");
         for line in &held {
             section.push_str(&format!("- held: {line}\n"));
@@ -510,14 +577,45 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
         for line in &edt_broken {
             section.push_str(&format!("- beyond: {line}\n"));
         }
+        println!("{}", table(parsed));
+        all_broken.extend(broken);
+    }
+    section.push_str(&format!("\n{}\n", PEERS.end));
+    Ok((section, all_broken))
+}
+
+/// The isolation section: each kernel's rows, held against CAKE's defaults and reported
+/// against CAKE with the path's RTT and htb + fq_codel; with the targets it missed.
+fn isolation_section(files: &[&Value]) -> (String, Vec<String>) {
+    let mut section = format!(
+        "{}\n## Flow isolation beside CAKE and htb + fq_codel (Debian's kernels under qemu)\n\n\
+         `cargo xtask bench --vm --isolation` (or the full `bench --vm`) runs these rows in \
+         Debian 12's kernels under qemu (TCG here), each a fresh lab as above: one class (or \
+         qdisc) of 10 Mbit/s on the router's egress toward the server matching everything, \
+         {} s runs from 10 s on, on the µs path and over 40 ms (netem). TCP's goodput and \
+         UDP's rate received are over the rate; Jain's index is the TCP flows'; the RTT is \
+         the worst TCP flow's mean smoothed RTT over the base. Senders use TSO, so forwarded \
+         traffic reaches the router as 64 KiB aggregates: CAKE splits them itself \
+         (`split-gso`), HTB and fq_codel do not, and shaper's second row splits them on the \
+         router's ingress as docs/GUIDE.md asks of a router (`attach r0 --direction ingress \
+         --split-aggregates`). Target (issue 50): shaper's default row's smallest TCP share \
+         within 0.03 of CAKE's and its worst TCP RTT within CAKE's + 3 ms, in every cell.\n",
+        ISOLATION.begin,
+        crate::fairness::PEER_SECONDS,
+    );
+    let mut all_broken = Vec::new();
+    for &parsed in files {
+        let kernel = parsed["kernel"].as_str().unwrap_or("unknown").to_string();
         // Flow isolation (issue 50): held against CAKE's defaults, reported against CAKE
         // with the path's RTT and htb + fq_codel.
-        let isolation = isolation_of(&parsed);
+        let isolation = isolation_of(parsed);
         section.push_str(&format!(
-            "\nFlow isolation on {kernel} (issue 50): one class of 10 Mbit/s matching everything, TCP's goodput and UDP's rate received over the rate, Jain's index of the TCP flows, the worst TCP flow's mean RTT over the base; one run of each row:\n"
+            "\n### {kernel} ({}; one run of each row)\n",
+            parsed["date"].as_str().unwrap_or("?")
         ));
         section.push_str(&crate::fairness::peers_table(&isolation));
-        let (iso_held, iso_broken) = crate::fairness::check_beside(&isolation, &kernel, "cake");
+        use crate::fairness::{check_beside, CAKE, CAKE_RTT, HTB_FQ_CODEL, SHAPER, SHAPER_SPLIT};
+        let (iso_held, iso_broken) = check_beside(&isolation, &kernel, (SHAPER, CAKE));
         section.push_str("\nIsolation targets against CAKE's defaults (smallest TCP share within 0.03, worst TCP RTT within + 3 ms):\n\n");
         for line in &iso_held {
             section.push_str(&format!("- held: {line}\n"));
@@ -525,10 +623,16 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
         for line in &iso_broken {
             section.push_str(&format!("- **missed**: {line}\n"));
         }
-        for peer in ["cake, rtt of the path", "htb + fq_codel"] {
-            let (within, beyond) = crate::fairness::check_beside(&isolation, &kernel, peer);
+        for pair in [
+            (SHAPER, CAKE_RTT),
+            (SHAPER, HTB_FQ_CODEL),
+            (SHAPER_SPLIT, CAKE),
+            (SHAPER_SPLIT, CAKE_RTT),
+        ] {
+            let (within, beyond) = check_beside(&isolation, &kernel, pair);
             section.push_str(&format!(
-                "\nThe same against {peer} (reported, not held):\n\n"
+                "\nThe same, {} against {} (reported, not held):\n\n",
+                pair.0, pair.1
             ));
             for line in &within {
                 section.push_str(&format!("- within: {line}\n"));
@@ -537,41 +641,32 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
                 section.push_str(&format!("- beyond: {line}\n"));
             }
         }
-        println!("{}", table(&parsed));
         println!("{}", crate::fairness::peers_table(&isolation));
-        for line in broken.iter().chain(&iso_broken) {
-            println!("missed: {line}");
-        }
-        all_broken.extend(broken);
         all_broken.extend(iso_broken);
     }
-    section.push_str(&format!("\n{END}\n"));
-    let old = std::fs::read_to_string(report).unwrap_or_default();
-    std::fs::write(report, with_section(&old, &section))?;
-    println!("wrote {}", report.display());
-    if !all_broken.is_empty() {
-        bail!("{} target(s) missed", all_broken.len());
-    }
-    Ok(())
+    section.push_str(&format!("\n{}\n", ISOLATION.end));
+    (section, all_broken)
 }
 
-/// `text` with its peers section replaced by `section` (appended when it has none).
-pub fn with_section(text: &str, section: &str) -> String {
-    match (text.find(BEGIN), text.find(END)) {
-        (Some(start), Some(end)) if end > start => {
-            let after = end + END.len();
-            let rest = text[after..].strip_prefix('\n').unwrap_or(&text[after..]);
-            format!("{}{section}{rest}", &text[..start])
+impl Section {
+    /// `text` with this section replaced by `section` (appended when it has none).
+    pub fn replace_in(&self, text: &str, section: &str) -> String {
+        match (text.find(self.begin), text.find(self.end)) {
+            (Some(start), Some(end)) if end > start => {
+                let after = end + self.end.len();
+                let rest = text[after..].strip_prefix('\n').unwrap_or(&text[after..]);
+                format!("{}{section}{rest}", &text[..start])
+            }
+            _ => format!("{}\n\n{section}", text.trim_end()),
         }
-        _ => format!("{}\n\n{section}", text.trim_end()),
     }
-}
 
-/// The peers section of a report `text`, to keep when the rest is written anew.
-pub fn section_of(text: &str) -> Option<String> {
-    let start = text.find(BEGIN)?;
-    let end = text.find(END)?;
-    (end > start).then(|| format!("{}\n", &text[start..end + END.len()]))
+    /// This section of a report `text`, to keep when the rest is written anew.
+    pub fn of(&self, text: &str) -> Option<String> {
+        let start = text.find(self.begin)?;
+        let end = text.find(self.end)?;
+        (end > start).then(|| format!("{}\n", &text[start..end + self.end.len()]))
+    }
 }
 
 #[cfg(test)]
@@ -580,16 +675,45 @@ mod tests {
 
     #[test]
     fn the_section_is_replaced_in_place_and_kept() {
-        let section = format!("{BEGIN}\nnew\n{END}\n");
-        let text = format!("# head\n{BEGIN}\nold\n{END}\n## tail\n");
-        let replaced = with_section(&text, &section);
-        assert_eq!(replaced, format!("# head\n{BEGIN}\nnew\n{END}\n## tail\n"));
-        assert_eq!(section_of(&replaced).as_deref(), Some(section.as_str()));
+        let (begin, end) = (PEERS.begin, PEERS.end);
+        let section = format!("{begin}\nnew\n{end}\n");
+        let text = format!("# head\n{begin}\nold\n{end}\n## tail\n");
+        let replaced = PEERS.replace_in(&text, &section);
+        assert_eq!(replaced, format!("# head\n{begin}\nnew\n{end}\n## tail\n"));
+        assert_eq!(PEERS.of(&replaced).as_deref(), Some(section.as_str()));
+        assert_eq!(ISOLATION.of(&replaced), None, "the other section is apart");
         assert_eq!(
-            with_section("# head\n", &section),
+            PEERS.replace_in("# head\n", &section),
             format!("# head\n\n{section}")
         );
-        assert_eq!(section_of("# head\n"), None);
+        assert_eq!(PEERS.of("# head\n"), None);
+    }
+
+    #[test]
+    fn each_kernel_publishes_its_newest_isolation_rows() {
+        let file = |kernel: &str, date: &str, rows: usize| {
+            json!({"kernel": kernel, "date": date, "rows": [],
+                "isolation": vec![json!({"limiter": "cake"}); rows]})
+        };
+        let files = [
+            file("6.1", "2026-12-04 18:20 UTC", 40),
+            file("6.12", "2026-12-06 12:30 UTC", 40),
+            file("6.12", "2026-12-04 17:47 UTC", 40),
+            // A run before the isolation rows: nothing to publish.
+            file("6.1", "2026-12-07 08:00 UTC", 0),
+        ];
+        let chosen = newest_isolation_by_kernel(&files);
+        let seen: Vec<(&str, &str)> = chosen
+            .iter()
+            .map(|f| (f["kernel"].as_str().unwrap(), f["date"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("6.12", "2026-12-06 12:30 UTC"),
+                ("6.1", "2026-12-04 18:20 UTC")
+            ]
+        );
     }
 
     #[test]
@@ -602,6 +726,12 @@ mod tests {
         assert_eq!(cases_named(None).unwrap().len(), cases().len());
         let error = cases_named(Some("5 flows")).unwrap_err().to_string();
         assert!(error.contains("matches no row") && error.contains("cake, 20 Mbit/s"));
+        assert!(error.contains("isolation: bbr beside UDP at 2x, µs, "));
+        // Isolation rows alone: no latency row, and no error.
+        assert!(cases_named(Some("isolation")).unwrap().is_empty());
+        assert!(cases_named(Some("bbr beside UDP at 2x, µs"))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
