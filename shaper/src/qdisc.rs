@@ -19,9 +19,12 @@ use shaper_common::codel::SPARSE_RATE_DIVISOR;
 use std::process::Command;
 
 mod leaf;
+mod redirect;
 pub use leaf::LeafCounts;
 pub(crate) use leaf::{bulk_leaf_counts, flow_queues_flag, BulkQueue, FlowQueues};
 use leaf::{set_flow_queues, set_leaf_qdisc};
+pub(crate) use redirect::require_ifb_redirect;
+pub use redirect::{ifb_redirect_works, IFB_REDIRECT_KERNEL};
 
 /// "SH": the major handle of shaper's HTB root.
 pub(crate) const HTB_MAJOR: u32 = 0x5348;

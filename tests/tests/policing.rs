@@ -906,3 +906,105 @@ fn a_udp_header_past_16_kib_meets_no_port_class() {
         "the datagrams did not meet the first-ranked UDP port class"
     );
 }
+
+/// Linux 6.4 made an ifb take what a BPF program redirects to it; before, it drops every
+/// such packet, so an ingress shape class's traffic, or all of an interface that splits
+/// aggregates, would vanish (Debian 12's 6.1: a router splitting its ingress forwarded
+/// nothing). Where the kernel has it, the router's ingress splitting aggregates and then
+/// an ingress shape class there carry the client's pings to the server; where it does
+/// not, each is refused in one line, exit 1, no ifb is made and the attachment's class is
+/// kept. Runs in the lab and in Debian's 6.1 and 6.12 guests.
+#[test]
+fn ifb_paths_carry_traffic_or_are_refused_where_the_kernel_drops_redirects() {
+    let lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    router
+        .attach(ROUTER_TO_CLIENT, &["--direction", "ingress"])
+        .unwrap();
+    let keep = [
+        "--rate",
+        "100mbit",
+        "--direction",
+        "ingress",
+        "--proto",
+        "udp",
+        "--dport",
+        "9",
+    ];
+    router.class_add("keep", ROUTER_TO_CLIENT, &keep).unwrap();
+    let split = [
+        "attach",
+        ROUTER_TO_CLIENT,
+        "--direction",
+        "ingress",
+        "--split-aggregates",
+    ];
+    let shape = [
+        "class",
+        "add",
+        "in-shape",
+        "--dev",
+        ROUTER_TO_CLIENT,
+        "--direction",
+        "ingress",
+        "--rate",
+        "10mbit",
+        "--action",
+        "shape",
+    ];
+    let pings_answered = || {
+        for ns in [&lab.client, &lab.router, &lab.server] {
+            ns.run("ip", &["neigh", "flush", "all"]).unwrap();
+        }
+        let ping = lab
+            .client
+            .run("ping", &["-c", "5", "-i", "0.2", "-W", "2", SERVER_V4])
+            .unwrap();
+        ping.status.success()
+    };
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    if shaper::qdisc::ifb_redirect_works() {
+        for (what, args) in [
+            ("--split-aggregates", &split[..]),
+            ("ingress shape", &shape),
+        ] {
+            let output = router.shaper_output(args);
+            let stderr = shaper_tests::stderr(&output);
+            assert!(output.status.success(), "{what} on {release}: {stderr}");
+            assert!(
+                pings_answered(),
+                "{what} on {release}: pings lost through the ifb"
+            );
+        }
+        let ifb = shaper::qdisc::ifb_name(ROUTER_TO_CLIENT);
+        let crossed = router.link_stat(&ifb, "tx_packets").unwrap();
+        assert!(crossed >= 10, "{crossed} packets through {ifb}");
+        return;
+    }
+    for (what, args) in [
+        ("--split-aggregates", &split[..]),
+        ("an ingress shape class", &shape),
+    ] {
+        let output = router.shaper_output(args);
+        let stderr = shaper_tests::stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{what}: {stderr}");
+        assert_eq!(
+            stderr.trim(),
+            format!(
+                "shaper: this kernel ({}) drops what a BPF program redirects to an ifb: {what} \
+                 queues through one and needs Linux 6.4 or later",
+                release.trim()
+            ),
+        );
+    }
+    let links =
+        String::from_utf8_lossy(&router.run("ip", &["-br", "link"]).unwrap().stdout).to_string();
+    assert!(!links.contains("shpq"), "an ifb was made: {links}");
+    assert_eq!(router.split_through(ROUTER_TO_CLIENT).unwrap(), None);
+    assert!(router.stats_row("keep").is_ok(), "the class was lost");
+    assert!(
+        router.stats_row("in-shape").is_err(),
+        "the shape class was added"
+    );
+    assert!(pings_answered(), "pings lost after the refusals");
+}

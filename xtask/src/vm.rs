@@ -203,6 +203,11 @@ const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
         Needs::Fq,
     ),
     (
+        "policing",
+        &["ifb_paths_carry_traffic_or_are_refused_where_the_kernel_drops_redirects"],
+        Needs::Any,
+    ),
+    (
         "bad_inputs",
         &["a_kernel_older_than_the_floor_is_refused_in_one_line"],
         Needs::BelowFloor,
@@ -212,7 +217,8 @@ const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
 /// CI's share of the guest plan: each kernel's verifier loads every program variant, flow
 /// isolation holds a flow over its share and spares the other (clock driven, on the
 /// kernel's own packet path), shaper attaches in the mode the kernel gives it (and to a
-/// tun device), polices UDP to the rate and detaches leaving nothing; the CNI plugin's
+/// tun device), polices UDP to the rate and detaches leaving nothing, its ifb paths carry
+/// traffic or are refused (before 6.4, whose ifb drops redirects); the CNI plugin's
 /// ADD/CHECK/DEL; a kernel below the floor refuses in one line. Under TCG each load of
 /// the program on 6.1 verifies for 15–20 s.
 const CI_TESTS: &[(&str, &[&str], Needs)] = &[
@@ -230,6 +236,7 @@ const CI_TESTS: &[(&str, &[&str], Needs)] = &[
             "udp_is_policed_to_10mbit_in_clsact_mode",
             "detach_restores_unshaped_traffic_clsact",
             "udp_out_of_a_tun_device_is_policed",
+            "ifb_paths_carry_traffic_or_are_refused_where_the_kernel_drops_redirects",
         ],
         Needs::ClsactOnly,
     ),
@@ -239,6 +246,7 @@ const CI_TESTS: &[(&str, &[&str], Needs)] = &[
             "udp_ipv4_is_policed_to_10mbit_on_the_router",
             "detach_restores_unshaped_traffic_tcx",
             "udp_out_of_a_tun_device_is_policed",
+            "ifb_paths_carry_traffic_or_are_refused_where_the_kernel_drops_redirects",
         ],
         Needs::Tcx,
     ),
@@ -259,8 +267,9 @@ fn guest_limit(plan: Plan) -> Duration {
     match plan {
         Plan::Full => Duration::from_secs(15 * 60),
         Plan::Ci => Duration::from_secs(6 * 60),
-        // 36 rows of 30 s; under TCG each takes about 100 s with its lab's set-up, the
-        // idle RTT and the tools' start.
+        // The latency rows' 48 runs and the isolation rows' 40, of 30 s each: about 32
+        // and 30 minutes under TCG with each lab's set-up, the idle RTT and the tools'
+        // start.
         Plan::Bench => Duration::from_secs(100 * 60),
     }
 }

@@ -187,6 +187,7 @@ impl<'a> Batch<'a> {
         let dev = &location.queue_dev();
         let ingress = location.direction == Direction::Ingress;
         let ifb = if ingress {
+            qdisc::require_ifb_redirect("an ingress shape class")?;
             if self.globals.link_header_len == 0 {
                 // An ifb is an Ethernet device: a bare IP packet redirected to it is dropped.
                 return Err(runtime(format!(

@@ -24,9 +24,11 @@ pub enum Split {
     Stale(String),
 }
 
-/// What splitting on `dev` needs, checked before anything is attached: an Ethernet
-/// device (an ifb needs a link-layer header) and the ifb's name free or shaper's.
+/// What splitting on `dev` needs, checked before anything is attached: a kernel whose
+/// ifb takes redirected packets, an Ethernet device (an ifb needs a link-layer header)
+/// and the ifb's name free or shaper's.
 pub fn check_split(dev: &str) -> Result<()> {
+    qdisc::require_ifb_redirect("--split-aggregates")?;
     if crate::netns::link_header_len(dev)? == 0 {
         return Err(runtime(format!(
             "{dev} carries bare IP packets (no link-layer header): splitting goes through an \
