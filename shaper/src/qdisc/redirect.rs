@@ -14,8 +14,7 @@ pub const IFB_REDIRECT_KERNEL: (u32, u32) = (6, 4);
 /// an ifb (`what`: "an ingress shape class", "--split-aggregates") on a kernel older than
 /// [`IFB_REDIRECT_KERNEL`]. A release that does not read as `MAJOR.MINOR…` is let through.
 pub(crate) fn require_ifb_redirect(what: &str) -> Result<()> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    match ifb_redirect_refusal(release.trim(), what) {
+    match ifb_redirect_refusal(&kernel_release(), what) {
         Some(message) => Err(runtime(message)),
         None => Ok(()),
     }
@@ -23,23 +22,34 @@ pub(crate) fn require_ifb_redirect(what: &str) -> Result<()> {
 
 /// Whether this kernel's ifb takes redirected packets (for callers that skip, not fail).
 pub fn ifb_redirect_works() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    ifb_redirect_refusal(release.trim(), "").is_none()
+    !predates_ifb_redirect(&kernel_release())
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Whether `release` reads as older than [`IFB_REDIRECT_KERNEL`] (unreadable: no).
+fn predates_ifb_redirect(release: &str) -> bool {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u32>);
+    match (numbers.next(), numbers.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < IFB_REDIRECT_KERNEL,
+        _ => false,
+    }
 }
 
 /// The refusal for `release`, if it is older than [`IFB_REDIRECT_KERNEL`].
 fn ifb_redirect_refusal(release: &str, what: &str) -> Option<String> {
-    let mut numbers = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(str::parse::<u32>);
-    let (Some(Ok(major)), Some(Ok(minor))) = (numbers.next(), numbers.next()) else {
-        return None;
-    };
-    let (need_major, need_minor) = IFB_REDIRECT_KERNEL;
-    ((major, minor) < IFB_REDIRECT_KERNEL).then(|| {
+    let (major, minor) = IFB_REDIRECT_KERNEL;
+    predates_ifb_redirect(release).then(|| {
         format!(
             "this kernel ({release}) drops what a BPF program redirects to an ifb: {what} \
-             queues through one and needs Linux {need_major}.{need_minor} or later"
+             queues through one and needs Linux {major}.{minor} or later"
         )
     })
 }

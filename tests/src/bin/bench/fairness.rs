@@ -324,6 +324,10 @@ pub const SHAPER: &str = "shaper shape";
 /// what docs/GUIDE.md asks of a router whose senders use TSO: CAKE splits them itself
 /// (`split-gso`, on by default below 1 Gbit/s), HTB's leaf and fq_codel do not.
 pub const SHAPER_SPLIT: &str = "shaper shape, aggregates split";
+/// Whether a limiter is one of shaper's rows.
+fn is_shaper(limiter: &str) -> bool {
+    limiter == SHAPER || limiter == SHAPER_SPLIT
+}
 /// Every isolation row's limiter, in the order a cell runs them.
 const PEER_LIMITERS: [&str; 5] = [SHAPER, SHAPER_SPLIT, CAKE, CAKE_RTT, HTB_FQ_CODEL];
 /// Each isolation row's run (s).
@@ -389,7 +393,7 @@ fn peer_configuration(limiter: &str, one_way: Option<Duration>) -> String {
 }
 
 fn install_peer(lab: &Lab, limiter: &str, one_way: Option<Duration>) -> Result<()> {
-    if limiter == SHAPER || limiter == SHAPER_SPLIT {
+    if is_shaper(limiter) {
         // The default path (a peers row before may have asked for EDT).
         std::env::set_var("SHAPER_SHAPE_BACKEND", "htb");
         if limiter == SHAPER_SPLIT {
@@ -465,7 +469,7 @@ pub fn beside_peers(rows: Option<&str>) -> Result<Vec<Value>> {
             let shares = run(&mut lab, &effort, cell).with_context(|| setup.clone())?;
             let base_rtt_ms = one_way.map_or(0.0, |d| 2.0 * d.as_secs_f64() * 1e3);
             // Where shaper's losses were: its class queue, a flow's cap, or the leaf.
-            let drops = if limiter == SHAPER || limiter == SHAPER_SPLIT {
+            let drops = if is_shaper(limiter) {
                 let row = lab.router.stats_row("bulk")?;
                 json!({
                     "queue": row["queue_dropped_packets"],
@@ -529,15 +533,14 @@ pub fn peers_table(rows: &[Value]) -> String {
 }
 
 /// Issue 50's comparison in one kernel's rows: in every cell the smallest TCP share of
-/// shaper's row `ours` within 0.03 of `peer`'s, and its worst TCP RTT no more than
+/// shaper's row `shaper` within 0.03 of `peer`'s, and its worst TCP RTT no more than
 /// `peer`'s + 3 ms. Each line says what held or broke (a cell without both rows is
 /// broken).
 pub fn check_beside(
     rows: &[Value],
     kernel: &str,
-    (ours, peer): (&str, &str),
+    (shaper, peer): (&str, &str),
 ) -> (Vec<String>, Vec<String>) {
-    let shaper = ours;
     let (mut held, mut broken) = (Vec::new(), Vec::new());
     let least = |row: &Value| floats(&row["tcp"]).into_iter().fold(f64::MAX, f64::min);
     let rtt = |row: &Value| row["rtt_over_base_ms"].as_f64().unwrap_or(f64::NAN);

@@ -587,6 +587,7 @@ fn latency_section(files: &[&Value], report: &Path) -> Result<(String, Vec<Strin
 /// The isolation section: each kernel's rows, held against CAKE's defaults and reported
 /// against CAKE with the path's RTT and htb + fq_codel; with the targets it missed.
 fn isolation_section(files: &[&Value]) -> (String, Vec<String>) {
+    use crate::fairness::{check_beside, CAKE, CAKE_RTT, HTB_FQ_CODEL, SHAPER, SHAPER_SPLIT};
     let mut section = format!(
         "{}\n## Flow isolation beside CAKE and htb + fq_codel (Debian's kernels under qemu)\n\n\
          `cargo xtask bench --vm --isolation` (or the full `bench --vm`) runs these rows in \
@@ -614,7 +615,6 @@ fn isolation_section(files: &[&Value]) -> (String, Vec<String>) {
             parsed["date"].as_str().unwrap_or("?")
         ));
         section.push_str(&crate::fairness::peers_table(&isolation));
-        use crate::fairness::{check_beside, CAKE, CAKE_RTT, HTB_FQ_CODEL, SHAPER, SHAPER_SPLIT};
         let (iso_held, iso_broken) = check_beside(&isolation, &kernel, (SHAPER, CAKE));
         section.push_str("\nIsolation targets against CAKE's defaults (smallest TCP share within 0.03, worst TCP RTT within + 3 ms):\n\n");
         for line in &iso_held {
