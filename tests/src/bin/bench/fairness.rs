@@ -164,11 +164,20 @@ pub fn fairness(effort: &FairnessEffort) -> Result<Vec<Value>> {
                 "total": shares.total(),
                 "jain": shares.jain(),
                 "rtt_over_base_ms": (shares.worst_rtt_ms() - base_rtt_ms).max(0.0),
-                "held": effort.targets && (limiter == FAIR || limiter == FAIR_SRC),
+                "held": effort.targets && held(limiter, cell.traffic),
             }));
         }
     }
     Ok(rows)
+}
+
+/// Whether a row is held to the targets: shaper's fair rows, but in the hosts
+/// cell only `--fair src`'s (fair by flow, host B's one flow gets a ninth by design).
+fn held(limiter: &str, traffic: Traffic) -> bool {
+    match traffic {
+        Traffic::Hosts => limiter == FAIR_SRC,
+        _ => limiter == FAIR || limiter == FAIR_SRC,
+    }
 }
 
 fn run(lab: &mut Lab, effort: &FairnessEffort, cell: Cell) -> Result<Shares> {
@@ -597,6 +606,17 @@ pub fn sane_rows() -> Vec<Value> {
 
 #[cfg(test)]
 mod tests {
+
+    /// The hosts cell holds `--fair src` to host B's share, not fair by flow (a ninth by
+    /// design); the other cells hold both fair rows; tbf and one queue never.
+    #[test]
+    fn only_the_fair_rows_that_can_meet_a_target_are_held() {
+        assert!(held(FAIR_SRC, Traffic::Hosts));
+        assert!(!held(FAIR, Traffic::Hosts));
+        assert!(held(FAIR, Traffic::Cubics(4)));
+        assert!(!held(TBF, Traffic::Cubics(4)));
+        assert!(!held(ONE_QUEUE, Traffic::CubicBesideBbr));
+    }
     use super::*;
 
     #[test]
