@@ -606,6 +606,7 @@ pub fn sane_rows() -> Vec<Value> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     /// The hosts cell holds `--fair src` to host B's share, not fair by flow (a ninth by
     /// design); the other cells hold both fair rows; tbf and one queue never.
@@ -617,7 +618,6 @@ mod tests {
         assert!(!held(TBF, Traffic::Cubics(4)));
         assert!(!held(ONE_QUEUE, Traffic::CubicBesideBbr));
     }
-    use super::*;
 
     #[test]
     fn held_rows_are_checked_and_others_are_not() {
