@@ -18,8 +18,14 @@ use serde_json::Value;
 use shaper_common::codel::SPARSE_RATE_DIVISOR;
 use std::process::Command;
 
+mod ifb;
 mod leaf;
 mod redirect;
+pub(crate) use ifb::{
+    check_ifb_name, ensure_ifb, ensure_splitter_ifb, has_splitter_filter, ifb_gso_max_segs,
+    remove_ifb, remove_splitter_filter, remove_splitter_ifb, set_splitter_filter,
+};
+pub use ifb::{ifb_name, splitter_ifb_name};
 pub use leaf::LeafCounts;
 pub(crate) use leaf::{bulk_leaf_counts, flow_queues_flag, BulkQueue, FlowQueues};
 use leaf::{set_flow_queues, set_leaf_qdisc};
@@ -51,14 +57,14 @@ fn iproute2(program: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).to_string())
 }
 
-fn tc(args: &[&str]) -> Result<String> {
+pub(crate) fn tc(args: &[&str]) -> Result<String> {
     iproute2("tc", args)
 }
 
 /// The filters in the clsact hook of `dev` (`direction`: egress or ingress), as `tc -j`
 /// lists them. A listing that cannot be read (tc failing, or printing anything but a JSON
 /// list of filters) is an error: a hook that cannot be read is never taken for an empty one.
-fn clsact_filters(dev: &str, direction: &str) -> Result<Vec<Value>> {
+pub(crate) fn clsact_filters(dev: &str, direction: &str) -> Result<Vec<Value>> {
     let text = tc(&["-j", "filter", "show", "dev", dev, direction])?;
     let unreadable = |why: &str| {
         runtime(format!(
@@ -319,16 +325,6 @@ pub(crate) fn has_class(dev: &str, class_id: u32) -> bool {
             .is_ok_and(|text| text.trim().is_empty())
 }
 
-/// The ifb device an ingress attachment of `dev` queues its shape classes on, in the
-/// interface's namespace: shaper's own, named from the interface's name (`shpq` and 8 hex
-/// digits of its FNV-1a hash: 12 characters, within IFNAMSIZ).
-pub fn ifb_name(dev: &str) -> String {
-    let hash = dev.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    });
-    format!("shpq{hash:08x}")
-}
-
 /// `ip -j -d link show dev NAME` in this thread's namespace (sysfs would show the
 /// host's), if the link exists.
 pub(crate) fn link(name: &str) -> Option<Value> {
@@ -342,7 +338,7 @@ pub(crate) fn link(name: &str) -> Option<Value> {
 }
 
 /// The kind of link `name` is (`ip -d`'s `info_kind`: "ifb", "veth", ""), if it exists.
-fn link_kind(name: &str) -> Option<String> {
+pub(crate) fn link_kind(name: &str) -> Option<String> {
     link(name).map(|link| {
         link["linkinfo"]["info_kind"]
             .as_str()
@@ -353,82 +349,6 @@ fn link_kind(name: &str) -> Option<String> {
 
 pub(crate) fn ip(args: &[&str]) -> Result<()> {
     iproute2("ip", args).map(|_| ())
-}
-
-/// Fails when the name of `dev`'s ifb is taken by a device that is not an ifb; whether
-/// the ifb exists.
-pub(crate) fn check_ifb_name(dev: &str) -> Result<bool> {
-    let ifb = ifb_name(dev);
-    match link_kind(&ifb).as_deref() {
-        None => Ok(false),
-        Some("ifb") => Ok(true),
-        Some(kind) => Err(runtime(format!(
-            "{ifb} exists and is not an ifb ({kind}): shaper queues and splits {dev}'s \
-             ingress on an ifb of that name; rename or delete it"
-        ))),
-    }
-}
-
-/// The ifb's queue length: with splitting every packet of the interface crosses it (an
-/// ifb's default, 32, would drop bursts), and HTB's direct queue takes the same length.
-const IFB_TXQUEUELEN: &str = "1000";
-
-/// Makes the ifb of `dev`'s ingress (up, with `dev`'s MTU, a transmit queue per CPU)
-/// unless it is there; its ifindex, which the program redirects the class's packets to.
-/// The ifb hands each packet back to `dev`'s ingress past the TC hook, so it is
-/// classified once.
-pub(crate) fn ensure_ifb(dev: &str) -> Result<u32> {
-    let ifb = ifb_name(dev);
-    if !check_ifb_name(dev)? {
-        add_ifb(dev, &ifb)?;
-    }
-    ip(&["link", "set", "dev", &ifb, "up"])?;
-    crate::netns::ifindex(&ifb)
-}
-
-/// Makes `ifb` for `dev` (loading the module if need be).
-fn add_ifb(dev: &str, ifb: &str) -> Result<()> {
-    let mtu = link(dev)
-        .and_then(|link| link["mtu"].as_u64())
-        .unwrap_or(1500)
-        .to_string();
-    if !std::path::Path::new("/sys/module/ifb").exists() {
-        // Loaded on demand it would also make ifb0 and ifb1 in the host's namespace.
-        let _ = Command::new("modprobe").args(["ifb", "numifbs=0"]).output();
-    }
-    let queues = std::thread::available_parallelism()
-        .map_or(1, |cpus| cpus.get())
-        .to_string();
-    #[rustfmt::skip]
-    let add = [
-        "link", "add", ifb, "mtu", &mtu, "txqueuelen", IFB_TXQUEUELEN,
-        "numtxqueues", &queues, "numrxqueues", &queues, "type", "ifb",
-    ];
-    ip(&add).map_err(|error| {
-        runtime(format!(
-            "--action shape on ingress queues on an ifb device, which this kernel \
-             refused ({error}); load the ifb module (modprobe ifb) or police instead"
-        ))
-    })
-}
-
-/// Sets the `gso_max_segs` of `dev`'s ifb, if it exists: 1 splits every aggregate it
-/// takes; `None` gives the kernel's default back.
-pub(crate) fn ifb_gso_max_segs(dev: &str, segments: Option<u32>) -> Result<()> {
-    let ifb = ifb_name(dev);
-    if link_kind(&ifb).as_deref() != Some("ifb") {
-        return Ok(());
-    }
-    let segments = segments.unwrap_or(65_535).to_string();
-    ip(&["link", "set", "dev", &ifb, "gso_max_segs", &segments])
-}
-
-/// Deletes the ifb of `dev`'s ingress, with its qdiscs, if shaper made one.
-pub(crate) fn remove_ifb(dev: &str) {
-    let ifb = ifb_name(dev);
-    if link_kind(&ifb).as_deref() == Some("ifb") {
-        let _ = ip(&["link", "del", "dev", &ifb]);
-    }
 }
 
 /// Removes shaper's root (the kernel's default root comes back); no-op otherwise.

@@ -376,8 +376,9 @@ pub struct AttachmentRow {
     pub problem: Option<String>,
     pub classes: Option<usize>,
     pub flow_table_size: Option<u32>,
-    /// The ifb an ingress attachment splits aggregates through (`--split-aggregates`),
-    /// "NAME (gone)" when it was deleted or made again since.
+    /// The ifb an ingress attachment splits aggregates through (`--split-aggregates`), or
+    /// an egress one its shape classes' forwarded aggregates (`state::splitter`), "NAME
+    /// (gone)" when it was deleted or made again since.
     pub split_through: Option<String>,
 }
 

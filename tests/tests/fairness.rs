@@ -7,8 +7,10 @@
 //! - TCP beside an unresponsive UDP flow: TCP at least 0.45 of the rate, UDP at most
 //!   0.55, together at least 0.95, on the µs lab at 2x and over 40 ms at 10x (measured
 //!   0.452-0.489 and 0.482-0.489);
-//! - one Cubic flow beside one BBR flow: each >= 0.35 (0.41-0.52 / 0.36-0.48, the
-//!   median of three runs when the first is outside; the issue's 0.40 is the bench's);
+//! - one Cubic flow beside one BBR flow: each >= 0.40 (0.448-0.481 since the egress
+//!   splitter cuts forwarded aggregates; 0.36-0.52 judged whole), the median of three
+//!   runs when the first is outside;
+//! - BBR beside UDP at 10x on the µs lab: as TCP beside UDP above (0.465-0.477);
 //! - four Cubic flows: Jain's index >= 0.98 and together >= 0.93 (measured 0.948-0.958;
 //!   one queue read 0.947);
 //! - sixteen Cubic flows in a 100 Mbit/s class: Jain's index >= 0.97 and together >=
@@ -39,7 +41,7 @@ const RATE_BPS: f64 = 10e6;
 const UDP_MOST: f64 = 0.55;
 const TOGETHER_LEAST: f64 = 0.95;
 /// Cubic's and BBR's least share beside each other (see `cubic_and_bbr_share_a_class`).
-const BBR_CELL_LEAST: f64 = 0.35;
+const BBR_CELL_LEAST: f64 = 0.40;
 
 /// A lab (with `one_way` delay each way, if any) whose router shapes everything toward
 /// the server at 10 Mbit/s, with `extra` class options (fair by flow, the default,
@@ -277,17 +279,23 @@ fn per_flow_leaves_keep_cubic_at_half_and_its_queue_short_beside_a_udp_flood() {
     );
 }
 
+/// BBR beside a flood at 10x on the µs path, the cell forwarded aggregates cost most
+/// (0.396-0.441 judged whole; 0.465-0.477 split).
+#[test]
+fn bbr_keeps_half_beside_a_udp_flood_at_10x() {
+    tcp_beside_udp(None, "bbr", "100M", 0.45);
+}
+
 #[test]
 fn cubic_keeps_half_beside_a_udp_flood_over_40ms() {
     tcp_beside_udp(Some(Duration::from_millis(20)), "cubic", "100M", 0.45);
 }
 
-/// Cubic beside BBR: each at least 0.35 of the rate (one queue gives Cubic 0.075 in every
-/// run). The issue asks 0.40, which the bench holds and reports: since a flow's cap tells
-/// TCP from a flood, BBR reads 0.36-0.48 (about a third of runs under 0.40, none under
-/// 0.36 in fifteen), where its probes past its share meet the class queue's CoDel. A
-/// first run outside is run twice more and the median run by the smaller share is
-/// judged, as `tcp_beside_udp`'s.
+/// Cubic beside BBR: each at least the issue's 0.40 of the rate (one queue gives Cubic
+/// 0.075 in every run). With the senders' aggregates whole, BBR read 0.36-0.48 (a third
+/// of runs under 0.40); the egress splitter cuts them (`state::splitter`), and BBR reads
+/// 0.448-0.472 since. A first run outside is run twice more and the median run by the
+/// smaller share is judged, as `tcp_beside_udp`'s.
 #[test]
 fn cubic_and_bbr_share_a_class() {
     let run = || {

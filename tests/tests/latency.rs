@@ -308,7 +308,9 @@ fn shape_holds_a_udp_flood_to_the_rate_and_its_neighbours_within_15ms() {
 /// - an ingress shape class queueing on an ifb (a VM's or container's upload);
 /// - through the router, Cubic and BBR, with GRO on at the router's receiving interface
 ///   and `--split-aggregates` on its ingress: the class on the way out judges wire-size
-///   segments (whole aggregates: BBR 0.81-0.89, Cubic's queue 16-27 ms).
+///   segments (whole aggregates: BBR 0.81-0.89, Cubic's queue 16-27 ms);
+/// - through the router with nothing but `attach r1` and `class add` (issue 54): the
+///   egress splitter cuts the forwarded aggregates itself.
 #[test]
 fn shape_holds_every_sender_at_10mbit_own_egress_ingress_and_forwarded() {
     std::thread::scope(|scope| {
@@ -318,6 +320,7 @@ fn shape_holds_every_sender_at_10mbit_own_egress_ingress_and_forwarded() {
             scope.spawn(ingress_ifb_run),
             scope.spawn(|| forwarded_split_run("cubic")),
             scope.spawn(|| forwarded_split_run("bbr")),
+            scope.spawn(forwarded_by_default_run),
         ];
         for run in runs {
             run.join().expect("an every-sender run panicked");
@@ -381,6 +384,85 @@ fn forwarded_split_run(congestion: &str) {
     let links = router.run("ip", &["-br", "link"]).unwrap();
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(&ifb), "splitting off left {ifb}: {links}");
+}
+
+/// TSO at the client and GRO at the router's receiving veth on, and nothing but the
+/// egress attachment and its class: the splitter (its ifb, `gso_max_segs` 1, and its
+/// filter after shaper's) cuts the forwarded aggregates, the class judges segments and
+/// holds one BBR flow at the rate. The splitter goes with the last shape class, and the
+/// clsact qdisc it made with the attachment.
+fn forwarded_by_default_run() {
+    let mut lab = Lab::new().unwrap();
+    let router = lab.router.clone();
+    let gro = router
+        .run("ethtool", &["-K", ROUTER_TO_CLIENT, "gro", "on"])
+        .unwrap();
+    assert!(gro.status.success(), "GRO on {ROUTER_TO_CLIENT}: {gro:?}");
+    router.attach("r1", &[]).unwrap();
+    let ifb = shaper::qdisc::splitter_ifb_name("r1");
+    let links = |router: &shaper_tests::Netns| {
+        let links = router.run("ip", &["-br", "link"]).unwrap();
+        String::from_utf8_lossy(&links.stdout).to_string()
+    };
+    assert!(
+        !links(&router).contains(&ifb),
+        "a splitter before any shape class"
+    );
+    shape_class(&lab, "10mbit", &[]);
+    assert_eq!(
+        router.split_through("r1").unwrap(),
+        None,
+        "ingress rows only"
+    );
+    let status = router.status_row().unwrap();
+    assert_eq!(status["split_through"], ifb.as_str(), "{status}");
+    assert_eq!(router.gso_max_segs(&ifb).unwrap(), 1, "the splitter's ifb");
+    let bbr = Tcp {
+        congestion: "bbr".to_string(),
+        ..cubic(1)
+    };
+    let run = tcp_under_probe(&mut lab, &bbr, STEADY_FROM, None).unwrap();
+    let base_rtt_ms = lab.base_rtt().as_secs_f64() * 1e3;
+    let what = "10 Mbit/s through the router, nothing but attach and class add, 1 bbr";
+    check(what, &run, 10e6, base_rtt_ms, &EVERY_SENDER);
+    // Aggregates crossed the splitter and the class passed wire-size segments.
+    let crossed = router.link_stat(&ifb, "tx_packets").unwrap();
+    assert!(crossed > 10_000, "{what}: {crossed} packets through {ifb}");
+    let row = router.stats_row("bulk").unwrap();
+    let passed = shaper_tests::counter(&row, "passed_bytes") as f64
+        / shaper_tests::counter(&row, "passed_packets").max(1) as f64;
+    assert!(
+        passed <= 1600.0,
+        "{what}: passed packets average {passed:.0} bytes"
+    );
+    router
+        .shaper(&["class", "del", "bulk", "--dev", "r1"])
+        .unwrap();
+    assert!(
+        !links(&router).contains(&ifb),
+        "the last shape class left {ifb}"
+    );
+    let filters = router
+        .run("tc", &["filter", "show", "dev", "r1", "egress"])
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&filters.stdout).trim(),
+        "",
+        "r1's clsact hook"
+    );
+    shape_class(&lab, "10mbit", &[]);
+    assert!(
+        links(&router).contains(&ifb),
+        "a new shape class, a new splitter"
+    );
+    router.shaper(&["detach", "r1"]).unwrap();
+    let qdiscs = router.run("tc", &["qdisc", "show", "dev", "r1"]).unwrap();
+    let qdiscs = String::from_utf8_lossy(&qdiscs.stdout).to_string();
+    assert!(
+        !qdiscs.contains("clsact"),
+        "detach left a clsact qdisc: {qdiscs}"
+    );
+    assert!(!links(&router).contains(&ifb), "detach left {ifb}");
 }
 
 fn sender_egress_run(congestion: &str) {

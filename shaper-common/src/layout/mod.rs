@@ -84,7 +84,9 @@ pub mod map_names {
     pub const CODEL_FLOWS: &str = "CODEL_FLOWS";
     /// Element 0: the ifindex of the ifb an ingress attachment hands every packet it lets
     /// pass to, which splits GSO/GRO aggregates into wire-size segments and gives them
-    /// back to the interface (`shaper attach --split-aggregates`); 0: pass in place.
+    /// back to the interface (`shaper attach --split-aggregates`); 0: pass in place. On
+    /// an egress attachment, the splitter's ifb with [`super::SPLIT_EGRESS`] set: shape
+    /// classes' forwarded aggregates go there (`super::program_names::SPLITTER`).
     pub const SPLIT_TO: &str = "SPLIT_TO";
     /// Shape classes: per flow (and per host under `--fair src|dst`), the flow's
     /// sparseness, census stamp, virtual queue at its fair share and CoDel
@@ -138,7 +140,25 @@ pub mod program_names {
     pub const FLOOR: &str = "shaper_floor";
     /// The floor plus one clock read (`bpf_ktime_get_ns`), for benchmarks.
     pub const FLOOR_CLOCK: &str = "shaper_floor_clock";
+    /// The egress splitter: a classic (not direct-action) classifier after `shaper` in
+    /// the clsact hook, matching the aggregates `shaper` marked with
+    /// [`super::SPLIT_MARK`]; its mirred action hands them to the splitter's ifb.
+    pub const SPLITTER: &str = "shaper_splitter";
 }
+
+/// `SPLIT_TO`'s flag for an egress attachment: the ifindex below it is the splitter's
+/// ifb, which forwarded aggregates of shape classes go to (through the splitter's mirred
+/// action, which sets what an ifb needs to hand them back to the interface's egress).
+pub const SPLIT_EGRESS: u32 = 1 << 31;
+/// The `tc_index` the program gives a packet it sends to the splitter; its segments come
+/// back with it.
+pub const SPLIT_MARK: u32 = 0x5348;
+/// The `tc_index` of a packet back from the splitter that the program let pass: handed
+/// on to the splitter's filter once more, whose action sees the ifb's `tc_skip_classify`
+/// and clears it (without it the packet would skip the packet taps and tc hooks of
+/// every device it reaches next: a veth peer's tcpdump, AF_PACKET, ingress filters) and
+/// does not redirect; the splitter clears the mark.
+pub const SPLIT_BACK: u32 = 0x5349;
 
 /// Packet-path globals, element 0 of the `GLOBALS` array.
 #[repr(C)]

@@ -412,12 +412,29 @@ pub fn shape_classes_changed(attachment: &Attachment) {
         }
         return;
     }
-    let refreshed =
-        slowest.and_then(|slowest| crate::state::aggregates::refresh(location, slowest));
-    if let Err(error) = refreshed {
+    let Ok(slowest) = slowest else {
+        log::warn!(
+            "{}: cannot read the classes; aggregates stay as they were",
+            location.describe()
+        );
+        return;
+    };
+    if let Err(error) = crate::state::aggregates::refresh(location, slowest) {
         log::warn!(
             "{}: aggregates stay as they were ({error:#}); a TSO sender on this host may queue \
              up to 64 KiB at a time in its shape classes",
+            location.describe()
+        );
+    }
+    if attachment
+        .globals()
+        .is_ok_and(|globals| globals.link_header_len == 0)
+    {
+        return;
+    }
+    if let Err(error) = crate::state::splitter::refresh(attachment, slowest) {
+        log::warn!(
+            "{}: forwarded aggregates reach the shape classes whole ({error:#})",
             location.describe()
         );
     }

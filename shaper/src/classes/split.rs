@@ -89,13 +89,22 @@ pub fn refresh_split(attachment: &Attachment) -> Result<()> {
     }
 }
 
-/// Where the attachment's splitting stands (run in its namespace).
+/// Where the attachment's splitting stands (run in its namespace): on ingress
+/// `--split-aggregates`, on egress the splitter of forwarded aggregates
+/// (`state::splitter`).
 pub fn split_state(attachment: &Attachment) -> Result<Split> {
     let pointed = attachment.split_to()?.get(&0, 0)?;
     if pointed == 0 {
         return Ok(Split::Off);
     }
-    let name = qdisc::ifb_name(&attachment.location.dev);
+    let dev = &attachment.location.dev;
+    let (name, pointed) = match attachment.location.direction {
+        Direction::Ingress => (qdisc::ifb_name(dev), pointed),
+        Direction::Egress => (
+            qdisc::splitter_ifb_name(dev),
+            pointed & !shaper_common::SPLIT_EGRESS,
+        ),
+    };
     Ok(match crate::netns::ifindex(&name) {
         Ok(index) if index == pointed => Split::On(name),
         _ => Split::Stale(name),

@@ -20,7 +20,9 @@ pub fn export(netns_filter: Option<&Option<String>>, dev: Option<&str>) -> Resul
         let globals = attachment.globals()?;
         let flow_table_size = attachment.flow_table_size()?;
         let mode = AttachMode::from_globals(globals.attach_mode);
-        let split_aggregates = classes::split_state(&attachment)? != classes::Split::Off;
+        // Egress splits forwarded aggregates by itself (`state::splitter`): not a setting.
+        let split_aggregates = location.direction == state::Direction::Ingress
+            && classes::split_state(&attachment)? != classes::Split::Off;
         let classes: Vec<ClassInput> = classes::read_classes(&attachment)?
             .iter()
             .map(|view| ClassInput::from_spec(location.direction, &view.spec))

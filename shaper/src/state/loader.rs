@@ -60,7 +60,7 @@ fn load_with_pins(
             "this shaper was built without its eBPF object (AYA_BUILD_SKIP): build it again without that variable",
         ));
     }
-    require_kernel_features()?;
+    super::features::require_kernel_features()?;
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(map_names::KEYED_BUCKETS, flow_table_size);
     loader.map_max_entries(map_names::FLOW_QUEUES, flow_table_size);
@@ -74,39 +74,6 @@ fn load_with_pins(
             one_line(&e.to_string())
         ))
     })
-}
-
-/// The oldest kernel the programs load on, and the newest helper they call: a shape
-/// class sets the packet's delivery time with bpf_skb_set_tstamp (5.18), which came after
-/// everything else they need (bounded loops 5.3, the log's ring buffer 5.8, atomic
-/// compare-and-exchange 5.12).
-pub const MINIMUM_KERNEL: &str = "5.18";
-
-/// Refuses, in one line, a kernel whose verifier lacks what the programs use, before
-/// anything is made. Probed (a two-instruction program calling the helper), not read from
-/// the version, so a vendor kernel with the helper backported passes; a probe that
-/// cannot run leaves the verdict to the real load.
-pub fn require_kernel_features() -> Result<()> {
-    let supported = aya::sys::is_helper_supported(
-        aya::programs::ProgramType::SchedClassifier,
-        aya::sys::BpfHelper::BPF_FUNC_skb_set_tstamp,
-    );
-    if matches!(supported, Ok(false)) {
-        return Err(runtime(missing_kernel_feature(
-            std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim(),
-        )));
-    }
-    Ok(())
-}
-
-/// What [`require_kernel_features`] says on a kernel without bpf_skb_set_tstamp.
-pub fn missing_kernel_feature(release: &str) -> String {
-    format!(
-        "this kernel ({release}) lacks the BPF helper bpf_skb_set_tstamp: shaper needs Linux \
-         {MINIMUM_KERNEL} or later"
-    )
 }
 
 /// Loads (verifies) one program of a loaded object.
@@ -146,6 +113,7 @@ pub fn attach_fresh(
         } else {
             program_names::SHAPER
         };
+        super::splitter::pin_program(&mut ebpf, location, link_header_len, &staging)?;
         let program = load_program(&mut ebpf, name)?;
         program.pin(staging.join(PROG_PIN))?;
         let (mode, created_clsact) = attach_program(
@@ -405,6 +373,7 @@ pub fn detach(location: &Location) -> Result<()> {
     if let (Direction::Ingress, Ok(mut split_to)) = (location.direction, attachment.split_to()) {
         let _ = split_to.set(0, 0, 0);
     }
+    super::splitter::remove(&attachment);
     match mode {
         // Unpinning the link drops its last reference: the kernel detaches the program.
         AttachMode::Tcx => {

@@ -17,10 +17,12 @@ use std::{
 
 pub(crate) mod aggregates;
 mod attachment;
+mod features;
 mod loader;
 mod names;
 mod pins;
 mod shape_flows;
+pub(crate) mod splitter;
 mod upgrade;
 
 pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
@@ -47,6 +49,8 @@ const NETNS_DIR_PREFIX: &str = "netns-";
 pub const PROG_PIN: &str = "prog";
 /// The attachment's TCX link, pinned beside the program (TCX mode only).
 pub const LINK_PIN: &str = "link";
+/// An egress attachment's aggregate splitter (`splitter`), pinned for its clsact filter.
+pub const SPLITTER_PIN: &str = "splitter";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Direction {

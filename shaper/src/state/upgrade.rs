@@ -74,6 +74,22 @@ pub fn upgrade(location: &Location, reload: bool) -> Result<Upgraded> {
         fs::rename(&staged, dir.join(PROG_PIN))
             .with_context(|| format!("cannot re-pin the program in {}", dir.display()))?;
     }
+    // The splitter's filter runs the program it was made with; the pin is what the next
+    // one is made from (an attachment from before the splitter gains it here).
+    let staged = dir.join("splitter-new");
+    let _ = fs::remove_dir_all(&staged);
+    fs::create_dir(&staged).with_context(|| format!("cannot create {}", staged.display()))?;
+    let pinned =
+        super::splitter::pin_program(&mut ebpf, location, globals.link_header_len, &staged)
+            .and_then(|()| match staged.join(SPLITTER_PIN).exists() {
+                true => Ok(fs::rename(
+                    staged.join(SPLITTER_PIN),
+                    dir.join(SPLITTER_PIN),
+                )?),
+                false => Ok(()),
+            });
+    let _ = fs::remove_dir(&staged);
+    pinned.with_context(|| format!("cannot pin the splitter in {}", dir.display()))?;
     let mut layout: Array<_, u32> = Array::try_from(
         ebpf.map_mut(map_names::LAYOUT)
             .context("LAYOUT map missing")?,
