@@ -67,7 +67,9 @@ mod entry {
         macros::classifier,
         programs::TcContext,
     };
-    use shaper_common::{meter::METER_NONE, Action, SPLIT_BACK, SPLIT_EGRESS, SPLIT_MARK};
+    use shaper_common::{
+        meter::METER_NONE, Action, ClassConfig, SPLIT_BACK, SPLIT_EGRESS, SPLIT_MARK,
+    };
 
     #[classifier]
     pub fn shaper(ctx: TcContext) -> i32 {
@@ -132,20 +134,32 @@ mod entry {
     /// ifb's queue reorder it (Cubic beside a flood over 40 ms fell to 0.036 when only
     /// aggregates went).
     #[inline(always)]
-    fn splitting(ctx: &TcContext) -> Splitting {
+    fn splitting(ctx: &TcContext, class: &ClassConfig) -> Splitting {
         let skb = ctx.skb.skb;
+        let splitter = match SPLIT_TO.get(0) {
+            Some(&to) if to & SPLIT_EGRESS != 0 => to & !SPLIT_EGRESS,
+            _ => 0,
+        };
+        let from = unsafe { (*skb).ingress_ifindex };
         if unsafe { (*skb).tc_index } == SPLIT_MARK {
-            return Splitting::Back;
+            // Back only from this attachment's splitter (the ifb hands it back as its
+            // own); a mark from anywhere else (another host's, a veth crossed) is stale.
+            unsafe { (*skb).tc_index = 0 };
+            if splitter != 0 && from == splitter {
+                return Splitting::Back;
+            }
         }
         // Aggregates this host's sockets built are capped where they are made
         // (`gso_max_segs`); only forwarded ones come in whole.
-        if unsafe { (*skb).ingress_ifindex } == 0 {
-            return Splitting::No;
-        }
-        if !matches!(SPLIT_TO.get(0), Some(&to) if to & SPLIT_EGRESS != 0) {
+        if splitter == 0 || from == 0 {
             return Splitting::No;
         }
         unsafe { (*skb).tc_index = SPLIT_MARK };
+        // Should no splitter take it (its filter removed behind shaper's back, a program
+        // or filter before it that lets it go), HTB still holds it to the class's rate.
+        if class.action_arg != 0 {
+            unsafe { (*skb).priority = class.action_arg };
+        }
         Splitting::Send
     }
 
@@ -268,7 +282,7 @@ mod entry {
             return TC_ACT_UNSPEC;
         }
         if class.action == Action::Shape as u8 {
-            let splitting = splitting(ctx);
+            let splitting = splitting(ctx, class);
             if splitting == Splitting::Send {
                 return TC_ACT_UNSPEC;
             }

@@ -235,7 +235,7 @@ fn the_ebpf_object_declares_the_maps_userspace_expects() {
 /// (with the migration `shaper upgrade` needs), so pins of the old layout are never read
 /// as the new one.
 const RECORDED_LAYOUT: (u32, [(&str, usize, usize); 21]) = (
-    9,
+    10,
     [
         ("LAYOUT", 4, 4),
         ("GLOBALS", 4, 32),

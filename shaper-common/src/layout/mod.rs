@@ -46,7 +46,7 @@ pub const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// (an older program would not split), layout 9 flow isolation in shape classes
 /// (`CodelConfig::fair` and `ClassMeta::fair` in former padding, `FLOW_QUEUES`,
 /// `SHAPE_STATS`, `FLOW_SCRATCH`, and a larger `CODEL_FLOWS` value, which the upgrade makes anew).
-pub const LAYOUT_VERSION: u32 = 9;
+pub const LAYOUT_VERSION: u32 = 10;
 
 /// Slots of the per-CPU verdict cache (`VERDICT_CACHE`): 56 bytes each, 56 KiB a CPU.
 pub const VERDICT_CACHE_SLOTS: u32 = 1024;

@@ -212,6 +212,12 @@ fn attach_program(
     Ok((AttachMode::Clsact, created_clsact))
 }
 
+/// Whether an attachment has a filter in the device's clsact qdisc: its own (clsact mode)
+/// or its egress splitter's (any mode).
+fn uses_clsact(globals: &Globals, attachment: &Attachment) -> bool {
+    globals.attach_mode == ATTACH_MODE_CLSACT || super::splitter::is_on(attachment).unwrap_or(true)
+}
+
 /// Removes shaper's clsact filter (found by program name) and, when shaper created the
 /// clsact qdisc, the qdisc too.
 fn detach_clsact_filter(dev: &str, direction: Direction, remove_qdisc: bool) {
@@ -301,6 +307,8 @@ pub fn switch_mode(location: &Location, mode: AttachMode) -> Result<()> {
             return Err(error);
         }
     };
+    // From TCX: a qdisc the egress splitter made is still shaper's.
+    let mut keeps_qdisc = globals.created_clsact != 0;
     match old {
         // Unpinning the link drops its last reference: the kernel unhooks the program.
         AttachMode::Tcx => fs::remove_file(&old_link)?,
@@ -317,20 +325,24 @@ pub fn switch_mode(location: &Location, mode: AttachMode) -> Result<()> {
                 .dir()
                 .exists()
                 .then(|| Attachment::open(&other).and_then(|a| Ok((a.globals()?, a))));
+            // An egress splitter's filter lives in the qdisc too, whatever the mode.
             let other_uses_clsact = match &other_globals {
                 None => false,
-                Some(Ok((g, _))) => AttachMode::from_globals(g.attach_mode) == AttachMode::Clsact,
+                Some(Ok((g, a))) => uses_clsact(g, a),
                 Some(Err(_)) => true,
             };
             let ours = globals.created_clsact != 0;
+            let own_splitter = super::splitter::is_on(&attachment).unwrap_or(true);
             detach_clsact_filter(
                 &location.dev,
                 location.direction,
-                ours && !other_uses_clsact,
+                ours && !other_uses_clsact && !own_splitter,
             );
-            // A qdisc shaper made stays shaper's to remove, with the direction still on it.
+            // A qdisc shaper made stays shaper's to remove, with the direction still on it
+            // (this one, while its splitter's filter is in it).
+            keeps_qdisc = ours && own_splitter;
             if let (true, Some(Ok((mut g, other_attachment)))) = (ours, other_globals) {
-                if AttachMode::from_globals(g.attach_mode) == AttachMode::Clsact {
+                if uses_clsact(&g, &other_attachment) {
                     g.created_clsact = 1;
                     other_attachment.set_globals(g)?;
                 }
@@ -341,7 +353,7 @@ pub fn switch_mode(location: &Location, mode: AttachMode) -> Result<()> {
         AttachMode::Tcx => ATTACH_MODE_TCX,
         AttachMode::Clsact => ATTACH_MODE_CLSACT,
     };
-    globals.created_clsact = u32::from(created_clsact);
+    globals.created_clsact = u32::from(created_clsact || keeps_qdisc);
     attachment.set_globals(globals)
 }
 
@@ -393,7 +405,7 @@ pub fn detach(location: &Location) -> Result<()> {
                 match Attachment::open(&other) {
                     Ok(other_attachment) => {
                         let mut other_globals = other_attachment.globals()?;
-                        if other_globals.attach_mode == ATTACH_MODE_CLSACT {
+                        if uses_clsact(&other_globals, &other_attachment) {
                             other_globals.created_clsact = 1;
                             other_attachment.set_globals(other_globals)?;
                             remove_qdisc = false;

@@ -52,6 +52,16 @@ pub(crate) fn is_on(attachment: &Attachment) -> Result<bool> {
 /// class drains below [`SPLIT_BELOW_BITS_PER_SEC`] (`slowest`: the slowest one's rate),
 /// off otherwise. Puts back what is missing (a device or ifb made again).
 pub(crate) fn refresh(attachment: &Attachment, slowest: Option<u64>) -> Result<()> {
+    let refreshed = turn_on_or_off(attachment, slowest);
+    if refreshed.is_err() {
+        // Unsplit rather than sent to a splitter that is not all there (mirred drops
+        // what it cannot hand to its ifb).
+        remove(attachment);
+    }
+    refreshed
+}
+
+fn turn_on_or_off(attachment: &Attachment, slowest: Option<u64>) -> Result<()> {
     let location = &attachment.location;
     // SHAPER_EGRESS_SPLIT=off: for A/B measurements (the bench's unsplit rows).
     let wanted = slowest.is_some_and(|rate| rate < SPLIT_BELOW_BITS_PER_SEC)

@@ -283,8 +283,12 @@ fn migration_from(layout: u32) -> Option<fn(&Attachment) -> Result<()>> {
         // passed): loading the object creates them (counting from the upgrade on). Layout
         // 7 only gave ingress shape classes a meaning (no older pins hold one), layout 8
         // added SPLIT_TO (created empty: nothing split until `attach --split-aggregates`).
-        // Layout 9: `migrate_to_fair`.
+        // Layout 9: `migrate_to_fair`. Layout 10 gave an egress attachment's SPLIT_TO a
+        // meaning (the egress splitter, `SPLIT_EGRESS`): 0 in older pins, off until the
+        // next shape class change turns it on. The version keeps an older shaper, whose
+        // program would redirect every packet to that value, from loading on such pins.
         2..=8 => Some(migrate_to_fair),
+        9 => Some(|_| Ok(())),
         _ => None,
     }
 }
