@@ -364,17 +364,7 @@ fn forwarded_split_run(congestion: &str) {
     let base_rtt_ms = lab.base_rtt().as_secs_f64() * 1e3;
     let what = format!("10 Mbit/s through the router, aggregates split, 1 {congestion}");
     check(&what, &run, 10e6, base_rtt_ms, &EVERY_SENDER);
-    // The traffic crossed the ifb, and the class saw segments: its passed packets average
-    // at most a wire-size frame (unsplit, in runs of this lab: 8 285 bytes).
-    let crossed = router.link_stat(&ifb, "tx_packets").unwrap();
-    assert!(crossed > 10_000, "{what}: {crossed} packets through {ifb}");
-    let row = router.stats_row("bulk").unwrap();
-    let passed = shaper_tests::counter(&row, "passed_bytes") as f64
-        / shaper_tests::counter(&row, "passed_packets").max(1) as f64;
-    assert!(
-        passed <= 1600.0,
-        "{what}: passed packets average {passed:.0} bytes"
-    );
+    assert_split_through(&router, &ifb, &what);
     router
         .attach(
             ROUTER_TO_CLIENT,
@@ -425,16 +415,7 @@ fn forwarded_by_default_run() {
     let base_rtt_ms = lab.base_rtt().as_secs_f64() * 1e3;
     let what = "10 Mbit/s through the router, nothing but attach and class add, 1 bbr";
     check(what, &run, 10e6, base_rtt_ms, &EVERY_SENDER);
-    // Aggregates crossed the splitter and the class passed wire-size segments.
-    let crossed = router.link_stat(&ifb, "tx_packets").unwrap();
-    assert!(crossed > 10_000, "{what}: {crossed} packets through {ifb}");
-    let row = router.stats_row("bulk").unwrap();
-    let passed = shaper_tests::counter(&row, "passed_bytes") as f64
-        / shaper_tests::counter(&row, "passed_packets").max(1) as f64;
-    assert!(
-        passed <= 1600.0,
-        "{what}: passed packets average {passed:.0} bytes"
-    );
+    assert_split_through(&router, &ifb, what);
     router
         .shaper(&["class", "del", "bulk", "--dev", "r1"])
         .unwrap();
@@ -463,6 +444,20 @@ fn forwarded_by_default_run() {
         "detach left a clsact qdisc: {qdiscs}"
     );
     assert!(!links(&router).contains(&ifb), "detach left {ifb}");
+}
+
+/// The traffic crossed `ifb`, and the router's class saw segments: its passed packets
+/// average at most a wire-size frame (unsplit, in runs of this lab: 8 285 bytes).
+fn assert_split_through(router: &shaper_tests::Netns, ifb: &str, what: &str) {
+    let crossed = router.link_stat(ifb, "tx_packets").unwrap();
+    assert!(crossed > 10_000, "{what}: {crossed} packets through {ifb}");
+    let row = router.stats_row("bulk").unwrap();
+    let passed = shaper_tests::counter(&row, "passed_bytes") as f64
+        / shaper_tests::counter(&row, "passed_packets").max(1) as f64;
+    assert!(
+        passed <= 1600.0,
+        "{what}: passed packets average {passed:.0} bytes"
+    );
 }
 
 fn sender_egress_run(congestion: &str) {
