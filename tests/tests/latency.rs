@@ -341,10 +341,7 @@ const EVERY_SENDER: Targets = Targets {
 fn forwarded_split_run(congestion: &str) {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
-    let gro = router
-        .run("ethtool", &["-K", ROUTER_TO_CLIENT, "gro", "on"])
-        .unwrap();
-    assert!(gro.status.success(), "GRO on {ROUTER_TO_CLIENT}: {gro:?}");
+    gro_on_the_way_in(&router);
     router
         .attach(
             ROUTER_TO_CLIENT,
@@ -384,10 +381,7 @@ fn forwarded_split_run(congestion: &str) {
 fn forwarded_by_default_run() {
     let mut lab = Lab::new().unwrap();
     let router = lab.router.clone();
-    let gro = router
-        .run("ethtool", &["-K", ROUTER_TO_CLIENT, "gro", "on"])
-        .unwrap();
-    assert!(gro.status.success(), "GRO on {ROUTER_TO_CLIENT}: {gro:?}");
+    gro_on_the_way_in(&router);
     router.attach("r1", &[]).unwrap();
     let ifb = shaper::qdisc::splitter_ifb_name("r1");
     let links = |router: &shaper_tests::Netns| {
@@ -444,6 +438,15 @@ fn forwarded_by_default_run() {
         "detach left a clsact qdisc: {qdiscs}"
     );
     assert!(!links(&router).contains(&ifb), "detach left {ifb}");
+}
+
+/// GRO on at the router's receiving interface: its aggregates are what a class on the
+/// way out meets.
+fn gro_on_the_way_in(router: &shaper_tests::Netns) {
+    let gro = router
+        .run("ethtool", &["-K", ROUTER_TO_CLIENT, "gro", "on"])
+        .unwrap();
+    assert!(gro.status.success(), "GRO on {ROUTER_TO_CLIENT}: {gro:?}");
 }
 
 /// The traffic crossed `ifb`, and the router's class saw segments: its passed packets
