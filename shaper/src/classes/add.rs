@@ -187,7 +187,7 @@ impl<'a> Batch<'a> {
         let dev = &location.queue_dev();
         let ingress = location.direction == Direction::Ingress;
         let ifb = if ingress {
-            qdisc::require_ifb_redirect("an ingress shape class")?;
+            // The device first: no kernel takes a bare IP packet on an ifb.
             if self.globals.link_header_len == 0 {
                 // An ifb is an Ethernet device: a bare IP packet redirected to it is dropped.
                 return Err(runtime(format!(
@@ -196,6 +196,7 @@ impl<'a> Batch<'a> {
                     location.dev
                 )));
             }
+            qdisc::require_ifb_redirect("an ingress shape class")?;
             let ifb = qdisc::ensure_ifb(&location.dev)?;
             // A re-made ifb has another ifindex: splitting follows it.
             super::refresh_split(self.attachment)?;

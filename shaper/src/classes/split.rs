@@ -28,13 +28,14 @@ pub enum Split {
 /// ifb takes redirected packets, an Ethernet device (an ifb needs a link-layer header)
 /// and the ifb's name free or shaper's.
 pub fn check_split(dev: &str) -> Result<()> {
-    qdisc::require_ifb_redirect("--split-aggregates")?;
+    // The device first: no kernel takes a bare IP packet on an ifb.
     if crate::netns::link_header_len(dev)? == 0 {
         return Err(runtime(format!(
             "{dev} carries bare IP packets (no link-layer header): splitting goes through an \
              ifb, which needs one"
         )));
     }
+    qdisc::require_ifb_redirect("--split-aggregates")?;
     qdisc::check_ifb_name(dev).map(|_| ())
 }
 
