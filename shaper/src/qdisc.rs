@@ -26,9 +26,9 @@ pub(crate) use ifb::{
     remove_ifb, remove_splitter_filter, remove_splitter_ifb, set_splitter_filter,
 };
 pub use ifb::{ifb_name, splitter_ifb_name};
+pub(crate) use leaf::bulk_leaf_counts;
+use leaf::set_leaf_qdisc;
 pub use leaf::LeafCounts;
-pub(crate) use leaf::{bulk_leaf_counts, flow_queues_flag, BulkQueue, FlowQueues};
-use leaf::{set_flow_queues, set_leaf_qdisc};
 pub(crate) use redirect::require_ifb_redirect;
 pub use redirect::{ifb_redirect_works, IFB_REDIRECT_KERNEL};
 
@@ -238,8 +238,6 @@ pub(crate) struct HtbClass {
     pub own_rate_bits_per_sec: u64,
     /// The leaf bfifo's limit (bytes): never the 1000-packet default.
     pub leaf_limit_bytes: u64,
-    /// How the bulk leaf queues its flows' packets.
-    pub bulk_queue: BulkQueue,
 }
 
 /// Creates or changes the HTB classes of shaper class `class_id`: the inner class at the
@@ -285,14 +283,8 @@ fn set_tree(dev: &str, class_id: u32, class: &HtbClass, create: bool) -> Result<
         ),
     ];
     for (leaf, leaf_rate, prio) in leaves {
-        let per_flow = leaf == bulk_leaf(class_id);
         let leaf = handle_text(leaf);
         htb_class(&inner, &leaf, leaf_rate, ceil, prio)?;
-        if let (true, BulkQueue::PerFlow(queues)) = (per_flow, class.bulk_queue) {
-            if set_flow_queues(dev, &leaf, class, queues, create)? {
-                continue;
-            }
-        }
         // Bounds the real queue (HTB's default leaf is a txqueuelen-long pfifo).
         let limit = class.leaf_limit_bytes.to_string();
         set_leaf_qdisc(dev, &leaf, &["bfifo", "limit", &limit], create)?;

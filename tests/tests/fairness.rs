@@ -19,9 +19,8 @@
 //! - `--fair src`: a host with eight flows beside a host with one: the one >= 0.40
 //!   (measured 0.440-0.468, issue 0.45; by flow alone it would get 1/9);
 //! - `--fair none` keeps one queue: the UDP flow takes the class (TCP < 0.2);
-//! - the bulk leaf is one bfifo here and a queue per flow (fq_codel with the class's
-//!   CoDel) where the kernel has one, where Cubic beside UDP also keeps its RTT within
-//!   CAKE's + 3 ms (a guest test: `cargo xtask vm-test`);
+//! - the bulk leaf is one bfifo on every kernel, and Cubic beside UDP keeps its RTT
+//!   within CAKE's + 3 ms (CI's guests run that test on Debian's kernels too);
 //! - the class's flow count, fair share and drops by cause in `stats --json`.
 //!
 //! `latency.rs` runs with the default too and holds one flow alone, and four at 100
@@ -77,25 +76,6 @@ fn bulk_leaf(lab: &Lab) -> (String, serde_json::Value) {
         leaf["kind"].as_str().unwrap().to_string(),
         leaf["options"].clone(),
     )
-}
-
-/// Whether the router's kernel has fq_codel (Debian's do; the lab's does not).
-fn has_fq_codel(lab: &Lab) -> bool {
-    let made = lab
-        .router
-        .run(
-            "tc",
-            &[
-                "qdisc", "add", "dev", "lo", "root", "handle", "7:", "fq_codel",
-            ],
-        )
-        .is_ok();
-    if made {
-        lab.router
-            .run("tc", &["qdisc", "del", "dev", "lo", "root"])
-            .unwrap();
-    }
-    made
 }
 
 fn stats(lab: &Lab) -> serde_json::Value {
@@ -167,6 +147,13 @@ fn tcp_beside_udp(
         |(shares, _)| shares.tcp[0],
     );
     println!("{what}: {shares}");
+    assert_held_to_share(&what, &shares, &row, tcp_least);
+}
+
+/// The TCP flow at least `tcp_least` of the rate, the UDP flow and the two together
+/// within the issue's bounds, and the flood's excess dropped for being over its share
+/// rather than by the class queue's cap.
+fn assert_held_to_share(what: &str, shares: &Shares, row: &serde_json::Value, tcp_least: f64) {
     assert!(
         shares.tcp[0] >= tcp_least,
         "{what}: TCP got {:.3} of the rate",
@@ -182,8 +169,6 @@ fn tcp_beside_udp(
         "{what}: together {:.3}",
         shares.total()
     );
-    // The unresponsive flow's excess is dropped for being over its share, not by the
-    // class queue's cap.
     let (fair, queue) = (
         row["fair_dropped_packets"].as_u64().unwrap(),
         row["queue_dropped_packets"].as_u64().unwrap(),
@@ -196,87 +181,43 @@ fn tcp_beside_udp(
     assert_eq!(row["fair"], "flow");
 }
 
-/// A fair class's bulk leaf is a queue per flow where the kernel has fq_codel (with the
-/// class's CoDel: 5 ms, 100 ms, ECN), else one FIFO, and `stats` says which; `--fair
-/// none` makes it one FIFO, and back.
-fn bulk_leaf_follows_fair(lab: &Lab) {
-    let per_flow = has_fq_codel(lab);
-    let (kind, options) = bulk_leaf(lab);
-    println!("fair flow: bulk leaf {kind} {options}");
-    if per_flow {
-        assert_eq!(kind, "fq_codel");
-        // In µs, as tc reads them back (through the kernel's ticks: 4999 for 5000).
-        let micros = |name: &str| options[name].as_u64().unwrap_or(0);
-        assert!((4_999..=5_000).contains(&micros("target")), "{options}");
-        assert!(
-            (99_999..=100_000).contains(&micros("interval")),
-            "{options}"
-        );
-        assert_eq!(options["ecn"], true, "{options}");
-        assert_eq!(stats(lab)["bulk_leaf"], "flow queues");
-    } else {
-        assert_eq!(kind, "bfifo");
-        assert_eq!(stats(lab)["bulk_leaf"], "fifo");
+/// A fair class's bulk leaf is one bounded FIFO on every kernel (the program alone keeps
+/// the flows apart), `stats` says so, and `--fair none` and back keep it one.
+fn bulk_leaf_is_one_fifo(lab: &Lab) {
+    for fair in ["flow", "none", "flow"] {
+        lab.router
+            .shaper(&["class", "change", "bulk", "--dev", "r1", "--fair", fair])
+            .unwrap();
+        let (kind, options) = bulk_leaf(lab);
+        println!("fair {fair}: bulk leaf {kind} {options}");
+        assert_eq!(kind, "bfifo", "fair {fair}");
+        assert_eq!(stats(lab)["bulk_leaf"], "fifo", "fair {fair}");
     }
-    lab.router
-        .shaper(&["class", "change", "bulk", "--dev", "r1", "--fair", "none"])
-        .unwrap();
-    assert_eq!(bulk_leaf(lab).0, "bfifo");
-    lab.router
-        .shaper(&["class", "change", "bulk", "--dev", "r1", "--fair", "flow"])
-        .unwrap();
-    assert_eq!(
-        bulk_leaf(lab).0,
-        if per_flow { "fq_codel" } else { "bfifo" }
-    );
 }
 
+/// Cubic beside a UDP flood at 2x on the µs path keeps half the rate and its own queue
+/// short: its RTT at most CAKE's + 3 ms (CAKE 6.3-6.7 ms in Debian's 6.12; 7.2 here with
+/// the egress splitter, where an fq_codel leaf read 7.6-9.0 and one FIFO with the
+/// senders' aggregates whole 10.8). CI's guests run it on Debian's kernels too.
 #[test]
-fn cubic_keeps_half_beside_a_udp_flood() {
-    tcp_beside_udp(None, "cubic", "20M", 0.45);
-}
-
-/// The bulk leaf as the kernel can give it: one FIFO here (the lab's kernel has no
-/// fq_codel), a queue per flow in Debian's (`cargo xtask vm-test` and CI's guests run
-/// `per_flow_leaves_keep_bbr_at_half_beside_a_udp_flood`).
-#[test]
-fn a_fair_classs_bulk_leaf_is_what_the_kernel_can_give() {
-    bulk_leaf_follows_fair(&shaped_lab(None, &[]));
-}
-
-/// In a kernel with fq_codel: the bulk leaf is a queue per flow, and Cubic beside a UDP
-/// flood at 2x on the µs path keeps half the rate and its own queue short: its RTT at
-/// most CAKE's + 3 ms (CAKE 6.3-6.5 ms in 6.12; one FIFO: 10.8, the flood's admitted
-/// share queued in front of it; a queue per flow: 7.5, in the guests 7.6-9.0). The leaf's
-/// CoDel drops and counts.
-#[test]
-#[ignore = "needs fq_codel: cargo xtask vm-test runs it in Debian's kernels"]
-fn per_flow_leaves_keep_cubic_at_half_and_its_queue_short_beside_a_udp_flood() {
+fn cubic_keeps_half_and_its_queue_short_beside_a_udp_flood() {
     const RTT_MOST_MS: f64 = 9.5;
-    let lab = shaped_lab(None, &[]);
-    assert!(has_fq_codel(&lab), "this kernel has no fq_codel");
-    bulk_leaf_follows_fair(&lab);
-    drop(lab);
+    bulk_leaf_is_one_fifo(&shaped_lab(None, &[]));
     let (shares, row) = median_if_outside(
-        "cubic beside UDP at 2x in flow queues, RTT",
+        "cubic beside UDP at 2x, TCP share and RTT",
         || tcp_beside_udp_run(None, "cubic", "20M"),
-        |(shares, _)| shares.tcp[0] >= 0.45 && shares.worst_rtt_ms() <= RTT_MOST_MS,
-        |(shares, _)| shares.worst_rtt_ms(),
+        |(shares, _)| {
+            shares.tcp[0] >= 0.45
+                && shares.udp[0] <= UDP_MOST
+                && shares.total() >= TOGETHER_LEAST
+                && shares.worst_rtt_ms() <= RTT_MOST_MS
+        },
+        |(shares, _)| shares.tcp[0] - shares.worst_rtt_ms() / 100.0,
     );
-    println!("cubic beside UDP at 2x in flow queues: {shares}; {row}");
-    assert!(shares.tcp[0] >= 0.45, "TCP got {:.3}", shares.tcp[0]);
-    assert!(shares.udp[0] <= UDP_MOST, "UDP got {:.3}", shares.udp[0]);
+    println!("cubic beside UDP at 2x: {shares}; {row}");
+    assert_held_to_share("cubic beside UDP at 2x", &shares, &row, 0.45);
     let rtt = shares.worst_rtt_ms();
     assert!(rtt <= RTT_MOST_MS, "Cubic's RTT {rtt:.1} ms");
-    assert_eq!(row["bulk_leaf"], "flow queues");
-    // The leaf's CoDel drops; the class queue drops only at its hard cap (CoDel there
-    // stands aside: `test_run.rs` shows it packet by packet), while the flood starts.
-    let count = |name: &str| row[name].as_u64().unwrap();
-    assert!(count("leaf_dropped_packets") > 0, "{row}");
-    assert!(
-        count("fair_dropped_packets") > 100 * count("queue_dropped_packets"),
-        "{row}"
-    );
 }
 
 /// BBR beside a flood at 10x on the µs path, the cell forwarded aggregates cost most

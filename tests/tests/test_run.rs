@@ -278,7 +278,8 @@ impl Harness {
     }
 
     /// Marks class `id`'s bulk leaf as a queue per flow (`fair::FAIR_FLOW_QUEUES`, what
-    /// shaper sets where it made an fq_codel leaf).
+    /// shaper 0.3 set where it made an fq_codel leaf; such a class keeps it after an
+    /// upgrade until it is changed).
     fn with_flow_queues(&self, id: u32) {
         let mut classes = self.attachment.classes().unwrap();
         let mut config = classes.get(&id, 0).unwrap();
@@ -1949,7 +1950,8 @@ fn codel_drops_a_gso_aggregate_of_k_segments_one_time_in_k() {
 /// never dropped; A, the only flow over its share, is held to what B leaves (5.6 Mbit/s
 /// within 5 % over the last 3 s), not to half the rate nor the whole; most drops count
 /// as fair drops (A beyond its cap), the rest are the class queue's CoDel's, on A alone.
-/// Marked as having a queue per flow in its leaf (fq_codel's CoDel then judges each flow),
+/// Marked as having a queue per flow in its leaf (shaper 0.3's fq_codel leaf, whose CoDel
+/// then judges each flow),
 /// the class queue's CoDel drops nothing and B is still spared. With `--fair none` (the
 /// one queue of before) B loses packets to A's queue.
 #[test]

@@ -199,8 +199,8 @@ const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
     ),
     (
         "fairness",
-        &["per_flow_leaves_keep_cubic_at_half_and_its_queue_short_beside_a_udp_flood"],
-        Needs::Fq,
+        &["cubic_keeps_half_and_its_queue_short_beside_a_udp_flood"],
+        Needs::Any,
     ),
     (
         "policing",

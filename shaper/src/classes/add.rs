@@ -139,7 +139,6 @@ impl<'a> Batch<'a> {
         let mut config = rated.config(seq as u32, parent);
         if spec.action.action == Action::Shape && spec.action.arg != 0 {
             config.sparse_priority = qdisc::sparse_leaf(id);
-            config.codel.fair |= qdisc::flow_queues_flag(config.codel.fair);
             // On ingress, where the program sends the class's packets to queue.
             config.action_mask = ifb;
         }

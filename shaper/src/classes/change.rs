@@ -314,10 +314,9 @@ fn resync_shaping(
             qdisc::set_class(dev, id, &htb, false)?;
         }
     }
+    // Made again without `FAIR_FLOW_QUEUES`: the leaf is a FIFO now, whatever an earlier
+    // shaper made (`qdisc::set_class` above replaced an fq_codel leaf).
     config.codel = rated.codel.unwrap_or_default().config(drain_rate);
-    if config.action_arg != 0 {
-        config.codel.fair |= qdisc::flow_queues_flag(config.codel.fair);
-    }
     config.sparse_cost = sparse_cost(drain_rate);
     Ok(())
 }

@@ -317,16 +317,6 @@ impl ClassSpec {
     pub(super) fn htb_class(&self, parent: Option<u32>, children_rate: u64) -> qdisc::HtbClass {
         let (ceil, cburst) = self.drain();
         let codel = self.codel.unwrap_or_default();
-        let bulk_queue = if codel.fair == super::Fair::None {
-            qdisc::BulkQueue::Fifo
-        } else {
-            let config = codel.config(ceil);
-            qdisc::BulkQueue::PerFlow(qdisc::FlowQueues {
-                target_ns: config.target_ns,
-                interval_ns: config.interval_ns,
-                ecn: codel.ecn,
-            })
-        };
         qdisc::HtbClass {
             parent,
             rate_bits_per_sec: self.rate_bits_per_sec,
@@ -335,7 +325,6 @@ impl ClassSpec {
             cburst_bytes: cburst,
             own_rate_bits_per_sec: self.rate_bits_per_sec.saturating_sub(children_rate),
             leaf_limit_bytes: codel.leaf_limit_bytes(ceil),
-            bulk_queue,
         }
     }
 }

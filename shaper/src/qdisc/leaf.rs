@@ -1,53 +1,18 @@
-//! A shape class's bulk leaf: one bounded FIFO, or a queue per flow (fq_codel) where the
-//! kernel has one, and the counters tc keeps for it.
+//! A shape class's leaves: each one bounded FIFO (the program alone keeps the flows
+//! apart: DESIGN.md, flow isolation), and the counters tc keeps for them. Shaper 0.3
+//! made a fair class's bulk leaf an fq_codel where the kernel had one; such a leaf is
+//! still read (and the program still leaves its flows' CoDel to it) until a `class
+//! change` or an `apply` makes it a FIFO.
 
-use super::{tc, HtbClass, BULK_BASE, HTB_MAJOR};
+use super::{tc, BULK_BASE, HTB_MAJOR};
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// The bulk leaf's queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BulkQueue {
-    /// One FIFO: `--fair none`, and every fair class on a kernel without fq_codel.
-    Fifo,
-    /// A queue per flow served in turn (fq_codel's deficit round robin), so one flow's
-    /// backlog never stands in front of another's packets (a FIFO made a Cubic flow beside
-    /// a UDP flood wait behind the flood's admitted share), each judged by a CoDel of its
-    /// own at the class's settings (`fair::FAIR_FLOW_QUEUES`: the program's CoDel then
-    /// judges no flow of the class's own queue; its fair caps still hold a flood).
-    PerFlow(FlowQueues),
-}
-
-/// A per-flow leaf's CoDel: the class's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct FlowQueues {
-    pub target_ns: u64,
-    pub interval_ns: u64,
-    pub ecn: bool,
-}
-
-/// Whether the kernel lacks fq_codel (learnt once: tc's error on the first per-flow leaf).
-static NO_FLOW_QUEUES: AtomicBool = AtomicBool::new(false);
-/// Whether a per-flow leaf was made (or changed) by this process.
-static FLOW_QUEUES_MADE: AtomicBool = AtomicBool::new(false);
-
-/// `shaper_common::fair::FAIR_FLOW_QUEUES` for the config of a class of fair mode `fair`
-/// whose HTB class was just made or changed (`set_class`): set when its bulk leaf is a
-/// queue per flow, so the program leaves each flow's CoDel to the leaf.
-pub(crate) fn flow_queues_flag(fair: u32) -> u32 {
-    // Made once means the kernel has fq_codel: every fair class's leaf is one.
-    if fair != shaper_common::fair::FAIR_NONE && FLOW_QUEUES_MADE.load(Ordering::Relaxed) {
-        shaper_common::fair::FAIR_FLOW_QUEUES
-    } else {
-        0
-    }
-}
 
 /// Makes (or changes) `leaf`'s qdisc. An existing one is changed in place: replacing it
 /// would drop its queue, a burst of losses at every rate change (a global class's share
-/// moves every few seconds); one of another kind is replaced.
+/// moves every few seconds); one of another kind (an fq_codel leaf an earlier shaper
+/// made) is replaced.
 pub(super) fn set_leaf_qdisc(
     dev: &str,
     leaf: &str,
@@ -65,62 +30,9 @@ pub(super) fn set_leaf_qdisc(
     Ok(())
 }
 
-/// The bulk leaf as a queue per flow (`BulkQueue::PerFlow`); false where the kernel has
-/// no fq_codel (the leaf is then a FIFO, and the program alone keeps the flows apart).
-pub(super) fn set_flow_queues(
-    dev: &str,
-    leaf: &str,
-    class: &HtbClass,
-    queues: FlowQueues,
-    create: bool,
-) -> Result<bool> {
-    if NO_FLOW_QUEUES.load(Ordering::Relaxed) {
-        return Ok(false);
-    }
-    let options = flow_queue_options(class.leaf_limit_bytes, queues);
-    let mut args = vec!["fq_codel"];
-    args.extend(options.iter().map(String::as_str));
-    match set_leaf_qdisc(dev, leaf, &args, create) {
-        Ok(()) => {
-            FLOW_QUEUES_MADE.store(true, Ordering::Relaxed);
-            Ok(true)
-        }
-        Err(error) if unknown_kind(&error.to_string()) => {
-            NO_FLOW_QUEUES.store(true, Ordering::Relaxed);
-            Ok(false)
-        }
-        Err(error) => Err(error),
-    }
-}
-
-/// fq_codel's options for a per-flow bulk leaf: its CoDel at the class's target, interval
-/// and ECN; its memory bounded to four times the bytes the class sends in its hard cap
-/// (an skb's truesize runs up to twice its length), its packet limit fq_codel's default.
-fn flow_queue_options(leaf_limit_bytes: u64, queues: FlowQueues) -> Vec<String> {
-    let FlowQueues {
-        target_ns,
-        interval_ns,
-        ecn,
-    } = queues;
-    let micros = |ns: u64| format!("{}us", ns.div_ceil(1000).max(1));
-    vec![
-        "limit".into(),
-        "10240".into(),
-        "memory_limit".into(),
-        leaf_limit_bytes
-            .saturating_mul(4)
-            .min(u32::MAX as u64)
-            .to_string(),
-        "target".into(),
-        micros(target_ns),
-        "interval".into(),
-        micros(interval_ns),
-        if ecn { "ecn" } else { "noecn" }.into(),
-    ]
-}
-
-/// What a shape class's bulk leaf did itself: a queue per flow (fq_codel) or one FIFO,
-/// and the packets it dropped and CE-marked (tc's counters; no bytes: fq_codel keeps none).
+/// What a shape class's bulk leaf did itself: one FIFO, or a queue per flow (an fq_codel
+/// shaper 0.3 made), and the packets it dropped and CE-marked (tc's counters; no bytes:
+/// fq_codel keeps none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeafCounts {
     pub per_flow: bool,
@@ -162,33 +74,10 @@ fn leaf_counts_of(qdiscs: &Value) -> BTreeMap<u32, LeafCounts> {
         .collect()
 }
 
-/// Whether tc's error says the kernel has no such qdisc kind (extack's text, or the
-/// ENOENT an older tc prints).
-fn unknown_kind(error: &str) -> bool {
-    error.contains("kind is unknown") || error.contains("No such file or directory")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::qdisc::bulk_leaf;
-
-    #[test]
-    fn a_per_flow_leaf_holds_its_codel_back_to_the_cap_and_bounds_its_memory() {
-        let queue = |target_ns, ecn| FlowQueues {
-            target_ns,
-            interval_ns: 100_000_000,
-            ecn,
-        };
-        let options = flow_queue_options(125_000, queue(5_000_000, false));
-        assert_eq!(
-            options.join(" "),
-            "limit 10240 memory_limit 500000 target 5000us interval 100000us noecn"
-        );
-        // A target of a fraction of a microsecond still names one.
-        let options = flow_queue_options(6_000, queue(400, true));
-        assert_eq!((options[5].as_str(), options[8].as_str()), ("1us", "ecn"));
-    }
 
     #[test]
     fn bulk_leaves_counters_are_read_from_tc_by_handle() {
@@ -218,15 +107,5 @@ mod tests {
                 marked_packets: 0
             }
         );
-    }
-
-    #[test]
-    fn only_a_missing_kind_makes_the_bulk_leaf_a_fifo() {
-        assert!(unknown_kind(
-            "tc qdisc replace dev d0 parent 5348:8001 fq_codel failed: Error: Specified qdisc kind is unknown."
-        ));
-        assert!(!unknown_kind(
-            "tc qdisc change failed: Error: Qdisc not found. To create specify NLM_F_CREATE flag."
-        ));
     }
 }

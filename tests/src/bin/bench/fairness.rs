@@ -396,7 +396,7 @@ fn peer_configuration(limiter: &str, one_way: Option<Duration>) -> String {
             peer_configuration(SHAPER, one_way)
         ),
         _ => format!(
-            "shaper attach {ROUTER_TO_SERVER}; shaper class add bulk --dev {ROUTER_TO_SERVER} --rate {PEER_RATE} --action shape (fair by flow, burst 128k, CoDel 5/100 ms; HTB leaf fq_codel with the class's CoDel)"
+            "shaper attach {ROUTER_TO_SERVER}; shaper class add bulk --dev {ROUTER_TO_SERVER} --rate {PEER_RATE} --action shape (fair by flow, burst 128k, CoDel 5/100 ms; forwarded aggregates split on the way out; HTB leaf one bfifo)"
         ),
     }
 }
