@@ -89,10 +89,12 @@ pub struct PublishArgs {
     #[arg(short = 'f', long = "file")]
     pub file: String,
     /// The Redis URL to write through (default: the file's `[coordination] redis`); its
-    /// user must be allowed to write the limits, which a host's user is not.
+    /// user must be allowed to write the limits, which a host's user is not. Without a
+    /// password (refused here: `ps` shows it to everyone).
     #[arg(long)]
     pub redis: Option<String>,
-    /// A file (readable by its owner alone) with that user's password.
+    /// A file (readable by its owner alone) with that user's password; else
+    /// $SHAPER_REDIS_PASSWORD.
     #[arg(long)]
     pub password_file: Option<std::path::PathBuf>,
     /// Print what would be published and write nothing.

@@ -85,7 +85,17 @@ fn remove_namespace_pins(name: &str) {
     }
     // Whatever detach could not remove (a missing binary, a half-made attachment).
     let _ = std::fs::remove_dir_all(&pin_dir);
+    // And the records of which build pinned programs whose pins are gone
+    // (`/run/shaper/builds/`, each named by its pin directory's path with `%` for `/`).
+    for record in names_in(BUILD_RECORDS) {
+        if !Path::new(&record.replace('%', "/")).exists() {
+            let _ = std::fs::remove_file(Path::new(BUILD_RECORDS).join(record));
+        }
+    }
 }
+
+/// Where shaper notes which build pinned each attachment's program.
+const BUILD_RECORDS: &str = "/run/shaper/builds";
 
 /// The pid in a lab name `shp<pid>x<n>-…`.
 fn lab_pid(name: &str) -> Option<u32> {

@@ -131,6 +131,10 @@ pub struct GlobalLab {
     pub proxy: Option<Proxy>,
     /// With [`GlobalClass::sentinel`]: the first sentinel the hosts name, black-holed.
     sentinel_hole: Option<Proxy>,
+    /// With [`GlobalClass::sentinel`]: a server the hosts' users may write (and, with
+    /// TLS, with Redis's own certificate), and the sentinel that names it as the
+    /// service's primary, listed second: a lying sentinel the others outvote.
+    pub decoy: Option<(RedisServer, Sentinel)>,
     pub class: GlobalClass,
     /// The global key (unique per lab, so labs never share Redis state).
     pub key: String,
@@ -176,6 +180,7 @@ impl GlobalLab {
             sentinels: Vec::new(),
             proxy: None,
             sentinel_hole: None,
+            decoy: None,
             class,
             key: format!("lab-{id}"),
             daemons: Vec::new(),
@@ -226,12 +231,31 @@ impl GlobalLab {
     }
 
     /// A replica of the lab's Redis and three sentinels watching it; the hosts' URLs
-    /// become `redis+sentinel://` ones naming the sentinels.
+    /// become `redis+sentinel://` ones naming the sentinels (`rediss+sentinel://` with
+    /// TLS: the sentinels, the primary and the replica all speak it).
     fn watch_with_sentinels(&mut self) -> Result<()> {
         self.replica = Some(RedisServer::start_replica_of(&self.redis)?);
+        let tls = self.redis.tls().is_some();
+        let start = |server: &RedisServer| {
+            if tls {
+                Sentinel::start_tls(server)
+            } else {
+                Sentinel::start(server.port)
+            }
+        };
         for _ in 0..3 {
-            self.sentinels.push(Sentinel::start(self.redis.port)?);
+            self.sentinels.push(start(&self.redis)?);
         }
+        let mut decoy = if tls {
+            RedisServer::start_tls_like(&self.redis)?
+        } else {
+            RedisServer::start()?
+        };
+        for index in 0..self.hosts.len() {
+            decoy.host_user(&format!("host-{index}"), &host_password(index))?;
+        }
+        let liar = start(&decoy)?;
+        self.decoy = Some((decoy, liar));
         // Ready for a failover once every sentinel knows the replica.
         let deadline = Instant::now() + Duration::from_secs(15);
         while !self
@@ -256,15 +280,20 @@ impl GlobalLab {
         // must move on to the next one.
         let hole = Proxy::start(self.sentinels[0].port)?;
         hole.hold();
+        let port_of = |sentinel: &Sentinel| sentinel.tls_port.unwrap_or(sentinel.port);
+        let liar = self.decoy.as_ref().map(|(_, liar)| port_of(liar));
         let sentinels: Vec<String> = std::iter::once(hole.port)
-            .chain(self.sentinels.iter().map(|s| s.port))
+            .chain(liar)
+            .chain(self.sentinels.iter().map(port_of))
             .map(|port| format!("127.0.0.1:{port}"))
             .collect();
         self.sentinel_hole = Some(hole);
-        let primary = format!("127.0.0.1:{}/0", self.redis.port);
+        let primary_port = self.redis.tls().map_or(self.redis.port, |tls| tls.port);
+        let primary = format!("127.0.0.1:{primary_port}/0");
         let watched = format!("{}/{SERVICE}/0", sentinels.join(","));
         for url in &mut self.urls {
             *url = url
+                .replace("rediss://", "rediss+sentinel://")
                 .replace("redis://", "redis+sentinel://")
                 .replace(&primary, &watched);
         }
@@ -463,6 +492,18 @@ impl GlobalLab {
     /// SIGKILLs host `index`'s daemon (what the kernel holds stays).
     pub fn kill_daemon(&mut self, index: usize) {
         self.daemons[index] = None;
+    }
+
+    /// SIGTERMs host `index`'s daemon and waits for it to exit, as `systemctl stop` does
+    /// (SIGKILL past 5 s).
+    pub fn terminate_daemon(&mut self, index: usize) -> Result<()> {
+        if let Some(daemon) = &mut self.daemons[index] {
+            let pid = nix::unistd::Pid::from_raw(daemon.child.id() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+            wait_bounded(&mut daemon.child, Duration::from_secs(5))?;
+        }
+        self.daemons[index] = None;
+        Ok(())
     }
 
     /// Every host's Redis password (from its URL or its password file).
@@ -688,15 +729,25 @@ impl GlobalLab {
     pub fn windows(
         &mut self,
         duration: Duration,
+        during: impl FnMut(&mut Self, usize) -> Result<()>,
+    ) -> Result<Vec<Vec<f64>>> {
+        self.windows_of(WINDOW, duration, during)
+    }
+
+    /// As [`GlobalLab::windows`], in windows of `window`.
+    pub fn windows_of(
+        &mut self,
+        window: Duration,
+        duration: Duration,
         mut during: impl FnMut(&mut Self, usize) -> Result<()>,
     ) -> Result<Vec<Vec<f64>>> {
-        let count = (duration.as_millis() / WINDOW.as_millis()) as usize;
+        let count = (duration.as_millis() / window.as_millis()) as usize;
         let mut rates = Vec::with_capacity(count);
         let mut last = self.delivered()?;
         let mut at = Instant::now();
-        let mut next = at + WINDOW;
-        for window in 0..count {
-            during(self, window)?;
+        let mut next = at + window;
+        for index in 0..count {
+            during(self, index)?;
             for index in 0..self.senders.len() {
                 self.check_sender(index)?;
             }
@@ -716,7 +767,7 @@ impl GlobalLab {
             );
             last = bytes;
             at = now;
-            next += WINDOW;
+            next += window;
         }
         Ok(rates)
     }

@@ -45,6 +45,30 @@ impl Tls {
         self.dir.join("other-ca.pem")
     }
 
+    /// A new directory with this one's CAs, certificate and key (for another server
+    /// the same clients trust); its port still to be chosen.
+    pub fn copy_of(&self) -> Result<Self> {
+        static COPIES: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "{REDIS_TLS_PREFIX}{}-copy{}",
+            std::process::id(),
+            COPIES.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let copy = Self {
+            port: free_port()?,
+            dir,
+        };
+        for name in ["ca.pem", "other-ca.pem", "server.pem", "server.key"] {
+            std::fs::copy(self.dir.join(name), copy.dir.join(name))
+                .with_context(|| format!("cannot copy {name}"))?;
+        }
+        Ok(copy)
+    }
+
     fn make(dir: &Path) -> Result<()> {
         // Owner-only, and new: a directory left by another run is an error, not reused.
         std::fs::DirBuilder::new()
@@ -131,8 +155,6 @@ pub const HOST_ACL: &[&str] = &[
     "+hdel",
     "+del",
     "+pexpire",
-    // Behind Sentinel, the client asks the primary it was named whether it is one.
-    "+role",
 ];
 
 /// A loopback port nothing listens on now.
@@ -171,18 +193,31 @@ impl RedisServer {
     /// A replica of `primary` (for Sentinel to promote), with the primary's ACL users (ACL
     /// users are not replicated).
     pub fn start_replica_of(primary: &RedisServer) -> Result<Self> {
+        // A TLS primary's replica listens for TLS too, with the same certificate, and
+        // replicates over TLS (it then tells the primary, and so the sentinels, its TLS
+        // port).
+        let tls = primary.tls.as_ref().map(Tls::copy_of).transpose()?;
         let mut server = Self {
             port: free_port()?,
             child: None,
             users: Vec::new(),
-            tls: None,
-            replica_of: Some(primary.port),
+            tls,
+            replica_of: Some(primary.tls.as_ref().map_or(primary.port, |tls| tls.port)),
         };
         server.spawn()?;
         for (user, password) in &primary.users {
             server.host_user(user, password)?;
         }
         Ok(server)
+    }
+
+    /// A TLS server with `other`'s certificate (a decoy the same clients would trust),
+    /// its own data, and no users but the default one.
+    pub fn start_tls_like(other: &RedisServer) -> Result<Self> {
+        let mut tls = other.tls.as_ref().context("not a TLS server")?.copy_of()?;
+        let [port, tls_port] = free_ports()?;
+        tls.port = tls_port;
+        Self::launch(port, Some(tls))
     }
 
     /// A server that also listens for TLS (clients not asked for certificates).
@@ -245,6 +280,9 @@ impl RedisServer {
             ]);
         if let Some(primary) = self.replica_of {
             command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+            if self.tls.is_some() {
+                command.args(["--tls-replication", "yes"]);
+            }
         }
         if let Some(tls) = &self.tls {
             let file = |name: &str| tls.dir.join(name).display().to_string();

@@ -4,7 +4,7 @@
 //! file), killed with the test process, stopped and removed on drop.
 
 use crate::process::{dies_with_parent, output_bounded, wait_bounded};
-use crate::redis::free_port;
+use crate::redis::{free_port, RedisServer, Tls};
 use anyhow::{bail, Context as _, Result};
 use std::{
     path::PathBuf,
@@ -20,6 +20,8 @@ pub const SERVICE: &str = "shaper-lab";
 
 pub struct Sentinel {
     pub port: u16,
+    /// With TLS: the port that speaks it (`port` stays plain, for the test's own checks).
+    pub tls_port: Option<u16>,
     dir: PathBuf,
     child: Option<Child>,
 }
@@ -28,7 +30,19 @@ impl Sentinel {
     /// A sentinel watching the primary on `primary_port` (quorum 2 of 3), ready once it
     /// names that primary.
     pub fn start(primary_port: u16) -> Result<Self> {
+        Self::start_with(primary_port, None)
+    }
+
+    /// A sentinel watching `primary`'s TLS port over TLS, itself answering on a TLS port
+    /// too, with `primary`'s certificate (a TLS primary's replica announces its TLS port).
+    pub fn start_tls(primary: &RedisServer) -> Result<Self> {
+        let tls = primary.tls().context("the primary speaks no TLS")?;
+        Self::start_with(tls.port, Some(tls))
+    }
+
+    fn start_with(primary_port: u16, tls: Option<&Tls>) -> Result<Self> {
         let port = free_port()?;
+        let tls_port = tls.map(|_| free_port()).transpose()?;
         let dir =
             std::env::temp_dir().join(format!("{SENTINEL_PREFIX}{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
@@ -40,8 +54,21 @@ impl Sentinel {
                  sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
                  sentinel down-after-milliseconds {SERVICE} 500\n\
                  sentinel failover-timeout {SERVICE} 5000\n\
-                 sentinel parallel-syncs {SERVICE} 1\n",
-                dir = dir.display()
+                 sentinel parallel-syncs {SERVICE} 1\n{tls}",
+                dir = dir.display(),
+                tls = match (tls, tls_port) {
+                    (Some(tls), Some(tls_port)) => {
+                        let file = |name: &str| tls.dir.join(name).display().to_string();
+                        format!(
+                            "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\n\
+                             tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                            file("server.pem"),
+                            file("server.key"),
+                            file("ca.pem")
+                        )
+                    }
+                    _ => String::new(),
+                }
             ),
         )?;
         let child = dies_with_parent(Command::new("redis-server").arg(&file).arg("--sentinel"))
@@ -51,6 +78,7 @@ impl Sentinel {
             .context("cannot start redis-server --sentinel")?;
         let sentinel = Self {
             port,
+            tls_port,
             dir,
             child: Some(child),
         };

@@ -52,10 +52,10 @@ async fn daemon(args: DaemonArgs, interval: Duration, address: SocketAddr) -> Re
         .map_err(|e| runtime(format!("cannot listen on {address} for metrics: {e}")))?;
     let daemon = Rc::new(RefCell::new(Daemon::new(
         &args.file,
-        desired,
+        desired.clone(),
         !args.no_upgrade,
     )));
-    daemon.borrow_mut().start();
+    shaper::daemon::holding_shares(&desired, || daemon.borrow_mut().start());
     log::info!(
         "serving metrics on http://{address}/metrics; checking every {}",
         humantime::format_duration(interval)

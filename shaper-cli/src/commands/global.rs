@@ -8,6 +8,9 @@ use shaper::{
     units::format_rate,
 };
 
+/// The environment variable `global publish` reads an administrator's password from.
+const PASSWORD_VARIABLE: &str = "SHAPER_REDIS_PASSWORD";
+
 pub fn run(netns: Option<String>, command: GlobalCommand) -> Result<()> {
     if netns.is_some() {
         return Err(usage(
@@ -47,6 +50,12 @@ fn publish(args: PublishArgs) -> Result<()> {
         )));
     };
     global::check_url(&url).map_err(usage)?;
+    if args.redis.as_deref().is_some_and(global::url_has_password) {
+        return Err(usage(format!(
+            "--redis {} carries a password, which every user of this host can read (ps): put it in --password-file or ${PASSWORD_VARIABLE}",
+            global::redacted(&url)
+        )));
+    }
     let describe = |limits: &global::KeyLimits| {
         format!(
             "{}: limit {}, floor {}, interval {}",
@@ -69,11 +78,14 @@ fn publish(args: PublishArgs) -> Result<()> {
             .then(|| coordination.and_then(|c| c.password_file.clone()))
             .flatten()
     });
-    let password = password_file
-        .as_deref()
-        .map(global::read_password)
-        .transpose()
-        .map_err(|e| usage(format!("{e:#}")))?;
+    let password = match password_file {
+        Some(path) => Some(global::read_password(&path).map_err(|e| usage(format!("{e:#}")))?),
+        // An administrator's password from the environment (a secret store's injection),
+        // never from argv: --password-file wins when both are given.
+        None => std::env::var(PASSWORD_VARIABLE)
+            .ok()
+            .filter(|password| !password.is_empty()),
+    };
     let published =
         global::publish(&url, password.as_deref(), &keys).map_err(|e| runtime(format!("{e:#}")))?;
     for key in published {

@@ -65,17 +65,7 @@ pub async fn run(daemon: Rc<RefCell<Daemon>>) {
         let interval = settings.interval;
         let started = Instant::now();
         let desired = daemon.borrow().desired.clone();
-        let configured = desired.interfaces.iter().flat_map(|interface| {
-            interface.classes.iter().map(|(direction, spec)| {
-                let location = Location {
-                    netns: interface.netns.clone(),
-                    dev: interface.dev.clone(),
-                    direction: *direction,
-                };
-                (location, spec)
-            })
-        });
-        let classes = match global::host_classes(configured) {
+        let classes = match super::shares::configured_classes(&desired) {
             Ok(classes) => classes,
             Err(error) => {
                 log::error!("coordination: cannot read the global classes: {error:#}");

@@ -26,6 +26,9 @@ use anyhow::Result;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub mod coordinate;
+mod shares;
+
+pub use shares::holding_shares;
 
 fn unix_now() -> f64 {
     SystemTime::now()

@@ -23,6 +23,12 @@
 -- hosts, O(n log n)) runs again only when it is half an interval old. So n hosts cost
 -- O(n log n) per interval, not O(n^2).
 local hosts_key, shares_key = KEYS[1], KEYS[2]
+-- The two keys belong together: a caller cannot fill one class's hosts into another
+-- class's shares.
+if type(hosts_key) ~= 'string' or string.sub(hosts_key, 1, 8) ~= 'shaper:{'
+    or string.sub(hosts_key, -1) ~= '}' or shares_key ~= hosts_key .. ':shares' then
+  return redis.error_reply('shaper: KEYS must be shaper:{KEY} and shaper:{KEY}:shares')
+end
 
 -- A caller's arguments are checked before anything is written: a host with a bug (or
 -- another client with the hosts' ACL) cannot store what would break the fill for all.
@@ -78,7 +84,14 @@ local heard = math.max(interval, whole(6, 50, 10000))
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- A missing epoch is a new state: first use, or a Redis that restarted empty.
-local epoch = tonumber(redis.call('HGET', hosts_key, '.epoch'))
+-- Stored stamps and counts are read as whole numbers in range or not at all: another
+-- client with the hosts' ACL may have written `nan`, `inf`, `-1` or text there, which
+-- `tonumber` takes and every comparison after it would get wrong (a `nan` fill stamp
+-- stopped every fill for good).
+local function stored(key, field, lo, hi)
+  return whole_of(redis.call('HGET', key, field), lo, hi)
+end
+local epoch = stored(hosts_key, '.epoch', 0, most)
 -- TIME is the wall clock: stepped back (NTP, a VM restored), an epoch or fill "in the
 -- future" would hold the hosts in re-learning and stop the fills until the clock caught
 -- up. Past stamps are taken as now instead.
@@ -94,7 +107,7 @@ end
 -- No call for three intervals (Redis paused, a failover to a replica): every host is
 -- stale, and the first to call back would find itself alone and take the whole limit
 -- before the others report. That is a new state too: the hosts re-learn it.
-local last = tonumber(redis.call('HGET', hosts_key, '.filled'))
+local last = stored(hosts_key, '.filled', 0, most)
 if last and now - last > 3 * heard and epoch < now - 2 * interval then
   epoch = now
   redis.call('HSET', hosts_key, '.epoch', epoch)
@@ -114,8 +127,8 @@ redis.call('PEXPIRE', hosts_key, 40 * heard)
 
 -- A host the last fill does not know yet keeps what it holds until the next fill (a
 -- thousand hosts joining at once must not fill a thousand times).
-local mine = tonumber(redis.call('HGET', shares_key, host)) or current
-local filled = tonumber(redis.call('HGET', hosts_key, '.filled')) or 0
+local mine = stored(shares_key, host, 0, limit) or current
+local filled = stored(hosts_key, '.filled', 0, most) or 0
 local dropped = 0
 if now - filled >= interval / 2 or filled > now then
   -- Live hosts; those silent for three intervals are forgotten.
@@ -125,16 +138,18 @@ if now - filled >= interval / 2 or filled > now then
     local field = fields[i]
     if string.sub(field, 1, 2) == 'h:' then
       local d, c, at = string.match(fields[i + 1], '^(%d+) (%d+) (%d+) ?%w*$')
-      -- A field that does not parse (no host of this script wrote it) is dropped, as a
-      -- host silent for three intervals is (or stamped that far ahead: the clock stepped
-      -- back; a live host is back at its next report).
-      if not at then
+      local name = string.sub(field, 3)
+      -- A field that does not parse (no host of this script wrote it: its value, or a
+      -- name no host id has, such as `h:.hosts`) is dropped, as a host silent for three
+      -- intervals is (or stamped that far ahead: the clock stepped back; a live host is
+      -- back at its next report).
+      if not at or #name > 64 or not string.match(name, '^[%w][%w%-_.:]*$') then
         dropped = dropped + 1
         redis.call('HDEL', hosts_key, field)
       elseif math.abs(now - tonumber(at)) > 3 * heard then
         redis.call('HDEL', hosts_key, field)
       else
-        names[#names + 1] = string.sub(field, 3)
+        names[#names + 1] = name
         wants[#wants + 1] = tonumber(d)
       end
     end
@@ -174,7 +189,7 @@ if now - filled >= interval / 2 or filled > now then
   redis.call('PEXPIRE', shares_key, 40 * heard)
   redis.call('HSET', hosts_key, '.filled', now)
 end
-local n = tonumber(redis.call('HGET', shares_key, '.hosts')) or 1
+local n = stored(shares_key, '.hosts', 1, most) or 1
 
 -- While the hosts re-learn a new state (two intervals), nobody rises above what it holds:
 -- those that are still to report are not counted yet.

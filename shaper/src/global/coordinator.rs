@@ -12,7 +12,24 @@ pub struct Coordinator {
     connection: Option<redis::aio::ConnectionManager>,
     script: redis::Script,
     host_id: String,
+    /// This daemon among those reporting for the host id (`instance::for_host`).
+    instance: String,
     interval: Duration,
+}
+
+/// The instance of this process for `host_id`, taken once per host id for the process's
+/// life (a coordinator made again after a reconnect or a reload reports as the same).
+fn instance_for(host_id: &str) -> String {
+    static KNOWN: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut known = KNOWN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, instance)) = known.iter().find(|(id, _)| id == host_id) {
+        return instance.clone();
+    }
+    let instance = super::instance::for_host(host_id);
+    known.push((host_id.to_string(), instance.clone()));
+    instance
 }
 
 impl Coordinator {
@@ -37,21 +54,19 @@ impl Coordinator {
             connection: None,
             script: redis::Script::new(ALLOCATE),
             host_id: host_id.to_string(),
+            instance: instance_for(host_id),
             interval,
         })
     }
 
     /// The connection to report on: the one kept, or a new one (for Sentinel, to the
-    /// primary it names now; asking it is bounded by half an interval, as a report is).
+    /// primary most sentinels name now; asking each is bounded by half an interval, as a
+    /// report is).
     async fn connection(&mut self) -> redis::RedisResult<redis::aio::ConnectionManager> {
         if let Some(connection) = &self.connection {
             return Ok(connection.clone());
         }
-        let Ok(client) = tokio::time::timeout(self.interval / 2, self.target.client()).await else {
-            self.target.next_sentinel_first();
-            return Err((redis::ErrorKind::Io, "Sentinel did not answer in time").into());
-        };
-        let client = client?;
+        let client = self.target.client(self.interval / 2).await?;
         let connection = client.get_connection_manager_lazy(self.config.clone())?;
         self.connection = Some(connection.clone());
         Ok(connection)
@@ -117,7 +132,7 @@ impl Coordinator {
                 .arg(report.floor_bits_per_sec)
                 .arg(self.interval.as_millis() as u64)
                 .arg(HEADROOM_PPM)
-                .arg(instance());
+                .arg(&self.instance);
             async move {
                 let reply: Vec<u64> = invocation.invoke_async(&mut connection).await?;
                 let &[share, hosts, epoch, taken, limit, version, dropped, interval_ms] =
@@ -157,19 +172,6 @@ pub enum Reply {
     /// Another daemon holds this host id (it reported within 3 intervals): this one's
     /// report was refused.
     HostIdTaken,
-}
-
-/// This daemon among those that report to Redis (its pid and start time, in hex): the
-/// allocator keeps one daemon per host id.
-pub fn instance() -> &'static str {
-    static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    INSTANCE.get_or_init(|| {
-        let started = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        format!("{:x}{:x}", std::process::id(), started)
-    })
 }
 
 /// One class's report: its key, this host's demand, and what the allocator needs from

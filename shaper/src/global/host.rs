@@ -15,6 +15,9 @@ pub struct HostClass {
     pub on_loss: OnLoss,
     /// The share in force (the class's rate on this host).
     pub share_bits_per_sec: u64,
+    /// The hosts and the time of Redis's answer that share came with (Unix ms; 0: none).
+    pub hosts: u32,
+    pub answered_unix_ms: u64,
     pub usage: Usage,
 }
 
@@ -58,6 +61,8 @@ pub fn host_classes<'a>(
             floor_bits_per_sec: share.floor_bits_per_sec,
             on_loss: global.on_loss,
             share_bits_per_sec: share.share_bits_per_sec,
+            hosts: share.hosts,
+            answered_unix_ms: share.answered_unix_ms,
             usage: Usage {
                 passed_bytes: stats.passed_bytes,
                 dropped_bytes: stats.dropped_bytes,

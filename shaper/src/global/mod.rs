@@ -19,11 +19,12 @@ use std::time::Duration;
 
 mod coordinator;
 mod host;
+mod instance;
 mod publish;
 mod target;
 mod tracker;
 
-pub use coordinator::{instance, Coordinator, Reply, Report};
+pub use coordinator::{Coordinator, Reply, Report};
 pub use host::{host_classes, install, renew, update_for, HostClass, ShareView};
 pub use publish::{key_limits, publish, KeyLimits, Published};
 pub use tracker::{demand, Answer, Event, Limits, Tracker, Usage};

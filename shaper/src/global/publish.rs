@@ -78,8 +78,11 @@ pub fn publish(
     password: Option<&str>,
     keys: &[KeyLimits],
 ) -> anyhow::Result<Vec<Published>> {
-    let client = target::Target::new(url, password)?
-        .client_blocking()
+    let target = target::Target::new(url, password)?;
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(target.client(Duration::from_secs(5)))
         .with_context(|| format!("Sentinel did not name the primary ({})", redacted(url)))?;
     let mut connection = client
         .get_connection_with_timeout(Duration::from_secs(5))

@@ -1,40 +1,92 @@
 //! Where Redis is: one server (`redis://`, `rediss://`, `redis+unix://`), or the primary
-//! that Redis Sentinel names (`redis+sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`),
-//! asked again after every failure so a failover is followed.
+//! that Redis Sentinel names (`redis+sentinel://` or, over TLS to the sentinels and the
+//! primary, `rediss+sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`),
+//! asked again after every failure so a failover is followed. Every listed sentinel is
+//! asked at once and the primary is taken only when most of those that answer name it:
+//! one stale or lying sentinel cannot send the hosts' passwords elsewhere, and one that
+//! never answers costs a lookup only its own timeout.
 
 use super::redacted;
-use redis::{
-    sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType},
-    IntoConnectionInfo as _,
-};
+use redis::IntoConnectionInfo as _;
+use std::time::Duration;
 
 /// Sentinel's own port when a URL's host names none.
 const SENTINEL_PORT: u16 = 26379;
 
-/// A server, or the Sentinels that name the primary of a service.
+/// A server, or the sentinels that name the primary of a service.
 pub enum Target {
     Server(redis::Client),
-    Sentinel(SentinelClient, Sentinels),
+    Sentinel(Sentinels),
 }
 
-/// What a Sentinel client is made of, to make it again with another Sentinel first.
+/// The sentinels of a service and how to log in to the primary they name.
 pub struct Sentinels {
+    /// `redis://` or `rediss://` URLs, one per sentinel.
     urls: Vec<String>,
     service: String,
+    /// The primary's login and database.
     node: redis::RedisConnectionInfo,
+    tls: bool,
 }
 
 impl Sentinels {
-    fn client(&self) -> redis::RedisResult<SentinelClient> {
-        SentinelClient::build(
-            self.urls.clone(),
-            self.service.as_str(),
-            Some(
-                SentinelNodeConnectionInfo::default().set_redis_connection_info(self.node.clone()),
-            ),
-            SentinelServerType::Master,
-        )
+    /// The primary most of the answering sentinels name (strictly more than half).
+    async fn primary(&self, wait: Duration) -> redis::RedisResult<(String, u16)> {
+        let asks = self.urls.iter().map(|url| async move {
+            let ask = async {
+                let client = redis::Client::open(url.as_str())?;
+                let mut connection = client.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.service)
+                    .query_async::<Option<(String, u16)>>(&mut connection)
+                    .await
+            };
+            tokio::time::timeout(wait, ask).await.ok()?.ok().flatten()
+        });
+        // What each said (`None`: no answer, an error, or no such service).
+        let answers: Vec<Option<(String, u16)>> = futures_util::future::join_all(asks).await;
+        agreed(&answers).ok_or_else(|| {
+            let named: Vec<String> = answers
+                .iter()
+                .flatten()
+                .map(|(host, port)| format!("{host}:{port}"))
+                .collect();
+            redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "the sentinels named no primary by a majority",
+                format!(
+                    "{} of {} answered for {}: {named:?}",
+                    named.len(),
+                    self.urls.len(),
+                    self.service
+                ),
+            ))
+        })
     }
+
+    /// A client of the primary at `host:port`, with the login the URL gave.
+    fn client_of(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        let info = format!("{scheme}://{host}:{port}")
+            .into_connection_info()?
+            .set_redis_settings(self.node.clone());
+        redis::Client::open(info)
+    }
+}
+
+/// The address strictly more than half of the answering sentinels name.
+fn agreed(answers: &[Option<(String, u16)>]) -> Option<(String, u16)> {
+    let named: Vec<&(String, u16)> = answers.iter().flatten().collect();
+    named
+        .iter()
+        .find(|address| 2 * named.iter().filter(|other| other == address).count() > named.len())
+        .map(|address| (*address).clone())
 }
 
 impl Target {
@@ -43,13 +95,20 @@ impl Target {
         let bad = |error: &dyn std::fmt::Display| {
             anyhow::anyhow!("bad Redis URL '{}': {error}", redacted(url))
         };
-        let Some(rest) = url.strip_prefix("redis+sentinel://") else {
-            let mut info = url.into_connection_info().map_err(|e| bad(&e))?;
-            if let Some(password) = password {
-                let settings = info.redis_settings().clone().set_password(password);
-                info = info.set_redis_settings(settings);
+        let (rest, tls) = match (
+            url.strip_prefix("redis+sentinel://"),
+            url.strip_prefix("rediss+sentinel://"),
+        ) {
+            (Some(rest), _) => (rest, false),
+            (_, Some(rest)) => (rest, true),
+            _ => {
+                let mut info = url.into_connection_info().map_err(|e| bad(&e))?;
+                if let Some(password) = password {
+                    let settings = info.redis_settings().clone().set_password(password);
+                    info = info.set_redis_settings(settings);
+                }
+                return Ok(Self::Server(redis::Client::open(info)?));
             }
-            return Ok(Self::Server(redis::Client::open(info)?));
         };
         let (login, rest) = match rest.rsplit_once('@') {
             Some((login, rest)) => (Some(login), rest),
@@ -62,13 +121,14 @@ impl Target {
                 &"no service name (redis+sentinel://HOST:PORT,.../SERVICE)",
             ));
         }
+        let scheme = if tls { "rediss" } else { "redis" };
         let sentinels = hosts
             .split(',')
             .map(|host| match host.rsplit_once(':') {
                 Some((_, port)) if !host.ends_with(']') && port.parse::<u16>().is_ok() => {
-                    format!("redis://{host}")
+                    format!("{scheme}://{host}")
                 }
-                _ => format!("redis://{host}:{SENTINEL_PORT}"),
+                _ => format!("{scheme}://{host}:{SENTINEL_PORT}"),
             })
             .collect::<Vec<_>>();
         if hosts.is_empty()
@@ -77,6 +137,12 @@ impl Target {
                 .any(|s| s.ends_with(&format!("//:{SENTINEL_PORT}")))
         {
             return Err(bad(&"no Sentinel host"));
+        }
+        for sentinel in &sentinels {
+            sentinel
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| bad(&e))?;
         }
         // The login and database are the primary's, read by the client's own URL parser
         // (percent-decoding included) from the same URL with one plain host.
@@ -88,40 +154,23 @@ impl Target {
         if let Some(password) = password {
             settings = settings.set_password(password);
         }
-        let sentinels = Sentinels {
+        Ok(Self::Sentinel(Sentinels {
             urls: sentinels,
             service: service.to_string(),
             node: settings,
-        };
-        let client = sentinels.client().map_err(|e| bad(&e))?;
-        Ok(Self::Sentinel(client, sentinels))
+            tls,
+        }))
     }
 
-    /// The client of the server to talk to now (for Sentinel: the primary it names now).
-    pub async fn client(&mut self) -> redis::RedisResult<redis::Client> {
+    /// The client of the server to talk to now (for Sentinel: the primary most of the
+    /// sentinels name now, each asked within `wait`).
+    pub async fn client(&self, wait: Duration) -> redis::RedisResult<redis::Client> {
         match self {
             Self::Server(client) => Ok(client.clone()),
-            Self::Sentinel(sentinel, _) => sentinel.async_get_client().await,
-        }
-    }
-
-    /// After a Sentinel lookup that did not answer in time: the next one starts at the
-    /// next Sentinel (the client asks them in their order and waits on the first, so one
-    /// that is black-holed would stall every lookup).
-    pub fn next_sentinel_first(&mut self) {
-        if let Self::Sentinel(client, sentinels) = self {
-            sentinels.urls.rotate_left(1);
-            if let Ok(rotated) = sentinels.client() {
-                *client = rotated;
+            Self::Sentinel(sentinels) => {
+                let (host, port) = sentinels.primary(wait).await?;
+                sentinels.client_of(&host, port)
             }
-        }
-    }
-
-    /// As [`Target::client`], blocking (for commands run once, as `global publish`).
-    pub fn client_blocking(&mut self) -> redis::RedisResult<redis::Client> {
-        match self {
-            Self::Server(client) => Ok(client.clone()),
-            Self::Sentinel(sentinel, _) => sentinel.get_client(),
         }
     }
 
@@ -140,6 +189,7 @@ mod tests {
             "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/main",
             "redis+sentinel://node-a:pw@s1,s2:5000/main/2",
             "redis+sentinel://node-a@[::1]:26379/main",
+            "rediss+sentinel://node-a@s1:26380,s2:26380/main",
         ] {
             assert!(
                 matches!(Target::new(url, None), Ok(Target::Sentinel(..))),
@@ -168,5 +218,18 @@ mod tests {
             Target::new("redis://127.0.0.1:6379/0", Some("pw")),
             Ok(Target::Server(_))
         ));
+    }
+
+    #[test]
+    fn the_primary_is_the_one_most_answering_sentinels_name() {
+        let at = |port: u16| Some(("10.0.0.1".to_string(), port));
+        assert_eq!(agreed(&[at(1), at(1), at(2)]), at(1));
+        // A liar listed first is outvoted; silent sentinels do not count.
+        assert_eq!(agreed(&[at(9), None, at(1), at(1)]), at(1));
+        assert_eq!(agreed(&[None, at(1), None]), at(1));
+        // A tie, or nobody: no primary.
+        assert_eq!(agreed(&[at(1), at(2)]), None);
+        assert_eq!(agreed(&[at(1), at(2), at(3)]), None);
+        assert_eq!(agreed(&[None, None]), None);
     }
 }

@@ -90,6 +90,8 @@ pub struct Tracker {
     pub missed: u32,
     /// The demand last reported (see [`Tracker::report_demand`]).
     pub demand: u64,
+    /// No demand reported yet: the first is at least the share in force.
+    first_report: bool,
     pub epoch_ms: Option<u64>,
     /// The limit Redis last filled with (published or this host's own).
     pub filled_with: Option<Limits>,
@@ -123,7 +125,11 @@ impl Tracker {
             last_answer: None,
             hosts: 0,
             missed: 0,
-            demand: 0,
+            // Until a whole interval is measured, the host wants what it holds: a daemon
+            // restarted on a busy host must not report it idle (its first interval is a
+            // few microseconds long) and hand its share to the others.
+            demand: applied.clamp(floor, limit),
+            first_report: true,
             epoch_ms: None,
             filled_with: None,
             // At least two ticks: a rise is applied an answer after it is allowed.
@@ -141,7 +147,12 @@ impl Tracker {
     /// 0.4 in three). A share it asked for and was just given is kept asked for during
     /// [`RAMP_GRACE`].
     pub fn report_demand(&mut self, measured: u64) -> u64 {
-        let mut demand = measured.max(self.demand / DEMAND_FALL);
+        let fall = if std::mem::take(&mut self.first_report) {
+            1
+        } else {
+            DEMAND_FALL
+        };
+        let mut demand = measured.max(self.demand / fall);
         if self.ramp_left > 0 {
             self.ramp_left -= 1;
             demand = demand.max(self.ramp_share);
@@ -311,6 +322,22 @@ mod tests {
     }
 
     #[test]
+    fn a_new_tracker_first_reports_at_least_the_share_in_force() {
+        // A restarted daemon's first interval is a few microseconds: measured as idle.
+        let mut tracker =
+            Tracker::new(30 * MBIT, MBIT, OnLoss::Static, 10 * MBIT, DEFAULT_INTERVAL);
+        assert_eq!(tracker.report_demand(0), 10 * MBIT);
+        assert_eq!(
+            tracker.report_demand(0),
+            10 * MBIT / 3,
+            "then falls as before"
+        );
+        let mut tracker =
+            Tracker::new(30 * MBIT, MBIT, OnLoss::Static, 10 * MBIT, DEFAULT_INTERVAL);
+        assert_eq!(tracker.report_demand(20 * MBIT), 20 * MBIT);
+    }
+
+    #[test]
     fn a_share_given_to_a_host_that_asked_is_kept_asked_for_while_it_ramps() {
         let mut tracker = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, MBIT, DEFAULT_INTERVAL);
         // Held back at the floor: it asks for an equal part and gets it an answer later.
@@ -333,7 +360,8 @@ mod tests {
         idle.report_demand(0);
         idle.answered(answer(10 * MBIT));
         assert_eq!(idle.applied, 10 * MBIT);
-        assert_eq!(idle.report_demand(0), 0);
+        // (Its first report was the floor it held; from there it falls.)
+        assert_eq!(idle.report_demand(0), MBIT / 9);
         // Nor one that rose from near its part: it gives the share up at once on stopping.
         let mut near = Tracker::new(30 * MBIT, MBIT, OnLoss::Static, 5 * MBIT, DEFAULT_INTERVAL);
         near.hosts = 3;

@@ -116,6 +116,7 @@ pub fn attach_fresh(
         super::splitter::pin_program(&mut ebpf, location, link_header_len, &staging)?;
         let program = load_program(&mut ebpf, name)?;
         program.pin(staging.join(PROG_PIN))?;
+        let program_id = program.info()?.id();
         let (mode, created_clsact) = attach_program(
             program,
             location,
@@ -150,6 +151,7 @@ pub fn attach_fresh(
         layout.set(0, LAYOUT_VERSION, 0)?;
         fs::rename(&staging, &final_dir)
             .with_context(|| format!("cannot move pins into {}", final_dir.display()))?;
+        super::build::record(location, program_id);
         Ok(mode)
     })();
     if result.is_err() {
@@ -386,6 +388,7 @@ pub fn detach(location: &Location) -> Result<()> {
         let _ = split_to.set(0, 0, 0);
     }
     super::splitter::remove(&attachment);
+    super::build::forget(location);
     match mode {
         // Unpinning the link drops its last reference: the kernel detaches the program.
         AttachMode::Tcx => {

@@ -17,6 +17,7 @@ use std::{
 
 pub(crate) mod aggregates;
 mod attachment;
+mod build;
 mod features;
 mod loader;
 mod names;
@@ -32,6 +33,7 @@ pub use loader::{
 };
 pub use names::decode_name;
 pub(crate) use names::encode_name;
+pub(crate) use pins::ensure_private_dir;
 pub use pins::{lock, set_lock_wait, try_lock, StateLock, DEFAULT_LOCK_WAIT};
 pub use shape_flows::ShapeFlows;
 pub use upgrade::{resize_flow_table, upgrade, Upgraded};

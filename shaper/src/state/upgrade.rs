@@ -55,6 +55,16 @@ pub fn upgrade(location: &Location, reload: bool) -> Result<Upgraded> {
     require_live(location, &status, "before upgrading")?;
     let globals = attachment.globals()?;
     let old_program_id = status.program_id;
+    if !reload
+        && from_layout == LAYOUT_VERSION
+        && super::build::pinned_by_this_build(location, old_program_id)
+    {
+        return Ok(Upgraded {
+            from_layout,
+            old_program_id,
+            new_program_id: old_program_id,
+        });
+    }
     let old_tag = aya::programs::ProgramInfo::from_pin(dir.join(PROG_PIN))?.tag();
     let mut ebpf = load_object(&dir, status.flow_table_size)?;
     let name = program_name(&globals);
@@ -95,6 +105,7 @@ pub fn upgrade(location: &Location, reload: bool) -> Result<Upgraded> {
             .context("LAYOUT map missing")?,
     )?;
     layout.set(0, LAYOUT_VERSION, 0)?;
+    super::build::record(location, new_program_id);
     Ok(Upgraded {
         from_layout,
         old_program_id,
