@@ -71,7 +71,7 @@ pub struct Desired {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Coordination {
     /// `redis://[user[:password]@]host:port/db` (or `rediss://`, or
-    /// `redis+sentinel://[user@]host:port,.../service/db`).
+    /// `redis+sentinel://[user@]host:port,.../service/db`, `rediss+sentinel://` over TLS).
     pub redis: String,
     /// A root-only file holding the password (instead of the URL's); relative: a systemd
     /// credential in `$CREDENTIALS_DIRECTORY`.

@@ -67,7 +67,8 @@ pub fn redis_keys(key: &str) -> [String; 3] {
 }
 
 /// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`,
-/// `redis+sentinel://`); the message names the URL without its password.
+/// `redis+sentinel://`, `rediss+sentinel://`); the message names the URL without its
+/// password.
 pub fn check_url(url: &str) -> Result<(), String> {
     target::Target::new(url, None)
         .map(|_| ())
