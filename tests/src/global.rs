@@ -874,5 +874,9 @@ impl Drop for GlobalLab {
         {
             let _ = std::fs::remove_file(path);
         }
+        // The daemons' instance records (`/run/shaper/global-HOST.instance`).
+        for index in 0..self.hosts.len() {
+            let _ = std::fs::remove_file(format!("/run/shaper/global-host-{index}.instance"));
+        }
     }
 }
