@@ -20,7 +20,7 @@
 //!   (measured 0.440-0.468, issue 0.45; by flow alone it would get 1/9);
 //! - `--fair none` keeps one queue: the UDP flow takes the class (TCP < 0.2);
 //! - the bulk leaf is one bfifo on every kernel, and Cubic beside UDP keeps its RTT
-//!   within CAKE's + 3 ms (CI's guests run that test on Debian's kernels too);
+//!   within CAKE's + 3 ms (`cargo xtask vm-test` runs that test in Debian's kernels too);
 //! - the class's flow count, fair share and drops by cause in `stats --json`.
 //!
 //! `latency.rs` runs with the default too and holds one flow alone, and four at 100
@@ -198,7 +198,7 @@ fn bulk_leaf_is_one_fifo(lab: &Lab) {
 /// Cubic beside a UDP flood at 2x on the µs path keeps half the rate and its own queue
 /// short: its RTT at most CAKE's + 3 ms (CAKE 6.3-6.7 ms in Debian's 6.12; 7.2 here with
 /// the egress splitter, where an fq_codel leaf read 7.6-9.0 and one FIFO with the
-/// senders' aggregates whole 10.8). CI's guests run it on Debian's kernels too.
+/// senders' aggregates whole 10.8). `cargo xtask vm-test` runs it in Debian's kernels too.
 #[test]
 fn cubic_keeps_half_and_its_queue_short_beside_a_udp_flood() {
     const RTT_MOST_MS: f64 = 9.5;
