@@ -17,21 +17,6 @@ pub struct Coordinator {
     interval: Duration,
 }
 
-/// The instance of this process for `host_id`, taken once per host id for the process's
-/// life (a coordinator made again after a reconnect or a reload reports as the same).
-fn instance_for(host_id: &str) -> String {
-    static KNOWN: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
-    let mut known = KNOWN
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, instance)) = known.iter().find(|(id, _)| id == host_id) {
-        return instance.clone();
-    }
-    let instance = super::instance::for_host(host_id);
-    known.push((host_id.to_string(), instance.clone()));
-    instance
-}
-
 impl Coordinator {
     /// Never waits for Redis: the connection is made at the first report. `password`
     /// (from a `password_file`) is used instead of one in the URL.
@@ -54,7 +39,7 @@ impl Coordinator {
             connection: None,
             script: redis::Script::new(ALLOCATE),
             host_id: host_id.to_string(),
-            instance: instance_for(host_id),
+            instance: super::instance::for_host(host_id),
             interval,
         })
     }

@@ -39,8 +39,24 @@ fn start_time(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// The instance this process reports as for `host_id` (the same for its whole life).
+/// The instance this process reports as for `host_id`: taken once per host id for the
+/// process's life (a coordinator made again after a reconnect or a reload reports as the
+/// same, a clone's fresh instance included).
 pub fn for_host(host_id: &str) -> String {
+    static TAKEN: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, instance)) = taken.iter().find(|(id, _)| id == host_id) {
+        return instance.clone();
+    }
+    let instance = take(host_id);
+    taken.push((host_id.to_string(), instance.clone()));
+    instance
+}
+
+/// The instance of the daemon before this one, when it is gone; else a new one.
+fn take(host_id: &str) -> String {
     let path = record_path(host_id);
     let own = Holder::of(std::process::id());
     let recorded = std::fs::read_to_string(&path)
