@@ -80,6 +80,20 @@ pub enum GlobalCommand {
     /// instead of its own file's (run once per change, as a Redis user that may write
     /// `shaper:{*}:limits`).
     Publish(PublishArgs),
+    /// Run the fill of a file's global keys every half interval, as a Redis user that may
+    /// (hosts' users may not): on one or more trusted machines, until stopped. Several
+    /// allocators fill no more often than one.
+    Allocate(AllocateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AllocateArgs {
+    /// The configuration file whose global classes to fill (their rates are the limits
+    /// unless published), or - for standard input.
+    #[arg(short = 'f', long = "file")]
+    pub file: String,
+    #[command(flatten)]
+    pub admin: AdminRedisArgs,
 }
 
 #[derive(Args, Debug)]
@@ -88,18 +102,25 @@ pub struct PublishArgs {
     /// input.
     #[arg(short = 'f', long = "file")]
     pub file: String,
-    /// The Redis URL to write through (default: the file's `[coordination] redis`); its
-    /// user must be allowed to write the limits, which a host's user is not. Without a
-    /// password (refused here: `ps` shows it to everyone).
+    #[command(flatten)]
+    pub admin: AdminRedisArgs,
+    /// Print what would be published and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// How `global publish` and `global allocate` reach Redis as a user other than a host's.
+#[derive(Args, Debug)]
+pub struct AdminRedisArgs {
+    /// The Redis URL (default: the file's `[coordination] redis`); its user must be
+    /// allowed what a host's user is not (writing the limits, running the fill). Without
+    /// a password (refused here: `ps` shows it to everyone).
     #[arg(long)]
     pub redis: Option<String>,
     /// A file (readable by its owner alone) with that user's password; else
     /// $SHAPER_REDIS_PASSWORD.
     #[arg(long)]
     pub password_file: Option<std::path::PathBuf>,
-    /// Print what would be published and write nothing.
-    #[arg(long)]
-    pub dry_run: bool,
 }
 
 #[derive(Args, Debug)]

@@ -16,8 +16,8 @@ use shaper_common::{
     codel::{sojourn_ns, FlowCensus, FRAME_BYTES},
     fair::{
         burst_credit, cap_for_ns, contending, flow_cap_ns, flow_ticks, flow_weight, host_flows,
-        over_share, roll_cap_drops, served_from, FlowQueue, FlowScratch, FAIR_DST,
-        FAIR_FLOW_QUEUES, FAIR_MODE, FAIR_SRC, SHARE_ONE,
+        long_cap_budget_ns, over_share, roll_cap_drops, served_from, FlowQueue, FlowScratch,
+        FAIR_DST, FAIR_FLOW_QUEUES, FAIR_MODE, FAIR_SRC, SHARE_ONE,
     },
     BucketKey, ClassConfig, Scope,
 };
@@ -186,7 +186,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         drops,
         short_ns,
         class.codel.interval_ns,
-        class.codel.cap_ns,
+        long_cap_budget_ns(class.codel.cap_ns, !host.is_null()),
         share,
         hosts,
     );
@@ -221,7 +221,7 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
             host_drops,
             host_short_ns,
             class.codel.interval_ns,
-            class.codel.cap_ns,
+            long_cap_budget_ns(class.codel.cap_ns, true),
             share,
             1,
         );

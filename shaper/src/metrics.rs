@@ -36,9 +36,9 @@ pub struct Health {
     pub coordination_failed: u64,
     /// Connections to the metrics listener closed at accept (too many open).
     pub metrics_connections_refused: u64,
-    /// Reports Redis refused because another daemon holds this host's id.
+    /// Ticks this daemon wrote no report because another daemon holds this host's id.
     pub host_id_taken: u64,
-    /// Host fields in Redis the allocator could not read and removed.
+    /// Announcements and reports this daemon's fills could not read and left out.
     pub global_fields_dropped: u64,
 }
 
@@ -344,12 +344,12 @@ fn register_daemon_health(registry: &mut Registry, health: &Health) {
         ),
         (
             "shaper_daemon_host_id_taken",
-            "Reports Redis refused because another daemon reports with this host_id",
+            "Ticks this daemon wrote no report because another daemon reports with this host_id",
             health.host_id_taken,
         ),
         (
             "shaper_daemon_global_fields_dropped",
-            "Host fields of global classes in Redis that the allocator could not read and removed (written by another client with the hosts' ACL)",
+            "Announcements and reports of global classes this daemon's fills could not read and left out (written by a host's Redis user, not by shaper)",
             health.global_fields_dropped,
         ),
         (

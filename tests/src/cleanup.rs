@@ -9,6 +9,7 @@ use crate::{
     },
     process::{output_bounded, shaper_bin, COMMAND_LIMIT},
     redis::REDIS_TLS_PREFIX,
+    redis_cluster::CLUSTER_PREFIX,
     sentinel::SENTINEL_PREFIX,
     topology::{NAME_PREFIX, PIN_ROOT},
 };
@@ -205,10 +206,19 @@ pub(crate) fn sweep_stale() {
             }
         }
     }
-    // host-local's leases, TLS Redis servers' keys and sentinels' files of dead test runs.
+    // host-local's leases, TLS Redis servers' keys, clusters' and sentinels' files of dead
+    // test runs.
     for name in names_in(std::env::temp_dir()) {
-        if pid_after_prefix(&name, &[CNI_IPAM_PREFIX, REDIS_TLS_PREFIX, SENTINEL_PREFIX])
-            .is_some_and(|pid| !process_alive(pid))
+        if pid_after_prefix(
+            &name,
+            &[
+                CNI_IPAM_PREFIX,
+                REDIS_TLS_PREFIX,
+                CLUSTER_PREFIX,
+                SENTINEL_PREFIX,
+            ],
+        )
+        .is_some_and(|pid| !process_alive(pid))
         {
             let _ = std::fs::remove_dir_all(std::env::temp_dir().join(name));
         }

@@ -31,7 +31,7 @@ pub const COMMANDS: &[&str] = &[
 pub const CLASS_COMMANDS: &[&str] = &["add", "change", "del", "list"];
 
 /// The subcommands of `shaper global`.
-pub const GLOBAL_COMMANDS: &[&str] = &["publish"];
+pub const GLOBAL_COMMANDS: &[&str] = &["publish", "allocate"];
 
 /// The man pages `shaper manpages` writes (without the section suffix).
 pub fn man_page_names() -> Vec<String> {

@@ -19,7 +19,8 @@ use crate::{
         dies_with_parent, output_bounded, shaper_bin, wait_bounded, wait_listening, Transport,
     },
     proxy::Proxy,
-    redis::{free_port, RedisServer},
+    redis::{free_port, RedisServer, Role},
+    redis_cluster::RedisCluster,
     sentinel::{Sentinel, SERVICE},
     topology::{new_lab_id, Netns},
 };
@@ -57,6 +58,13 @@ fn host_password(index: usize) -> String {
     format!("pw-{index}-{}", std::process::id())
 }
 
+/// The lab allocator's Redis user and password.
+const ALLOCATOR_USER: &str = "allocator";
+
+fn allocator_password() -> String {
+    format!("pw-allocator-{}", std::process::id())
+}
+
 /// One daemon process with its file and log.
 struct DaemonProcess {
     child: Child,
@@ -87,16 +95,25 @@ pub struct GlobalClass {
     pub global: bool,
     /// The daemons reach Redis by `rediss://` (TLS, a private CA: see [`GlobalLab::trust`]).
     pub tls: bool,
-    /// Every host's daemon reports as `host-0` (hosts cloned with one id).
+    /// Every host's daemon reports as `host-0`, with host 0's Redis user (hosts cloned
+    /// with one id and one file).
     pub one_host_id: bool,
     /// Redis is a primary with a replica, watched by three sentinels, and the daemons
     /// reach it by `redis+sentinel://`.
     pub sentinel: bool,
     /// The daemons reach Redis through [`GlobalLab::proxy`] (a delay, a black hole).
     pub proxy: bool,
+    /// Redis is a Redis Cluster of three primaries and their replicas
+    /// ([`GlobalLab::cluster`]), reached by `redis+cluster://` (with [`GlobalClass::tls`],
+    /// `rediss+cluster://`, the cluster's bus over TLS too).
+    pub cluster: bool,
     /// Global classes on each host: `tenant` (the lab's key), then `tenant-1` ... (keys
     /// `KEY-1` ...), all matching every packet (`tenant` ranks first).
     pub classes: usize,
+    /// Hosts that trust each other: each host's Redis user may run the fill too, and the
+    /// daemons fill (`allocate = auto`); no allocator of its own. Else each host's user
+    /// has a host's ACL alone and `shaper global allocate` fills, as its own user.
+    pub hosts_allocate: bool,
 }
 
 impl Default for GlobalClass {
@@ -111,9 +128,11 @@ impl Default for GlobalClass {
             global: true,
             tls: false,
             classes: 1,
+            hosts_allocate: false,
             one_host_id: false,
             sentinel: false,
             proxy: false,
+            cluster: false,
         }
     }
 }
@@ -127,6 +146,8 @@ pub struct GlobalLab {
     /// With [`GlobalClass::sentinel`]: the replica and the sentinels.
     pub replica: Option<RedisServer>,
     pub sentinels: Vec<Sentinel>,
+    /// With [`GlobalClass::cluster`]: the cluster the daemons use (`redis` is then idle).
+    pub cluster: Option<RedisCluster>,
     /// With [`GlobalClass::proxy`]: the daemons' way to Redis.
     pub proxy: Option<Proxy>,
     /// With [`GlobalClass::sentinel`]: the first sentinel the hosts name, black-holed.
@@ -139,6 +160,11 @@ pub struct GlobalLab {
     /// The global key (unique per lab, so labs never share Redis state).
     pub key: String,
     daemons: Vec<Option<DaemonProcess>>,
+    /// `shaper global allocate` (unless [`GlobalClass::hosts_allocate`]): its URL
+    /// (without the password, which it reads from the environment), and its log.
+    allocator: Option<DaemonProcess>,
+    allocator_url: Option<String>,
+    allocator_log: PathBuf,
     /// Each host's Redis URL: its own ACL user, limited to the script.
     urls: Vec<String>,
     /// Each host's `password_file` (the password is in the URL where there is none).
@@ -171,19 +197,27 @@ impl GlobalLab {
             sink: Netns {
                 name: format!("{id}-sink"),
             },
-            redis: if class.tls {
+            redis: if class.tls && !class.cluster {
                 RedisServer::start_tls()?
             } else {
                 RedisServer::start()?
             },
             replica: None,
             sentinels: Vec::new(),
+            cluster: if class.cluster {
+                Some(RedisCluster::start(3, class.tls)?)
+            } else {
+                None
+            },
             proxy: None,
             sentinel_hole: None,
             decoy: None,
             class,
             key: format!("lab-{id}"),
             daemons: Vec::new(),
+            allocator: None,
+            allocator_url: None,
+            allocator_log: std::env::temp_dir().join(format!("{id}-allocator.log")),
             urls: Vec::new(),
             password_files: Vec::new(),
             files: Vec::new(),
@@ -191,11 +225,26 @@ impl GlobalLab {
             senders: (0..hosts).map(|_| None).collect(),
             trust: None,
         };
-        lab.trust = lab.redis.tls().map(|tls| tls.ca());
+        lab.trust = match &lab.cluster {
+            Some(cluster) => cluster.ca(),
+            None => lab.redis.tls().map(|tls| tls.ca()),
+        };
         lab.build().context("building the global lab failed")?;
         for index in 0..hosts {
+            if lab.class.one_host_id && index > 0 {
+                // A clone: the same file's user and password as host 0.
+                let (url, file) = (lab.urls[0].clone(), lab.password_files[0].clone());
+                lab.urls.push(url);
+                lab.password_files.push(file);
+                continue;
+            }
             let password = host_password(index);
-            let url = lab.redis.host_user(&format!("host-{index}"), &password)?;
+            let role = if lab.class.hosts_allocate {
+                Role::Both
+            } else {
+                Role::Host { tenant: None }
+            };
+            let url = lab.user(&format!("host-{index}"), &password, role)?;
             // Even hosts read their password from a file only root may read; odd ones
             // keep it in the URL (both are documented).
             if index % 2 == 0 {
@@ -208,6 +257,9 @@ impl GlobalLab {
                 lab.urls.push(url);
                 lab.password_files.push(None);
             }
+        }
+        if lab.class.global && !lab.class.hosts_allocate {
+            lab.user(ALLOCATOR_USER, &allocator_password(), Role::Allocator)?;
         }
         if lab.class.sentinel {
             lab.watch_with_sentinels()?;
@@ -226,8 +278,34 @@ impl GlobalLab {
         for index in 0..hosts {
             lab.start_daemon(index)?;
         }
+        if lab.class.global && !lab.class.hosts_allocate {
+            // Host 0's URL (its password is in its file) as the allocator's user.
+            lab.allocator_url = Some(lab.urls[0].replace("host-0@", &format!("{ALLOCATOR_USER}@")));
+            lab.start_allocator()?;
+        }
         lab.wait_attached()?;
         Ok(lab)
+    }
+
+    /// Adds a Redis user of `role` where the daemons reach Redis (every node of a
+    /// cluster); its URL.
+    pub fn user(&mut self, user: &str, password: &str, role: Role) -> Result<String> {
+        match &mut self.cluster {
+            Some(cluster) => cluster.user(user, password, role),
+            None => self.redis.user(user, password, role),
+        }
+    }
+
+    /// The server that holds global key `key`'s state: the lab's Redis, or the primary of
+    /// its slot in a cluster.
+    pub fn redis_of(&self, key: &str) -> Result<&RedisServer> {
+        match &self.cluster {
+            Some(cluster) => {
+                let shares = format!("shaper:{{{key}}}:shares");
+                Ok(&cluster.nodes[cluster.primary_of(&shares)?])
+            }
+            None => Ok(&self.redis),
+        }
     }
 
     /// A replica of the lab's Redis and three sentinels watching it; the hosts' URLs
@@ -253,6 +331,9 @@ impl GlobalLab {
         };
         for index in 0..self.hosts.len() {
             decoy.host_user(&format!("host-{index}"), &host_password(index))?;
+        }
+        if !self.class.hosts_allocate {
+            decoy.user(ALLOCATOR_USER, &allocator_password(), Role::Allocator)?;
         }
         let liar = start(&decoy)?;
         self.decoy = Some((decoy, liar));
@@ -489,6 +570,41 @@ impl GlobalLab {
         Ok(())
     }
 
+    /// Starts (or starts again) the lab's allocator: `shaper global allocate` with host
+    /// 0's file, as its own Redis user.
+    pub fn start_allocator(&mut self) -> Result<()> {
+        let url = self
+            .allocator_url
+            .clone()
+            .context("this lab has no allocator")?;
+        let mut command = Command::new(shaper_bin());
+        dies_with_parent(&mut command);
+        let child = command
+            .args(["global", "allocate", "-f"])
+            .arg(&self.files[0])
+            .args(["--redis", &url])
+            .env("SHAPER_REDIS_PASSWORD", allocator_password())
+            .env(
+                "RUST_LOG",
+                std::env::var("SHAPER_LAB_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .envs(self.trust.iter().map(|ca| ("SSL_CERT_FILE", ca)))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&self.allocator_log)?)
+            .spawn()
+            .context("cannot start shaper global allocate")?;
+        self.allocator = Some(DaemonProcess {
+            child,
+            metrics_port: 0,
+        });
+        Ok(())
+    }
+
+    /// The allocator's log so far.
+    pub fn allocator_log(&self) -> String {
+        std::fs::read_to_string(&self.allocator_log).unwrap_or_default()
+    }
+
     /// SIGKILLs host `index`'s daemon (what the kernel holds stays).
     pub fn kill_daemon(&mut self, index: usize) {
         self.daemons[index] = None;
@@ -543,22 +659,7 @@ impl GlobalLab {
 
     /// Every class on host `index`, as `shaper stats --json` shows them.
     pub fn class_rows(&self, index: usize) -> Result<Vec<Value>> {
-        let output = output_bounded(
-            Command::new(shaper_bin()).args([
-                "--netns",
-                &self.hosts[index].name,
-                "stats",
-                "--json",
-                "--dev",
-                HOST_DEV,
-            ]),
-            Duration::from_secs(10),
-        )?;
-        if !output.status.success() {
-            bail!("{}", String::from_utf8_lossy(&output.stderr));
-        }
-        let rows: Value = serde_json::from_slice(&output.stdout)?;
-        Ok(rows.as_array().cloned().unwrap_or_default())
+        class_rows_in(&self.hosts[index].name)
     }
 
     pub fn daemon_log(&self, index: usize) -> String {
@@ -724,6 +825,15 @@ impl GlobalLab {
             .collect()
     }
 
+    /// [`GlobalLab::delivered`] and when it was read: the middle of the `ip` call, which
+    /// takes a few ms, or hundreds on a busy machine (a window timed at its end would
+    /// then be short of bytes and the next one over).
+    fn delivered_at(&self) -> Result<(Vec<u64>, Instant)> {
+        let before = Instant::now();
+        let bytes = self.delivered()?;
+        Ok((bytes, before + before.elapsed() / 2))
+    }
+
     /// Each host's delivered rate (bit/s, as on the wire) over consecutive windows of
     /// `WINDOW` for `duration`; `during` runs once per window (to act mid-run).
     pub fn windows(
@@ -743,8 +853,7 @@ impl GlobalLab {
     ) -> Result<Vec<Vec<f64>>> {
         let count = (duration.as_millis() / window.as_millis()) as usize;
         let mut rates = Vec::with_capacity(count);
-        let mut last = self.delivered()?;
-        let mut at = Instant::now();
+        let (mut last, mut at) = self.delivered_at()?;
         let mut next = at + window;
         for index in 0..count {
             during(self, index)?;
@@ -755,8 +864,7 @@ impl GlobalLab {
             if next > now {
                 thread::sleep(next - now);
             }
-            let bytes = self.delivered()?;
-            let now = Instant::now();
+            let (bytes, now) = self.delivered_at()?;
             let seconds = (now - at).as_secs_f64();
             rates.push(
                 bytes
@@ -823,9 +931,9 @@ impl GlobalLab {
     }
 }
 
-/// The global class `tenant` on `h0` in namespace `netns`, as `shaper stats --json`
-/// shows it (usable from another thread while the lab runs).
-pub fn class_row_in(netns: &str) -> Result<Value> {
+/// Every class on `h0` in namespace `netns`, as `shaper stats --json` shows them
+/// (usable from another thread while the lab runs).
+pub fn class_rows_in(netns: &str) -> Result<Vec<Value>> {
     let output = output_bounded(
         Command::new(shaper_bin()).args(["--netns", netns, "stats", "--json", "--dev", HOST_DEV]),
         Duration::from_secs(10),
@@ -834,9 +942,14 @@ pub fn class_row_in(netns: &str) -> Result<Value> {
         bail!("{}", String::from_utf8_lossy(&output.stderr));
     }
     let rows: Value = serde_json::from_slice(&output.stdout)?;
-    rows.as_array()
-        .and_then(|rows| rows.iter().find(|row| row["name"] == "tenant"))
-        .cloned()
+    Ok(rows.as_array().cloned().unwrap_or_default())
+}
+
+/// The global class `tenant` on `h0` in namespace `netns` (see [`class_rows_in`]).
+pub fn class_row_in(netns: &str) -> Result<Value> {
+    class_rows_in(netns)?
+        .into_iter()
+        .find(|row| row["name"] == "tenant")
         .context("no class tenant yet")
 }
 
@@ -858,6 +971,8 @@ impl Drop for GlobalLab {
             let _ = wait_bounded(sender, Duration::from_secs(5));
         }
         self.daemons.clear();
+        self.allocator = None;
+        let _ = std::fs::remove_file(&self.allocator_log);
         for ns in self
             .pods
             .iter()

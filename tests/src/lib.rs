@@ -34,6 +34,7 @@ pub mod latency;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod redis_cluster;
 pub mod sentinel;
 pub mod state_lock;
 pub mod topology;
@@ -64,7 +65,7 @@ pub use process::{
     delay_line_bin, dies_with_parent, output_bounded, shaper_bin, wait_bounded, wait_listening,
     wait_with_output_bounded, BoundedCommand, Transport, COMMAND_LIMIT,
 };
-pub use redis::RedisServer;
+pub use redis::{RedisServer, Role};
 pub use state_lock::{StateLockHolder, STATE_LOCK_FILE};
 pub use topology::{
     Lab, Netns, CLIENT_DEV, CLIENT_V4, CLIENT_V6, ROUTER_TO_CLIENT, ROUTER_TO_SERVER, SERVER_DEV,

@@ -21,10 +21,12 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     /// ACL users made after every start (a restart loses them, as it loses the data).
-    users: Vec<(String, String)>,
+    users: Vec<(String, String, Role)>,
     tls: Option<Tls>,
     /// The primary's port, for a replica.
     replica_of: Option<u16>,
+    /// A cluster node's directory (its `nodes.conf`), for a node of a Redis Cluster.
+    cluster_dir: Option<PathBuf>,
 }
 
 /// The TLS listener's port and files: `ca.pem` signed the server's certificate,
@@ -67,6 +69,18 @@ impl Tls {
                 .with_context(|| format!("cannot copy {name}"))?;
         }
         Ok(copy)
+    }
+
+    /// A new directory of keys and certificates; its port still to be chosen.
+    pub fn new() -> Result<Self> {
+        static SERVERS: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "{REDIS_TLS_PREFIX}{}-{}",
+            std::process::id(),
+            SERVERS.fetch_add(1, Ordering::Relaxed)
+        ));
+        Self::make(&dir)?;
+        Ok(Self { port: 0, dir })
     }
 
     fn make(dir: &Path) -> Result<()> {
@@ -136,26 +150,80 @@ impl Drop for Tls {
     }
 }
 
-/// What a shaper host may do on Redis, and nothing else: run the allocation script (and
-/// load it after NOSCRIPT) with the commands the script calls (a script runs with its
-/// caller's rights), on its class's hosts and shares, and only read the published limits.
-pub const HOST_ACL: &[&str] = &[
-    "resetkeys",
-    "~shaper:{*}",
-    "~shaper:{*}:shares",
-    "%R~shaper:{*}:limits",
-    "resetchannels",
-    "-@all",
-    "+evalsha",
-    "+script|load",
-    "+time",
-    "+hget",
-    "+hset",
-    "+hgetall",
-    "+hdel",
-    "+del",
-    "+pexpire",
-];
+/// Who a Redis user of the lab is, and so its ACL (docs/GUIDE.md's, word for word).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A host: its own report (`shaper:{*}:r:USER`) read and written, the last fill read,
+    /// its name added to the announcements; nothing else. `tenant`: the keys' prefix
+    /// (`shaper:{tenant-a-*}`), or every key.
+    Host { tenant: Option<String> },
+    /// An allocator: the fill script (and its load after NOSCRIPT) with the commands it
+    /// calls (a script runs with its caller's rights), on the shares and announcements,
+    /// reading the reports and the published limits.
+    Allocator,
+    /// Both: a host that runs the fill too (`allocate = auto`, hosts that trust each
+    /// other).
+    Both,
+}
+
+impl Role {
+    /// The `ACL SETUSER` rules of `user` (after `reset on >PASSWORD`).
+    pub fn acl(&self, user: &str) -> Vec<String> {
+        let host = |glob: &str| {
+            vec![
+                format!("%RW~shaper:{{{glob}}}:r:{user}"),
+                format!("%R~shaper:{{{glob}}}:shares"),
+                "+get".into(),
+                "+set".into(),
+                "+hexists".into(),
+                "+hmget".into(),
+                "+time".into(),
+                // A cluster's slots, for a cluster client (node addresses only).
+                "+cluster|slots".into(),
+                format!("(~shaper:{{{glob}}}:hosts +sadd)"),
+            ]
+        };
+        let allocator = || {
+            vec![
+                "~shaper:{*}:shares".to_string(),
+                "~shaper:{*}:hosts".into(),
+                "%R~shaper:{*}:limits".into(),
+                "%R~shaper:{*}:r:*".into(),
+                "+evalsha".into(),
+                "+script|load".into(),
+                "+time".into(),
+                "+get".into(),
+                "+hget".into(),
+                "+hset".into(),
+                "+hkeys".into(),
+                "+hgetall".into(),
+                "+del".into(),
+                "+unlink".into(),
+                "+scard".into(),
+                "+spop".into(),
+                "+pexpire".into(),
+                "+cluster|slots".into(),
+            ]
+        };
+        let mut rules = vec![
+            "resetkeys".to_string(),
+            "resetchannels".into(),
+            "-@all".into(),
+        ];
+        match self {
+            Role::Host { tenant } => {
+                let glob = tenant.as_ref().map_or("*".to_string(), |t| format!("{t}*"));
+                rules.extend(host(&glob));
+            }
+            Role::Allocator => rules.extend(allocator()),
+            Role::Both => {
+                rules.extend(host("*"));
+                rules.extend(allocator());
+            }
+        }
+        rules
+    }
+}
 
 /// A loopback port nothing listens on now.
 pub fn free_port() -> Result<u16> {
@@ -175,19 +243,35 @@ pub const REDIS_TLS_PREFIX: &str = "shaper-redis-tls-";
 
 impl RedisServer {
     pub fn start() -> Result<Self> {
-        Self::launch(free_port()?, None)
+        Self::launch(free_port()?, None, None)
     }
 
-    fn launch(port: u16, tls: Option<Tls>) -> Result<Self> {
+    fn launch(port: u16, tls: Option<Tls>, cluster_dir: Option<PathBuf>) -> Result<Self> {
         let mut server = Self {
             port,
             child: None,
             users: Vec::new(),
             tls,
             replica_of: None,
+            cluster_dir,
         };
         server.spawn()?;
         Ok(server)
+    }
+
+    /// A Redis Cluster node (not yet joined: see `crate::redis_cluster`) keeping its
+    /// `nodes.conf` in `dir`, which fails over within about a second of its primary's
+    /// silence. With `tls` (a copy of another node's, see [`Tls::copy_of`]), it also
+    /// listens for TLS, and the cluster's bus speaks TLS.
+    pub fn start_cluster_node(dir: &Path, tls: Option<Tls>) -> Result<Self> {
+        let [port, tls_port] = free_ports()?;
+        let tls = tls.map(|mut tls| {
+            tls.port = tls_port;
+            tls
+        });
+        let dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&dir)?;
+        Self::launch(port, tls, Some(dir))
     }
 
     /// A replica of `primary` (for Sentinel to promote), with the primary's ACL users (ACL
@@ -203,10 +287,11 @@ impl RedisServer {
             users: Vec::new(),
             tls,
             replica_of: Some(primary.tls.as_ref().map_or(primary.port, |tls| tls.port)),
+            cluster_dir: None,
         };
         server.spawn()?;
-        for (user, password) in &primary.users {
-            server.host_user(user, password)?;
+        for (user, password, role) in &primary.users {
+            server.user(user, password, role.clone())?;
         }
         Ok(server)
     }
@@ -217,23 +302,16 @@ impl RedisServer {
         let mut tls = other.tls.as_ref().context("not a TLS server")?.copy_of()?;
         let [port, tls_port] = free_ports()?;
         tls.port = tls_port;
-        Self::launch(port, Some(tls))
+        Self::launch(port, Some(tls), None)
     }
 
     /// A server that also listens for TLS (clients not asked for certificates).
     pub fn start_tls() -> Result<Self> {
-        static SERVERS: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "{REDIS_TLS_PREFIX}{}-{}",
-            std::process::id(),
-            SERVERS.fetch_add(1, Ordering::Relaxed)
-        ));
+        let mut tls = Tls::new()?;
         // Ports picked after the keys (seconds on a busy machine), both at once.
-        let mut tls = Tls { port: 0, dir };
-        Tls::make(&tls.dir)?;
         let [port, tls_port] = free_ports()?;
         tls.port = tls_port;
-        Self::launch(port, Some(tls))
+        Self::launch(port, Some(tls), None)
     }
 
     pub fn tls(&self) -> Option<&Tls> {
@@ -244,21 +322,28 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    /// Adds an ACL user limited to [`HOST_ACL`] (again after every restart); its URL
-    /// (`rediss://` on the TLS port when the server has one).
+    /// Adds a host's ACL user ([`Role::Host`] over every key; again after every
+    /// restart); its URL (`rediss://` on the TLS port when the server has one).
     pub fn host_user(&mut self, user: &str, password: &str) -> Result<String> {
-        self.users.push((user.to_string(), password.to_string()));
-        self.make_user(user, password)?;
+        self.user(user, password, Role::Host { tenant: None })
+    }
+
+    /// Adds an ACL user of `role` (again after every restart); its URL.
+    pub fn user(&mut self, user: &str, password: &str, role: Role) -> Result<String> {
+        self.make_user(user, password, &role)?;
+        self.users
+            .push((user.to_string(), password.to_string(), role));
         Ok(match &self.tls {
             Some(tls) => format!("rediss://{user}:{password}@127.0.0.1:{}/0", tls.port),
             None => format!("redis://{user}:{password}@127.0.0.1:{}/0", self.port),
         })
     }
 
-    fn make_user(&self, user: &str, password: &str) -> Result<()> {
+    fn make_user(&self, user: &str, password: &str, role: &Role) -> Result<()> {
         let pass = format!(">{password}");
+        let rules = role.acl(user);
         let mut args = vec!["ACL", "SETUSER", user, "reset", "on", &pass];
-        args.extend_from_slice(HOST_ACL);
+        args.extend(rules.iter().map(String::as_str));
         let reply = self.cli(&args)?;
         if reply.trim() != "OK" {
             bail!("ACL SETUSER {user}: {reply}");
@@ -282,6 +367,17 @@ impl RedisServer {
             command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
             if self.tls.is_some() {
                 command.args(["--tls-replication", "yes"]);
+            }
+        }
+        if let Some(dir) = &self.cluster_dir {
+            command
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .arg("--dir")
+                .arg(dir);
+            if self.tls.is_some() {
+                // Replicas reach their primary at the port the cluster names: TLS's.
+                command.args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
             }
         }
         if let Some(tls) = &self.tls {
@@ -354,8 +450,8 @@ impl RedisServer {
         self.kill();
         self.spawn()?;
         thread::sleep(users_after);
-        for (user, password) in &self.users {
-            self.make_user(user, password)?;
+        for (user, password, role) in &self.users {
+            self.make_user(user, password, role)?;
         }
         Ok(())
     }

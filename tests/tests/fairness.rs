@@ -11,13 +11,15 @@
 //!   splitter cuts forwarded aggregates; 0.36-0.52 judged whole), the median of three
 //!   runs when the first is outside;
 //! - BBR beside UDP at 10x on the µs lab: as TCP beside UDP above (0.465-0.477);
-//! - four Cubic flows: Jain's index >= 0.98 and together >= 0.93 (measured 0.948-0.958;
-//!   one queue read 0.947);
+//! - four Cubic flows: Jain's index >= 0.98 and together >= 0.93 (measured 0.953-0.956
+//!   at 7.6-10.3 ms since a flow's long cap holds a sixth of the class queue, 0.948-0.958
+//!   at 11.5 ms with a quarter; one queue read 0.947);
 //! - sixteen Cubic flows in a 100 Mbit/s class: Jain's index >= 0.97 and together >=
-//!   0.93 (measured 0.942-0.949, Jain 0.999-1.000; the issue's 0.95 is within 0.01 of a
-//!   full frame's payload, 0.956, and one queue reads 0.951);
-//! - `--fair src`: a host with eight flows beside a host with one: the one >= 0.40
-//!   (measured 0.440-0.468, issue 0.45; by flow alone it would get 1/9);
+//!   0.93 (measured 0.945-0.956, Jain 1.000; 0.942-0.949 with a quarter; a full frame's
+//!   payload is 0.956 of its wire size, and one queue reads 0.951);
+//! - `--fair src`: a host with eight flows beside a host with one: the one >= 0.45
+//!   (measured 0.449-0.457; by flow alone it would get 1/9), the median of three runs
+//!   when the first is outside;
 //! - `--fair none` keeps one queue: the UDP flow takes the class (TCP < 0.2);
 //! - the bulk leaf is one bfifo on every kernel, and Cubic beside UDP keeps its RTT
 //!   within CAKE's + 3 ms (`cargo xtask vm-test` runs that test in Debian's kernels too);
@@ -41,6 +43,10 @@ const UDP_MOST: f64 = 0.55;
 const TOGETHER_LEAST: f64 = 0.95;
 /// Cubic's and BBR's least share beside each other (see `cubic_and_bbr_share_a_class`).
 const BBR_CELL_LEAST: f64 = 0.40;
+/// Under `--fair src`, the least share of a host's one flow beside a host's eight (0.449-
+/// 0.457 measured since the share multiplier holds while the queue stands; 0.436-0.446
+/// before; a full frame's payload at half the rate is 0.478).
+const SRC_CELL_LEAST: f64 = 0.45;
 
 /// A lab (with `one_way` delay each way, if any) whose router shapes everything toward
 /// the server at 10 Mbit/s, with `extra` class options (fair by flow, the default,
@@ -315,30 +321,38 @@ fn sixteen_cubic_flows_at_100mbit_keep_the_rate() {
     assert!(shares.total() >= 0.93, "together {:.3}", shares.total());
 }
 
-/// Host isolation: a host with eight flows and a host with one split the class by host.
+/// Host isolation: a host with eight flows and a host with one split the class by host:
+/// the one flow at least the issue's 0.45 (by flow alone it would get 1/9). A first run
+/// outside is run twice more and the median run judged, as `tcp_beside_udp`'s.
 #[test]
 fn fair_src_shares_by_host_first() {
-    let mut lab = shaped_lab(None, &["--fair", "src"]);
-    add_second_client(&lab).unwrap();
-    let crowd = tcp("cubic", SECONDS);
-    let single = Tcp {
-        bind: Some(SECOND_CLIENT_V4),
-        ..tcp("cubic", SECONDS)
+    let run = || {
+        let mut lab = shaped_lab(None, &["--fair", "src"]);
+        add_second_client(&lab).unwrap();
+        let crowd = tcp("cubic", SECONDS);
+        let single = Tcp {
+            bind: Some(SECOND_CLIENT_V4),
+            ..tcp("cubic", SECONDS)
+        };
+        let flows: Vec<&Tcp> = std::iter::repeat_n(&crowd, 8).chain([&single]).collect();
+        run_cell(&mut lab, RATE_BPS, &flows, &[], STEADY_FROM).unwrap()
     };
-    let flows: Vec<&Tcp> = std::iter::repeat_n(&crowd, 8).chain([&single]).collect();
-    let shares = run_cell(&mut lab, RATE_BPS, &flows, &[], STEADY_FROM).unwrap();
+    let single = |shares: &Shares| shares.tcp[8];
+    let shares = median_if_outside(
+        "--fair src, the single flow's host",
+        run,
+        |shares| single(shares) >= SRC_CELL_LEAST,
+        single,
+    );
     let crowd_total: f64 = shares.tcp[..8].iter().sum();
     println!(
         "--fair src: eight flows of one host {crowd_total:.3} together, one flow of another {:.3}",
-        shares.tcp[8]
+        single(&shares)
     );
-    // By flow alone the one host would get 1/9 (0.11): host isolation holds it near the
-    // issue's 0.45 (0.440-0.468 measured; 0.406-0.425 before a flow's cap told TCP from a
-    // flood; the issue's 0.95 together not asserted).
     assert!(
-        shares.tcp[8] >= 0.40,
+        single(&shares) >= SRC_CELL_LEAST,
         "the single flow's host got {:.3}",
-        shares.tcp[8]
+        single(&shares)
     );
 }
 

@@ -14,6 +14,8 @@ use std::{
 const INSTALLED_SHAPER: &str = "/usr/sbin/shaper";
 const INSTALLED_CNI: &str = "/usr/lib/cni/shaper-cni";
 const UNIT: &str = "/usr/lib/systemd/system/shaper.service";
+/// The allocator of global limits (`shaper global allocate`), shipped beside it.
+const ALLOCATE_UNIT: &str = "/usr/lib/systemd/system/shaper-allocate.service";
 const CONFFILE: &str = "/etc/shaper/shaper.toml";
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -163,7 +165,10 @@ fn the_installed_package_works_and_leaves_cleanly() {
 
     // Installing attaches nothing and enables nothing.
     assert_eq!(pins(), pins_before, "installing touched the pins");
-    assert!(!Path::new("/etc/systemd/system/multi-user.target.wants/shaper.service").exists());
+    for unit in ["shaper.service", "shaper-allocate.service"] {
+        let wants = format!("/etc/systemd/system/multi-user.target.wants/{unit}");
+        assert!(!Path::new(&wants).exists(), "installing enabled {unit}");
+    }
     let conffile = std::fs::read_to_string(CONFFILE).unwrap();
     assert!(conffile
         .lines()
@@ -212,11 +217,30 @@ fn the_installed_package_works_and_leaves_cleanly() {
             .is_some_and(|versions| versions.iter().any(|v| v == "1.0.0")),
         "{answer}"
     );
-    let verify = run("systemd-analyze", &["verify", UNIT]);
+    // `verify` needs what the allocator's unit loads at start: its environment file and
+    // credential, made for the check and removed with the package's files below.
+    std::fs::write(
+        "/etc/default/shaper-allocate",
+        "SHAPER_ALLOCATE_REDIS=redis://allocator@127.0.0.1:1/0\n",
+    )
+    .unwrap();
+    let verify = run("systemd-analyze", &["verify", UNIT, ALLOCATE_UNIT]);
+    let _ = std::fs::remove_file("/etc/default/shaper-allocate");
     assert!(
         verify.status.success(),
         "systemd-analyze verify: {}",
         text(&verify)
+    );
+    // The allocator holds no capability and reaches only the network and its file:
+    // exposure at most 2.0.
+    let security = run(
+        "systemd-analyze",
+        &["security", "--offline=yes", "--threshold=20", ALLOCATE_UNIT],
+    );
+    assert!(
+        security.status.success(),
+        "the allocator unit's exposure rose above 2.0: {}",
+        text(&security)
     );
     // The unit's sandbox, judged offline (no systemd runs here as PID 1): exposure 2.8
     // of 10 ("OK"; 7.1 before the hardening). The threshold is in tenths.

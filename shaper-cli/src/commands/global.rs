@@ -1,6 +1,7 @@
-//! `shaper global publish`: a file's global limits into Redis (`shaper::global::publish`).
+//! `shaper global publish`: a file's global limits into Redis (`shaper::global::publish`);
+//! `shaper global allocate`: their fill, run until stopped (`shaper::global::allocate`).
 
-use crate::cli::{GlobalCommand, PublishArgs};
+use crate::cli::{AdminRedisArgs, AllocateArgs, GlobalCommand, PublishArgs};
 use anyhow::Result;
 use shaper::{
     error::{runtime, usage},
@@ -19,11 +20,22 @@ pub fn run(netns: Option<String>, command: GlobalCommand) -> Result<()> {
     }
     match command {
         GlobalCommand::Publish(args) => publish(args),
+        GlobalCommand::Allocate(args) => allocate(args),
     }
 }
 
-fn publish(args: PublishArgs) -> Result<()> {
-    let desired = crate::config_file::load(&args.file)?;
+/// A file's global keys, and the Redis URL and password to reach them as another user
+/// than the file's host (`--redis`, `--password-file` or $SHAPER_REDIS_PASSWORD).
+struct Admin {
+    keys: Vec<global::KeyLimits>,
+    url: String,
+    password: Option<String>,
+}
+
+fn admin(file: &str, args: &AdminRedisArgs) -> Result<Admin> {
+    let redis = args.redis.as_deref();
+    let password_file = args.password_file.as_deref();
+    let desired = crate::config_file::load(file)?;
     let interval = desired
         .coordination
         .as_ref()
@@ -36,26 +48,58 @@ fn publish(args: PublishArgs) -> Result<()> {
     });
     let keys = global::key_limits(classes, interval).map_err(|e| usage(format!("{e:#}")))?;
     if keys.is_empty() {
-        return Err(usage(format!("{} declares no global class", args.file)));
+        return Err(usage(format!("{file} declares no global class")));
     }
     let coordination = desired.coordination.as_ref();
-    let Some(url) = args
-        .redis
-        .clone()
+    let Some(url) = redis
+        .map(str::to_string)
         .or_else(|| coordination.map(|c| c.redis.clone()))
     else {
         return Err(usage(format!(
-            "{} has no [coordination] redis: name the server with --redis",
-            args.file
+            "{file} has no [coordination] redis: name the server with --redis"
         )));
     };
     global::check_url(&url).map_err(usage)?;
-    if args.redis.as_deref().is_some_and(global::url_has_password) {
+    if redis.is_some_and(global::url_has_password) {
         return Err(usage(format!(
             "--redis {} carries a password, which every user of this host can read (ps): put it in --password-file or ${PASSWORD_VARIABLE}",
             global::redacted(&url)
         )));
     }
+    // The file's password_file belongs to the host's user; --redis names another user.
+    let password_file = password_file.map(std::path::Path::to_path_buf).or_else(|| {
+        redis
+            .is_none()
+            .then(|| coordination.and_then(|c| c.password_file.clone()))
+            .flatten()
+    });
+    let password = match password_file {
+        Some(path) => Some(global::read_password(&path).map_err(|e| usage(format!("{e:#}")))?),
+        // An administrator's password from the environment (a secret store's injection),
+        // never from argv: --password-file wins when both are given.
+        None => std::env::var(PASSWORD_VARIABLE)
+            .ok()
+            .filter(|password| !password.is_empty()),
+    };
+    Ok(Admin {
+        keys,
+        url,
+        password,
+    })
+}
+
+fn allocate(args: AllocateArgs) -> Result<()> {
+    let admin = admin(&args.file, &args.admin)?;
+    global::allocate(&admin.url, admin.password.as_deref(), &admin.keys)
+        .map_err(|e| runtime(format!("{e:#}")))
+}
+
+fn publish(args: PublishArgs) -> Result<()> {
+    let Admin {
+        keys,
+        url,
+        password,
+    } = admin(&args.file, &args.admin)?;
     let describe = |limits: &global::KeyLimits| {
         format!(
             "{}: limit {}, floor {}, interval {}",
@@ -71,21 +115,6 @@ fn publish(args: PublishArgs) -> Result<()> {
         }
         return Ok(());
     }
-    // The file's password_file belongs to the host's user; --redis names another user.
-    let password_file = args.password_file.clone().or_else(|| {
-        args.redis
-            .is_none()
-            .then(|| coordination.and_then(|c| c.password_file.clone()))
-            .flatten()
-    });
-    let password = match password_file {
-        Some(path) => Some(global::read_password(&path).map_err(|e| usage(format!("{e:#}")))?),
-        // An administrator's password from the environment (a secret store's injection),
-        // never from argv: --password-file wins when both are given.
-        None => std::env::var(PASSWORD_VARIABLE)
-            .ok()
-            .filter(|password| !password.is_empty()),
-    };
     let published =
         global::publish(&url, password.as_deref(), &keys).map_err(|e| runtime(format!("{e:#}")))?;
     for key in published {

@@ -135,7 +135,9 @@ impl ShapeStats {
 ///   rises by a quarter, or at once to their weight (an equal split among them).
 /// - At most one flow over its share: nobody contends with it, and it may have what the
 ///   others leave, `weight / (1 − spare / window)` (max-min fairness; a flow alone and a
-///   probe beside it: the flow gets the rate less the probe's).
+///   probe beside it: the flow gets the rate less the probe's); while the queue stands
+///   `m` never falls for it, and once the queue empties it falls by 1/16 an interval
+///   toward that.
 /// - A queue that stood with no flow over its share: `m` rises by a quarter (the shares
 ///   are too large to tell whose queue it is).
 /// - Otherwise (the queue emptied: the rate went unused, or no flow is over its share)
@@ -171,10 +173,15 @@ pub fn next_share(
         lowered
     } else {
         let left = what_others_leave(over_weight, spare_bytes, window_bytes);
-        if left > lowered {
+        // A queue that stood carried the whole rate: nothing went unused to hand the flow
+        // over its share, and lowering `m` would hand it what a neighbour backing off
+        // (a Cubic sawtooth) will want back (host B's one flow beside host A's eight
+        // under `--fair src`: 0.436-0.446 so, 0.449-0.457 held).
+        let floor = if congested { share } else { lowered };
+        if left > floor {
             left
         } else {
-            lowered
+            floor
         }
     };
     let most = bulk_weight.clamp(SHARE_ONE, MAX_SHARE);
@@ -348,31 +355,47 @@ pub fn roll_cap_drops(word: u64, offered: u64) -> u64 {
     (streak << STREAK_SHIFT) | held
 }
 
+/// The most of the class's queue (ns, in the class's time) one flow's long cap holds:
+/// a sixth of the class's own cap (`class_cap_ns`) for a flow on its own, a quarter for a
+/// host and the flows within one (`by_host`, under `--fair src|dst`). Four Cubic flows
+/// stood 11.5 ms (lab) and 12.3 ms (Debian 6.1, CAKE 8.7) with a quarter each, 7.6-10.3
+/// with a sixth at the same goodput; a host's one flow beside another's eight lost to
+/// the sixth (0.420-0.437 of the rate, against 0.449-0.457), as it did to a host held
+/// to the short cap.
+#[inline(always)]
+pub fn long_cap_budget_ns(class_cap_ns: u64, by_host: bool) -> u64 {
+    if by_host {
+        class_cap_ns / 4
+    } else {
+        class_cap_ns / 6
+    }
+}
+
 /// The cap of a flow's (host's) own queue (ns at its share): the short one
 /// ([`flow_cap_ns`]) while it is [`HELD`], else the long one, two CoDel intervals, which
 /// TCP needs where its window is a few packets (16 and 64 Cubic flows at 100 Mbit/s:
 /// 0.94-0.97 of the rate, against 0.77-0.80 with the short one, which drops the tail of
-/// a small window: a retransmission timeout). The long cap holds at most a quarter of
-/// the class's own cap of the class's queue (`class_cap_ns`, in the class's time; a
-/// flow's time runs `share x hosts` times slower), so a flood found unresponsive only
-/// after three intervals never fills the class queue for the flows under their share,
-/// and a flow alone stays near the short cap (with half the class's cap, a lone Cubic
-/// flow let a probe beside it wait 33 ms at p99; 22-23 ms with a quarter). Never below
-/// the short one.
+/// a small window: a retransmission timeout). The long cap holds at most `budget_ns` of
+/// the class's queue ([`long_cap_budget_ns`], in the class's time; a flow's time runs
+/// `share x hosts` times slower), so a flood found unresponsive only after three
+/// intervals never fills the class queue for the flows under their share, and a flow
+/// alone stays near the short cap (with half the class's cap, a lone Cubic flow let a
+/// probe beside it wait 33 ms at p99; 22-23 ms with a quarter). Never below the short
+/// one.
 #[inline(always)]
 pub fn cap_for_ns(
     cap_drops: u64,
     short_ns: u64,
     interval_ns: u64,
-    class_cap_ns: u64,
+    budget_ns: u64,
     share: u64,
     hosts: u64,
 ) -> u64 {
     if cap_drops & HELD != 0 {
         return short_ns;
     }
-    let budget = flow_ticks(crate::bucket::ticks(class_cap_ns / 4), share, hosts)
-        >> crate::bucket::TICK_BITS;
+    let budget =
+        flow_ticks(crate::bucket::ticks(budget_ns), share, hosts) >> crate::bucket::TICK_BITS;
     interval_ns.saturating_mul(2).min(budget).max(short_ns)
 }
 

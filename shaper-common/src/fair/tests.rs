@@ -27,8 +27,11 @@ fn a_flow_alone_over_its_share_gets_what_the_others_leave() {
     // A flood beside a flow using 0.4 of the rate: the flood gets 0.6.
     let m = next_share(SHARE_ONE, true, (two, SHARE_ONE), WINDOW * 4 / 10, WINDOW);
     assert!((m as i64 - (SHARE_ONE * 10 / 6) as i64).abs() <= 2, "{m}");
-    // ... but falls toward it by 1/16 an interval, not at once.
-    let m = next_share(two, true, (two, SHARE_ONE), 0, WINDOW);
+    // ... but never while the queue stands (the rate was all used), and once it empties
+    // by 1/16 an interval, not at once.
+    let m = next_share(two, true, (two, SHARE_ONE), WINDOW * 4 / 10, WINDOW);
+    assert_eq!(m, two);
+    let m = next_share(two, false, (two, SHARE_ONE), WINDOW * 4 / 10, WINDOW);
     assert_eq!(m, two - two / 16);
     // Spare bytes beyond the window: held to 15/16.
     let m = next_share(
@@ -225,25 +228,35 @@ fn a_flow_that_lost_a_quarter_to_its_cap_three_intervals_running_is_held() {
 }
 
 #[test]
-fn the_long_cap_is_two_intervals_within_a_quarter_of_the_class_queue() {
+fn the_long_cap_is_two_intervals_within_a_part_of_the_class_queue() {
     const MS: u64 = 1_000_000;
     let one = SHARE_ONE;
-    let long = |share: u64, hosts: u64| cap_for_ns(0, 20 * MS, 100 * MS, 100 * MS, share, hosts);
+    // A sixth of a 100 ms class cap for a flow on its own, a quarter under hosts.
+    let alone = long_cap_budget_ns(100 * MS, false);
+    let by_host = long_cap_budget_ns(100 * MS, true);
+    assert_eq!(by_host, 25 * MS);
+    assert_eq!(alone, 100 * MS / 6);
+    let long =
+        |budget: u64, share: u64, hosts: u64| cap_for_ns(0, 5 * MS, 100 * MS, budget, share, hosts);
     // Sixteen flows: two intervals of a flow's time are 12.5 ms of the class's.
-    assert_eq!(long(16 * one, 1), 200 * MS);
-    // Alone: a quarter of the class's 100 ms cap.
-    assert_eq!(long(one, 1), 25 * MS);
-    // Four flows, or one of two hosts' two flows: 100 / 50 ms of its time.
-    assert_eq!(long(4 * one, 1), 100 * MS);
-    assert_eq!(long(one, 2), 50 * MS);
+    assert_eq!(long(alone, 16 * one, 1), 200 * MS);
+    // Alone: a sixth of the class's cap (to the tick).
+    assert!(
+        long(alone, one, 1).abs_diff(100 * MS / 6) < 1_000,
+        "{}",
+        long(alone, one, 1)
+    );
+    // Four flows: 67 ms of their time; one of two hosts' two flows: 100 ms.
+    assert!(long(alone, 4 * one, 1).abs_diff(400 * MS / 6) < 4_000);
+    assert_eq!(long(by_host, 2 * one, 2), 100 * MS);
     // Never below the short cap; held: the short one.
-    assert_eq!(cap_for_ns(0, 80 * MS, 100 * MS, 100 * MS, one, 1), 80 * MS);
+    assert_eq!(cap_for_ns(0, 80 * MS, 100 * MS, by_host, one, 1), 80 * MS);
     assert_eq!(
-        cap_for_ns(HELD, 20 * MS, 100 * MS, 100 * MS, 16 * one, 1),
+        cap_for_ns(HELD, 20 * MS, 100 * MS, by_host, 16 * one, 1),
         20 * MS
     );
     assert_eq!(
-        cap_for_ns(HELD | 2, 20 * MS, 100 * MS, 100 * MS, 16 * one, 1),
+        cap_for_ns(HELD | 2, 20 * MS, 100 * MS, by_host, 16 * one, 1),
         20 * MS
     );
 }

@@ -27,15 +27,17 @@
 //! One file a stage: [`schema`] (read and written), [`parse`](mod@parse) (checks, with
 //! line numbers), [`plan`](mod@plan), [`execute`](mod@execute), [`export`](mod@export).
 
+mod coordination;
 mod execute;
 mod export;
 mod parse;
 mod plan;
 mod schema;
 
+pub use coordination::Coordination;
 pub use execute::execute;
 pub use export::export;
-pub use parse::{parse, Coordination, Desired, DesiredInterface, Problem, Problems};
+pub use parse::{parse, Desired, DesiredInterface, Problem, Problems};
 pub use plan::{plan, Plan, Prune, Step};
 
 /// A small file with CLI defaults left out, for the unit tests.

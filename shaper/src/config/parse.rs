@@ -1,6 +1,7 @@
 //! Parsing and checking a file: every problem comes back with its line and field.
 
-use super::schema::{ClassEntry, CoordinationEntry, FileConfig, InterfaceEntry, Scalar};
+use super::coordination::Coordination;
+use super::schema::{ClassEntry, FileConfig, InterfaceEntry, Scalar};
 use crate::{
     class_input::{ClassInput, FIELDS},
     classes::ClassSpec,
@@ -65,33 +66,6 @@ impl DesiredInterface {
 pub struct Desired {
     pub coordination: Option<Coordination>,
     pub interfaces: Vec<DesiredInterface>,
-}
-
-/// `[coordination]`: where global classes agree on their shares.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Coordination {
-    /// `redis://[user[:password]@]host:port/db` (or `rediss://`, or
-    /// `redis+sentinel://[user@]host:port,.../service/db`, `rediss+sentinel://` over TLS).
-    pub redis: String,
-    /// A root-only file holding the password (instead of the URL's); relative: a systemd
-    /// credential in `$CREDENTIALS_DIRECTORY`.
-    pub password_file: Option<std::path::PathBuf>,
-    /// This host's name among the hosts sharing a limit.
-    pub host_id: String,
-    /// How often each host reports its demand and reads its share.
-    pub interval: std::time::Duration,
-}
-
-/// The shortest and longest coordination interval.
-const INTERVALS: std::ops::RangeInclusive<std::time::Duration> =
-    std::time::Duration::from_millis(50)..=std::time::Duration::from_secs(10);
-
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_string())
-        .ok()
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
 }
 
 fn line_of(text: &str, span: Range<usize>) -> usize {
@@ -162,7 +136,7 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
 }
 
 /// Checks a file's entries, collecting every problem with its line.
-struct FileChecker<'a> {
+pub(super) struct FileChecker<'a> {
     text: &'a str,
     found: Vec<Problem>,
     /// Interfaces described so far, with the line that described them.
@@ -176,83 +150,12 @@ impl FileChecker<'_> {
         line_of(self.text, span)
     }
 
-    fn report(&mut self, span: Range<usize>, field: &str, message: String) {
+    pub(super) fn report(&mut self, span: Range<usize>, field: &str, message: String) {
         self.found.push(Problem {
             line: self.line(span),
             field: field.to_string(),
             message,
         });
-    }
-
-    /// `[coordination]`: a Redis URL the client accepts, a host id as a key part, an
-    /// interval within `INTERVALS`.
-    fn coordination(&mut self, entry: &toml::Spanned<CoordinationEntry>) -> Option<Coordination> {
-        let entry = entry.get_ref();
-        let url = entry.redis.get_ref();
-        let mut ok = true;
-        if let Err(error) = crate::global::check_url(url) {
-            self.report(entry.redis.span(), "redis", error);
-            ok = false;
-        }
-        let password_file = entry.password_file.as_ref().map(|path| {
-            let problem = if crate::global::url_has_password(url) {
-                Some("the password is in the URL already: keep it in password_file alone".into())
-            } else {
-                crate::global::read_password(std::path::Path::new(path.get_ref()))
-                    .err()
-                    .map(|error| format!("{error:#}"))
-            };
-            if let Some(message) = problem {
-                self.report(path.span(), "password_file", message);
-                ok = false;
-            }
-            std::path::PathBuf::from(path.get_ref())
-        });
-        let host_id = match &entry.host_id {
-            None => host_name(),
-            Some(id) => {
-                let text = id.get_ref();
-                // Fields of the allocator's hashes that are not hosts start with '.'.
-                let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
-                let first = text
-                    .chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphanumeric());
-                if !first || text.len() > 64 || !text.chars().all(allowed) {
-                    let message = format!(
-                        "bad host_id '{text}' (1 to 64 letters, digits, '-', '_', '.' or ':', \
-                         starting with a letter or digit)"
-                    );
-                    self.report(id.span(), "host_id", message);
-                    ok = false;
-                }
-                text.clone()
-            }
-        };
-        let interval = match &entry.interval {
-            None => crate::global::DEFAULT_INTERVAL,
-            Some(text) => match humantime::parse_duration(text.get_ref()) {
-                Ok(interval) if INTERVALS.contains(&interval) => interval,
-                Ok(_) => {
-                    let message = format!("interval {} is not within 50ms..=10s", text.get_ref());
-                    self.report(text.span(), "interval", message);
-                    ok = false;
-                    crate::global::DEFAULT_INTERVAL
-                }
-                Err(error) => {
-                    let message = format!("bad interval '{}': {error}", text.get_ref());
-                    self.report(text.span(), "interval", message);
-                    ok = false;
-                    crate::global::DEFAULT_INTERVAL
-                }
-            },
-        };
-        ok.then(|| Coordination {
-            redis: url.clone(),
-            password_file,
-            host_id,
-            interval,
-        })
     }
 
     /// One `[[interface]]`: its own fields, then its classes.

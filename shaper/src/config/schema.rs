@@ -45,6 +45,7 @@ pub(super) struct CoordinationEntry {
     pub(super) password_file: Field<String>,
     pub(super) host_id: Field<String>,
     pub(super) interval: Field<String>,
+    pub(super) allocate: Field<String>,
 }
 
 #[derive(Deserialize)]

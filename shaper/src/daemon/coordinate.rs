@@ -141,6 +141,7 @@ fn connected<'c>(
                     password.as_deref(),
                     &settings.host_id,
                     settings.interval,
+                    settings.allocate,
                 )
             });
         *current = match made {
@@ -291,7 +292,7 @@ fn note_answer(
     }
     if answer.dropped_fields > 0 {
         log::warn!(
-            "{} (global '{}'): the allocator removed {} host field(s) it could not read (written by someone with the hosts' Redis ACL, not by shaper)",
+            "{} (global '{}'): this daemon's fill left out {} announcement(s) or report(s) it could not read (written by a host's Redis user, not by shaper)",
             class.name,
             class.key,
             answer.dropped_fields

@@ -1,7 +1,8 @@
 //! Global classes: one limit across hosts. Each host keeps enforcing locally in eBPF at
-//! its share of the limit; every interval its daemon reports the class's demand to Redis
-//! and reads back its share from a max-min fill of the limit over the hosts that reported
-//! lately (`allocate.lua`, one EVALSHA per class, host and interval). Redis is never on
+//! its share of the limit; every interval its daemon writes the class's demand into its
+//! own report key in Redis and reads back its share from the last max-min fill of the
+//! limit over the hosts whose reports are there (`fill.lua`, run by an allocator: a
+//! daemon whose Redis user may, or `shaper global allocate`). Redis is never on
 //! the packet path: when it cannot be reached the share follows the class's
 //! `on_coordinator_loss`, and when the daemon stops renewing it the packet path itself
 //! falls to the floor at the share's expiry.
@@ -17,6 +18,8 @@ use crate::{
 };
 use std::time::Duration;
 
+mod allocator;
+mod answer;
 mod coordinator;
 mod host;
 mod instance;
@@ -24,7 +27,11 @@ mod publish;
 mod target;
 mod tracker;
 
-pub use coordinator::{Coordinator, Reply, Report};
+pub use allocator::allocate;
+pub use coordinator::{
+    fill, is_refused, Allocate, Coordinator, FillArgs, Filled, Reply, Report, FILL_FIELDS,
+    REPORT_INTERVALS,
+};
 pub use host::{host_classes, install, renew, update_for, HostClass, ShareView};
 pub use publish::{key_limits, publish, KeyLimits, Published};
 pub use tracker::{demand, Answer, Event, Limits, Tracker, Usage};
@@ -50,25 +57,47 @@ pub const DEMAND_FALL: u64 = 3;
 /// idle meanwhile, it would lose the share before it could use it and stay at the floor.
 pub const RAMP_GRACE: Duration = Duration::from_secs(3);
 
-/// The allocation script (see its header).
-pub const ALLOCATE: &str = include_str!("allocate.lua");
+/// The fill script (see its header), run by allocators.
+pub const FILL: &str = include_str!("fill.lua");
 
-/// The Redis keys of global key `key`: its hosts' demands, its last fill's shares and
-/// its published limits, three hashes hash-tagged so a Redis Cluster keeps a class's
-/// state in one slot. The hosts' ACL can tell them apart (`~shaper:{*}
-/// ~shaper:{*}:shares %R~shaper:{*}:limits`): hosts write the first two and only read
-/// the third.
+/// The Redis keys of global key `key`: its last fill's shares, the set where hosts new to
+/// it announce themselves, and its published limits, hash-tagged so a Redis Cluster
+/// keeps a class's state in one slot. Hosts read the first and third and only add their
+/// own name to the second; each writes only its own report ([`Keys::of`]).
 pub fn redis_keys(key: &str) -> [String; 3] {
     [
-        format!("shaper:{{{key}}}"),
         format!("shaper:{{{key}}}:shares"),
+        format!("shaper:{{{key}}}:hosts"),
         format!("shaper:{{{key}}}:limits"),
     ]
 }
 
+/// The keys one host uses for one global key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keys {
+    pub shares: String,
+    pub announce: String,
+    pub limits: String,
+    /// `shaper:{KEY}:r:HOST`, this host's report: the one key its ACL lets it write
+    /// (`%RW~shaper:{*}:r:HOST`).
+    pub report: String,
+}
+
+impl Keys {
+    pub fn of(key: &str, host: &str) -> Self {
+        let [shares, announce, limits] = redis_keys(key);
+        Self {
+            shares,
+            announce,
+            limits,
+            report: format!("shaper:{{{key}}}:r:{host}"),
+        }
+    }
+}
+
 /// Whether the Redis client accepts `url` (`redis://`, `rediss://`, `redis+unix://`,
-/// `redis+sentinel://`, `rediss+sentinel://`); the message names the URL without its
-/// password.
+/// `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`, `rediss+cluster://`);
+/// the message names the URL without its password.
 pub fn check_url(url: &str) -> Result<(), String> {
     target::Target::new(url, None)
         .map(|_| ())

@@ -1,5 +1,5 @@
 //! `shaper global publish`: a configuration's global limits written into Redis, where
-//! the allocation script reads them instead of each caller's (`allocate.lua`, KEYS[3]).
+//! the fill reads them instead of its allocator's own (`fill.lua`, KEYS[3]).
 //! Run with a Redis user that may write `shaper:{*}:limits`, which the hosts' users may
 //! only read: no host can then change a limit, and a rolling change of a host's file
 //! no longer makes the fills alternate between two limits.
@@ -79,18 +79,17 @@ pub fn publish(
     keys: &[KeyLimits],
 ) -> anyhow::Result<Vec<Published>> {
     let target = target::Target::new(url, password)?;
-    let client = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(target.client(Duration::from_secs(5)))
-        .with_context(|| format!("Sentinel did not name the primary ({})", redacted(url)))?;
-    let mut connection = client
-        .get_connection_with_timeout(Duration::from_secs(5))
-        .with_context(|| format!("cannot reach Redis at {}", redacted(url)))?;
-    connection.set_read_timeout(Some(Duration::from_secs(5)))?;
     let script = redis::Script::new(PUBLISH);
-    keys.iter()
-        .map(|limits| {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut connection = target
+            .connect(Duration::from_secs(5))
+            .await
+            .with_context(|| format!("cannot reach Redis at {}", redacted(url)))?;
+        let mut published = Vec::new();
+        for limits in keys {
             let [_, _, limits_key] = redis_keys(&limits.key);
             let (version, changed): (u64, u8) = script
                 .key(&limits_key)
@@ -98,15 +97,17 @@ pub fn publish(
                 .arg(limits.floor_bits_per_sec)
                 .arg(limits.interval.as_millis() as u64)
                 .arg(HEADROOM_PPM)
-                .invoke(&mut connection)
+                .invoke_async(&mut connection)
+                .await
                 .map_err(|error| denied(error, url, &limits_key))?;
-            Ok(Published {
+            published.push(Published {
                 limits: limits.clone(),
                 version,
                 changed: changed != 0,
-            })
-        })
-        .collect()
+            });
+        }
+        Ok(published)
+    })
 }
 
 /// A refused write said as the operator's next step: a host's user may only read limits.
@@ -117,6 +118,8 @@ fn denied(error: redis::RedisError, url: &str, key: &str) -> anyhow::Error {
             "the Redis user of {} may not write {key} (a host's user only reads limits): publish with an administrator's URL (--redis)",
             redacted(url)
         )
+    } else if error.is_io_error() || error.is_connection_refusal() || error.is_timeout() {
+        anyhow::anyhow!("cannot reach Redis at {}: {error}", redacted(url))
     } else {
         anyhow::anyhow!("cannot publish {key}: {error}")
     }

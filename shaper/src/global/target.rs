@@ -4,11 +4,17 @@
 //! asked again after every failure so a failover is followed. Every listed sentinel is
 //! asked at once and the primary is taken only when most of those that answer name it:
 //! one stale or lying sentinel cannot send the hosts' passwords elsewhere, and one that
-//! never answers costs a lookup only its own timeout.
+//! never answers costs a lookup only its own timeout. Or a Redis Cluster
+//! (`redis+cluster://` / `rediss+cluster://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]`):
+//! the nodes listed are where the client first learns the slots; every key's state is in
+//! its own slot (its hash tag), and MOVED, ASK and a failover are followed by the client.
 
 use super::redacted;
 use redis::IntoConnectionInfo as _;
 use std::time::Duration;
+
+/// A cluster node's connection may take this many of a call's waits.
+pub const CLUSTER_CONNECT_WAITS: u32 = 4;
 
 /// Sentinel's own port when a URL's host names none.
 const SENTINEL_PORT: u16 = 26379;
@@ -17,6 +23,46 @@ const SENTINEL_PORT: u16 = 26379;
 pub enum Target {
     Server(redis::Client),
     Sentinel(Sentinels),
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+/// A connection to a server (the primary, behind Sentinel) or to a cluster: either
+/// answers a command or a one-slot pipeline.
+#[derive(Clone)]
+pub enum Connection {
+    Server(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Server(connection) => connection.req_packed_command(cmd),
+            Self::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Server(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(connection) => connection.get_db(),
+            Self::Cluster(connection) => connection.get_db(),
+        }
+    }
 }
 
 /// The sentinels of a service and how to log in to the primary they name.
@@ -95,13 +141,12 @@ impl Target {
         let bad = |error: &dyn std::fmt::Display| {
             anyhow::anyhow!("bad Redis URL '{}': {error}", redacted(url))
         };
-        let (rest, tls) = match (
-            url.strip_prefix("redis+sentinel://"),
-            url.strip_prefix("rediss+sentinel://"),
-        ) {
-            (Some(rest), _) => (rest, false),
-            (_, Some(rest)) => (rest, true),
-            _ => {
+        if let Some(cluster) = cluster_of(url, password) {
+            return Ok(Self::Cluster(Box::new(cluster.map_err(|e| bad(&e))?)));
+        }
+        let (tls, rest) = match scheme_of(url, "sentinel") {
+            Some(found) => found,
+            None => {
                 let mut info = url.into_connection_info().map_err(|e| bad(&e))?;
                 if let Some(password) = password {
                     let settings = info.redis_settings().clone().set_password(password);
@@ -162,26 +207,109 @@ impl Target {
         }))
     }
 
-    /// The client of the server to talk to now (for Sentinel: the primary most of the
-    /// sentinels name now, each asked within `wait`).
-    pub async fn client(&self, wait: Duration) -> redis::RedisResult<redis::Client> {
+    /// A connection made as it is first used (for Sentinel: to the primary most of the
+    /// sentinels name now, each asked within `wait`), every answer awaited at most
+    /// `wait`. The manager of one server makes no retry within a call, the cluster's
+    /// client two at most (a redirect, a node connected again): the caller's next round
+    /// is the retry.
+    pub async fn connect(&self, wait: Duration) -> redis::RedisResult<Connection> {
+        let server = |client: redis::Client| {
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(wait))
+                .set_response_timeout(Some(wait))
+                .set_number_of_retries(0);
+            client
+                .get_connection_manager_lazy(config)
+                .map(Connection::Server)
+        };
         match self {
-            Self::Server(client) => Ok(client.clone()),
+            Self::Server(client) => server(client.clone()),
             Self::Sentinel(sentinels) => {
                 let (host, port) = sentinels.primary(wait).await?;
-                sentinels.client_of(&host, port)
+                server(sentinels.client_of(&host, port)?)
+            }
+            Self::Cluster(client) => {
+                // The client connects to every node in the background (its slots read
+                // again after a node fails): a node's connection (TCP, TLS, login) gets
+                // longer than a call, which the caller bounds, so it completes on a busy
+                // machine (at half an interval a loaded 2-core host timed out every TLS
+                // connection and never followed a failover).
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(CLUSTER_CONNECT_WAITS * wait)
+                    .set_response_timeout(wait);
+                Ok(Connection::Cluster(
+                    client.get_pending_async_connection_with_config(config),
+                ))
             }
         }
     }
+}
 
-    pub fn is_sentinel(&self) -> bool {
-        matches!(self, Self::Sentinel(..))
-    }
+/// Whether `url` is `redis+KIND://` (false) or `rediss+KIND://` (true: TLS), and what
+/// follows the scheme; `None`: another scheme.
+fn scheme_of<'u>(url: &'u str, kind: &str) -> Option<(bool, &'u str)> {
+    let rest = url.strip_prefix("redis")?;
+    let (tls, rest) = match rest.strip_prefix('s') {
+        Some(rest) => (true, rest),
+        None => (false, rest),
+    };
+    Some((
+        tls,
+        rest.strip_prefix('+')?
+            .strip_prefix(kind)?
+            .strip_prefix("://")?,
+    ))
+}
+
+/// The cluster client of a `redis+cluster://` or `rediss+cluster://` URL (`None`: another
+/// scheme), with `password` instead of the URL's. Its nodes share the URL's login.
+fn cluster_of(
+    url: &str,
+    password: Option<&str>,
+) -> Option<redis::RedisResult<redis::cluster::ClusterClient>> {
+    let (tls, rest) = scheme_of(url, "cluster")?;
+    let scheme = if tls { "rediss" } else { "redis" };
+    let (login, rest) = match rest.rsplit_once('@') {
+        Some((login, rest)) => (format!("{login}@"), rest),
+        None => (String::new(), rest),
+    };
+    let (hosts, db) = rest.split_once('/').unwrap_or((rest, ""));
+    let made = (|| {
+        if !db.is_empty() && db != "0" {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a cluster has database 0 only",
+            )));
+        }
+        let nodes = hosts
+            .split(',')
+            .filter(|host| !host.is_empty())
+            .map(|host| format!("{scheme}://{login}{host}").into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let mut builder = redis::cluster::ClusterClient::builder(nodes).retries(2);
+        if let Some(password) = password {
+            builder = builder.password(password);
+        }
+        builder.build()
+    })();
+    Some(made)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `url` is refused with an error that says `wanted` and never its password.
+    fn assert_refused(url: &str, wanted: &str) {
+        let error = Target::new(url, None)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            error.contains(wanted) && !error.contains("secret"),
+            "{url}: {error}"
+        );
+    }
 
     #[test]
     fn sentinel_urls_name_their_hosts_and_service() {
@@ -205,19 +333,34 @@ mod tests {
                 "bad Redis URL 'redis+sentinel://node-a:***@",
             ),
         ] {
-            let error = Target::new(url, None)
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
-            assert!(
-                error.contains(wanted) && !error.contains("secret"),
-                "{url}: {error}"
-            );
+            assert_refused(url, wanted);
         }
         assert!(matches!(
             Target::new("redis://127.0.0.1:6379/0", Some("pw")),
             Ok(Target::Server(_))
         ));
+    }
+
+    #[test]
+    fn cluster_urls_name_their_nodes_and_no_database() {
+        for url in [
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+            "redis+cluster://node-a:pw@n1:7000,n2:7000,[::1]:7000/",
+            "rediss+cluster://node-a@n1:7000/0",
+        ] {
+            let target = Target::new(url, Some("pw"));
+            assert!(matches!(target, Ok(Target::Cluster(_))), "{url}");
+        }
+        for (url, wanted) in [
+            ("redis+cluster://n1:7000/2", "database 0 only"),
+            (
+                "redis+cluster://node-a:secret@",
+                "bad Redis URL 'redis+cluster://node-a:***@",
+            ),
+            ("redis+cluster://n1:port", "bad Redis URL"),
+        ] {
+            assert_refused(url, wanted);
+        }
     }
 
     #[test]

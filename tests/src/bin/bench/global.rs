@@ -4,8 +4,8 @@
 
 use anyhow::{Context as _, Result};
 use serde_json::{json, Value};
-use shaper::global::{redis_keys, ALLOCATE, HEADROOM_PPM};
-use shaper_tests::{median, GlobalClass, GlobalLab, RedisServer};
+use shaper::global::{redis_keys, Keys, FILL, FILL_FIELDS, HEADROOM_PPM};
+use shaper_tests::{median, redis_cluster::RedisCluster, GlobalClass, GlobalLab, RedisServer};
 use std::time::{Duration, Instant};
 
 pub struct GlobalEffort {
@@ -15,6 +15,10 @@ pub struct GlobalEffort {
     pub hosts: Vec<u32>,
     /// Intervals simulated per host count.
     pub intervals: u32,
+    /// Against a Redis Cluster of 1, 3 and 6 primaries: this many keys of this many
+    /// simulated hosts each.
+    pub cluster_keys: u32,
+    pub cluster_hosts_per_key: u32,
 }
 
 pub fn effort(quick: bool) -> GlobalEffort {
@@ -23,12 +27,16 @@ pub fn effort(quick: bool) -> GlobalEffort {
             seconds: 3,
             hosts: vec![10, 300],
             intervals: 4,
+            cluster_keys: 12,
+            cluster_hosts_per_key: 50,
         }
     } else {
         GlobalEffort {
             seconds: 6,
             hosts: vec![10, 100, 1000, 3000, 10_000],
             intervals: 8,
+            cluster_keys: 48,
+            cluster_hosts_per_key: 100,
         }
     }
 }
@@ -61,78 +69,203 @@ pub fn skewed(effort: &GlobalEffort) -> Result<Value> {
 }
 
 /// `hosts` simulated hosts, each reporting once per interval (250 ms) for `intervals`
-/// intervals through the daemons' script on one connection: Redis's own time in the
-/// script per interval (commandstats) and its CPU (INFO cpu) per second of the run.
+/// intervals as the daemons do (its own report read and written, its share read), and
+/// one allocator filling once per interval, on one connection: Redis's own time in every
+/// command per interval (commandstats) and its CPU (INFO cpu) per second of the run.
 fn simulate(hosts: u32, intervals: u32) -> Result<Value> {
     let redis = RedisServer::start()?;
     let client = redis::Client::open(redis.url())?;
     let mut connection = client.get_connection()?;
-    let script = redis::Script::new(ALLOCATE);
+    let script = redis::Script::new(FILL);
     let interval = Duration::from_millis(250);
-    let [hosts_key, shares_key, _] = redis_keys("bench");
-    let usec = |redis: &RedisServer| -> Result<f64> {
-        let info = redis.cli(&["INFO", "commandstats"])?;
-        Ok(info
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0))
-    };
-    // Every host's call of one interval, pipelined: the simulator's own round trips do
+    // Every host's calls of one interval, pipelined: the simulator's own round trips do
     // not limit how many hosts it can stand for (Redis runs the calls one after another,
     // as it would from many daemons).
     let round = |connection: &mut redis::Connection| -> Result<()> {
-        let mut pipe = redis::pipe();
-        for host in 0..hosts {
-            let demand = u64::from(host % 10 + 1) * 1_000_000;
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(2)
-                .arg(&hosts_key)
-                .arg(&shares_key)
-                .arg(format!("sim-{host}"))
-                .arg(demand)
-                .arg(demand)
-                .arg(30_000_000u64)
-                .arg(300_000u64)
-                .arg(interval.as_millis() as u64)
-                .arg(HEADROOM_PPM);
-        }
-        // Read as lists: the reply's length is the script's to grow.
-        let replies: Vec<Vec<u64>> = pipe
-            .query(connection)
-            .context("the allocation script failed")?;
-        anyhow::ensure!(replies.len() == hosts as usize, "{} replies", replies.len());
-        Ok(())
+        key_round(connection, &script, "bench", hosts, interval)
     };
-    // The script loaded, then one round: every host known.
-    script.prepare_invoke().load(&mut connection)?;
+    // One round: every host known.
     round(&mut connection)?;
-    let (usec_before, cpu_before, started) = (usec(&redis)?, redis.cpu_seconds()?, Instant::now());
+    // A fill at most every half interval: the first timed round fills again.
+    std::thread::sleep(interval / 2);
+    let (usec_before, cpu_before, started) =
+        (command_usec(&redis)?, redis.cpu_seconds()?, Instant::now());
+    let late = paced(intervals, interval, || round(&mut connection))?;
+    let wall = started.elapsed().as_secs_f64();
+    let redis_ms = (command_usec(&redis)? - usec_before) / 1000.0 / f64::from(intervals);
+    let cpu = (redis.cpu_seconds()? - cpu_before) / wall;
+    println!(
+        "  {hosts} hosts: {redis_ms:.1} ms of Redis's time per 250 ms interval, Redis CPU {:.0} % of a core, {late} of {intervals} intervals overran",
+        cpu * 100.0
+    );
+    Ok(json!({
+        "hosts": hosts,
+        "script_ms_per_interval": redis_ms,
+        "redis_cpu_fraction": cpu,
+        "intervals_overran": late,
+        "intervals": intervals,
+    }))
+}
+
+/// `rounds` calls of `round`, one per `interval` from now; how many overran theirs.
+fn paced(rounds: u32, interval: Duration, mut round: impl FnMut() -> Result<()>) -> Result<u32> {
+    let started = Instant::now();
     let mut late = 0;
-    for index in 0..intervals {
+    for index in 0..rounds {
         let due = started + interval * (index + 1);
-        round(&mut connection)?;
+        round()?;
         match due.checked_duration_since(Instant::now()) {
             Some(wait) => std::thread::sleep(wait),
             None => late += 1,
         }
     }
-    let wall = started.elapsed().as_secs_f64();
-    let script_ms = (usec(&redis)? - usec_before) / 1000.0 / f64::from(intervals);
-    let cpu = (redis.cpu_seconds()? - cpu_before) / wall;
+    Ok(late)
+}
+
+/// Redis's own time in every command so far, µs (`INFO commandstats`).
+fn command_usec(redis: &RedisServer) -> Result<f64> {
+    let info = redis.cli(&["INFO", "commandstats"])?;
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| l.split(',').find_map(|f| f.strip_prefix("usec=")))
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum())
+}
+
+/// One interval of `hosts` simulated hosts of global key `key` and its fill, as
+/// [`simulate`]'s round, on any connection (one key's calls stay in its slot).
+fn key_round(
+    connection: &mut impl redis::ConnectionLike,
+    script: &redis::Script,
+    key: &str,
+    hosts: u32,
+    interval: Duration,
+) -> Result<()> {
+    let [shares, announce, _] = redis_keys(key);
+    let mut looks = redis::pipe();
+    let mut writes = redis::pipe();
+    let mut reads = redis::pipe();
+    for host in 0..hosts {
+        let name = format!("sim-{host}");
+        let keys = Keys::of(key, &name);
+        let demand = u64::from(host % 10 + 1) * 1_000_000;
+        looks
+            .cmd("GET")
+            .arg(&keys.report)
+            .cmd("HEXISTS")
+            .arg(&shares)
+            .arg(&name);
+        writes
+            .cmd("SET")
+            .arg(&keys.report)
+            .arg(format!("{demand} {demand} sim"))
+            .arg("PX")
+            .arg(3 * interval.as_millis() as u64)
+            .ignore()
+            .cmd("SADD")
+            .arg(&announce)
+            .arg(&name)
+            .ignore();
+        reads.cmd("HMGET").arg(&shares).arg(&name).arg(&FILL_FIELDS);
+    }
+    let _: Vec<redis::Value> = looks.query(connection).context("the hosts' reads failed")?;
+    writes
+        .query::<()>(connection)
+        .context("the hosts' reports failed")?;
+    let _: Vec<u64> = script
+        .key(&shares)
+        .key(&announce)
+        .arg(30_000_000u64)
+        .arg(300_000u64)
+        .arg(interval.as_millis() as u64)
+        .arg(HEADROOM_PPM)
+        .invoke(connection)
+        .context("the fill failed")?;
+    let replies: Vec<redis::Value> = reads.query(connection).context("the hosts' shares")?;
+    anyhow::ensure!(replies.len() == hosts as usize, "{} replies", replies.len());
+    Ok(())
+}
+
+/// `keys` global keys of `hosts_per_key` simulated hosts each against a Redis Cluster of
+/// `primaries` primaries (the slots split evenly): each primary's own time in commands
+/// per 250 ms interval, and the reports per interval the busiest primary could carry
+/// in a whole interval.
+fn simulate_cluster(
+    primaries: usize,
+    keys: u32,
+    hosts_per_key: u32,
+    intervals: u32,
+) -> Result<Value> {
+    let cluster = RedisCluster::start_without_replicas(primaries)?;
+    // Each key's calls go straight to the primary that serves its slot (the slots were
+    // split evenly here): what a cluster client does after its first MOVED, without a
+    // simulator of its own in the way.
+    let mut connections: Vec<redis::Connection> = cluster
+        .nodes
+        .iter()
+        .map(|node| Ok(redis::Client::open(node.url())?.get_connection()?))
+        .collect::<Result<_>>()?;
+    let script = redis::Script::new(FILL);
+    let interval = Duration::from_millis(250);
+    let names: Vec<(String, usize)> = (0..keys)
+        .map(|k| {
+            let name = format!("bench-{k}");
+            Ok((name.clone(), cluster.primary_of(&redis_keys(&name)[0])?))
+        })
+        .collect::<Result<_>>()?;
+    let round = |connections: &mut [redis::Connection]| -> Result<()> {
+        for (key, node) in &names {
+            key_round(
+                &mut connections[*node],
+                &script,
+                key,
+                hosts_per_key,
+                interval,
+            )?;
+        }
+        Ok(())
+    };
+    round(&mut connections)?;
+    std::thread::sleep(interval / 2);
+    let usec_all = || -> Result<Vec<f64>> { cluster.nodes.iter().map(command_usec).collect() };
+    let before = usec_all()?;
+    let late = paced(intervals, interval, || round(&mut connections))?;
+    let per_node: Vec<f64> = usec_all()?
+        .iter()
+        .zip(&before)
+        .map(|(after, before)| (after - before) / 1000.0 / f64::from(intervals))
+        .collect();
+    let busiest = per_node.iter().copied().fold(0.0, f64::max);
+    let reports = keys * hosts_per_key;
+    let carried = f64::from(reports) * interval.as_secs_f64() * 1000.0 / busiest;
     println!(
-        "  {hosts} hosts: {script_ms:.1} ms of script per 250 ms interval, Redis CPU {:.0} % of a core, {late} of {intervals} intervals overran",
-        cpu * 100.0
+        "  a cluster of {primaries}: {reports} reports per interval on {keys} keys; Redis ms per interval by primary {per_node:.1?}; the busiest could carry {carried:.0} reports per interval; {late} of {intervals} intervals overran"
     );
     Ok(json!({
-        "hosts": hosts,
-        "script_ms_per_interval": script_ms,
-        "redis_cpu_fraction": cpu,
+        "primaries": primaries,
+        "keys": keys,
+        "reports_per_interval": reports,
+        "ms_per_interval_by_primary": per_node,
+        "reports_carried_per_interval": carried,
         "intervals_overran": late,
         "intervals": intervals,
     }))
+}
+
+/// The cluster rows: 1, 3 and 6 primaries under one load.
+pub fn cluster_scale(effort: &GlobalEffort) -> Result<Vec<Value>> {
+    [1, 3, 6]
+        .iter()
+        .map(|&primaries| {
+            simulate_cluster(
+                primaries,
+                effort.cluster_keys,
+                effort.cluster_hosts_per_key,
+                effort.intervals,
+            )
+        })
+        .collect()
 }
 
 pub fn redis_scale(effort: &GlobalEffort) -> Result<Vec<Value>> {
@@ -152,13 +285,35 @@ pub fn markdown(report: &Value) -> String {
         global["skewed"]["global"].as_f64().unwrap_or(0.0),
         global["skewed"]["static_split"].as_f64().unwrap_or(0.0)
     ));
-    out.push_str("\nMany hosts on one class against one redis-server: each simulated host calls the allocation script once per 250 ms interval (as a daemon does). Redis's time in the script per interval (`INFO commandstats`) and its CPU (`INFO cpu`) over the run.\n\n| hosts | script ms per interval | Redis CPU (share of a core) | intervals overrun |\n|---|---|---|---|\n");
+    out.push_str("\nMany hosts on one class against one redis-server: each simulated host reads and writes its own report and reads its share once per 250 ms interval (as a daemon does), and one allocator fills once per interval. Redis's time in every command per interval (`INFO commandstats`) and its CPU (`INFO cpu`) over the run.\n\n| hosts | Redis ms per interval | Redis CPU (share of a core) | intervals overrun |\n|---|---|---|---|\n");
     for row in global["redis"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "| {} | {:.2} | {:.2} | {} of {} |\n",
             row["hosts"],
             row["script_ms_per_interval"].as_f64().unwrap_or(0.0),
             row["redis_cpu_fraction"].as_f64().unwrap_or(0.0),
+            row["intervals_overran"],
+            row["intervals"]
+        ));
+    }
+    let cluster_rows = global["cluster"].as_array().cloned().unwrap_or_default();
+    let hosts_per_key = cluster_rows.first().map_or(0, |row| {
+        row["reports_per_interval"].as_u64().unwrap_or(0) / row["keys"].as_u64().unwrap_or(1).max(1)
+    });
+    out.push_str(&format!("\nThe same calls against a Redis Cluster (every node a redis-server on loopback, the slots split evenly, no replicas): keys of {hosts_per_key} simulated hosts each, each key's calls in its own slot. Each primary's own time in commands per 250 ms interval, and the reports per interval the busiest primary could carry in a whole interval.\n\n| primaries | reports per interval | Redis ms per interval, by primary | reports the busiest carries per interval | intervals overrun |\n|---|---|---|---|---|\n", hosts_per_key = hosts_per_key));
+    for row in &cluster_rows {
+        let by_primary: Vec<String> = row["ms_per_interval_by_primary"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|ms| format!("{:.1}", ms.as_f64().unwrap_or(0.0)))
+            .collect();
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {} of {} |\n",
+            row["primaries"],
+            row["reports_per_interval"],
+            by_primary.join(" / "),
+            row["reports_carried_per_interval"].as_f64().unwrap_or(0.0),
             row["intervals_overran"],
             row["intervals"]
         ));
@@ -184,6 +339,21 @@ pub fn check(report: &Value) -> Vec<String> {
         .unwrap_or_default();
     if rows.is_empty() {
         broken.push("no simulated-hosts row".to_string());
+    }
+    let cluster = report["global"]["cluster"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if cluster.len() != 3 {
+        broken.push(format!("cluster rows: {cluster:?}"));
+    }
+    for row in cluster {
+        if !row["reports_carried_per_interval"]
+            .as_f64()
+            .is_some_and(|n| n > 0.0 && n.is_finite())
+        {
+            broken.push(format!("a cluster row: {row}"));
+        }
     }
     for row in rows {
         if !row["script_ms_per_interval"]

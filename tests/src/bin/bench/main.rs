@@ -235,6 +235,7 @@ fn main() -> Result<()> {
         let report = json!({ "global": {
             "skewed": global::skewed(&global_effort)?,
             "redis": global::redis_scale(&global_effort)?,
+            "cluster": global::cluster_scale(&global_effort)?,
         }});
         println!("{}", global::markdown(&report));
         let broken = global::check(&report);
@@ -325,6 +326,7 @@ fn main() -> Result<()> {
     let global = json!({
         "skewed": global::skewed(&global_effort)?,
         "redis": global::redis_scale(&global_effort)?,
+        "cluster": global::cluster_scale(&global_effort)?,
     });
     let mut plot_files = match &options.report {
         Some(report) => draw_plots(report, &series, &scaling, &per_packet)?,
@@ -1922,6 +1924,11 @@ mod tests {
             "global": {
                 "skewed": {"global": 0.95, "static_split": 0.33},
                 "redis": [{"hosts": 10, "script_ms_per_interval": 0.3}],
+                "cluster": [
+                    {"primaries": 1, "reports_carried_per_interval": 12000.0},
+                    {"primaries": 3, "reports_carried_per_interval": 29000.0},
+                    {"primaries": 6, "reports_carried_per_interval": 45000.0},
+                ],
             },
         })
     }
@@ -2023,6 +2030,9 @@ mod tests {
         let mut report = sane.clone();
         report["global"]["redis"] = json!([]);
         rejected(&report, &expected, "no simulated-hosts row");
+        let mut report = sane.clone();
+        report["global"]["cluster"][2]["reports_carried_per_interval"] = json!(f64::NAN);
+        rejected(&report, &expected, "a cluster row");
         let mut report = sane.clone();
         report["uploads"].as_array_mut().unwrap().pop();
         rejected(&report, &expected, "uploads: 8 rows, expected 9");
