@@ -204,10 +204,10 @@ impl GlobalLab {
             },
             replica: None,
             sentinels: Vec::new(),
-            cluster: if class.cluster {
-                Some(RedisCluster::start(3, class.tls)?)
-            } else {
-                None
+            cluster: match (class.cluster, class.proxy) {
+                (true, true) => Some(RedisCluster::start_proxied(3)?),
+                (true, false) => Some(RedisCluster::start(3, class.tls)?),
+                (false, _) => None,
             },
             proxy: None,
             sentinel_hole: None,
@@ -264,7 +264,7 @@ impl GlobalLab {
         if lab.class.sentinel {
             lab.watch_with_sentinels()?;
         }
-        if lab.class.proxy {
+        if lab.class.proxy && lab.cluster.is_none() {
             let proxy = Proxy::start(lab.redis.port)?;
             let (direct, through) = (
                 format!("127.0.0.1:{}/", lab.redis.port),
@@ -293,6 +293,40 @@ impl GlobalLab {
         match &mut self.cluster {
             Some(cluster) => cluster.user(user, password, role),
             None => self.redis.user(user, password, role),
+        }
+    }
+
+    /// With [`GlobalClass::proxy`]: every proxy between the daemons and Redis (one per
+    /// node of a cluster).
+    pub fn proxies(&self) -> Vec<&Proxy> {
+        match &self.cluster {
+            Some(cluster) => cluster.proxies.iter().collect(),
+            None => self.proxy.iter().collect(),
+        }
+    }
+
+    /// Redis killed: the lab's server, or every node of the cluster.
+    pub fn kill_redis(&mut self) {
+        match &mut self.cluster {
+            Some(cluster) => cluster.kill(),
+            None => self.redis.kill(),
+        }
+    }
+
+    /// Redis started again empty (see [`RedisServer::restart_empty`] and
+    /// [`RedisCluster::restart_empty`]).
+    pub fn restart_redis_empty(&mut self, users_after: Duration) -> Result<()> {
+        match &mut self.cluster {
+            Some(cluster) => cluster.restart_empty(users_after),
+            None => self.redis.restart_empty(users_after),
+        }
+    }
+
+    /// With TLS: a CA that signed no certificate Redis shows.
+    pub fn other_ca(&self) -> Option<PathBuf> {
+        match &self.cluster {
+            Some(cluster) => cluster.other_ca(),
+            None => self.redis.tls().map(|tls| tls.other_ca()),
         }
     }
 

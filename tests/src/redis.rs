@@ -6,6 +6,7 @@
 //! with a certificate from a private CA made here.
 
 use crate::process::{dies_with_parent, output_bounded, run_checked, wait_bounded};
+use crate::proxy::Proxy;
 use anyhow::{bail, Context as _, Result};
 use std::{
     os::unix::fs::DirBuilderExt as _,
@@ -25,8 +26,20 @@ pub struct RedisServer {
     tls: Option<Tls>,
     /// The primary's port, for a replica.
     replica_of: Option<u16>,
-    /// A cluster node's directory (its `nodes.conf`), for a node of a Redis Cluster.
-    cluster_dir: Option<PathBuf>,
+    /// For a node of a Redis Cluster: where it keeps `nodes.conf`, its bus port, and how
+    /// clients reach it.
+    cluster: Option<ClusterNode>,
+}
+
+/// A Redis Cluster node's own settings.
+#[derive(Clone)]
+struct ClusterNode {
+    dir: PathBuf,
+    /// Picked free, as the client port is: the default (the client port + 10000) is past
+    /// 65535 for a third of the ports Linux hands out, and Redis then will not start.
+    bus_port: u16,
+    /// Reached through a proxy: the proxy's port, which the node gives clients as its own.
+    announced_port: Option<u16>,
 }
 
 /// The TLS listener's port and files: `ca.pem` signed the server's certificate,
@@ -231,11 +244,16 @@ pub fn free_port() -> Result<u16> {
     Ok(socket.local_addr()?.port())
 }
 
-/// Two distinct loopback ports nothing listens on now (both held while picking).
-fn free_ports() -> Result<[u16; 2]> {
-    let first = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let second = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok([first.local_addr()?.port(), second.local_addr()?.port()])
+/// `N` distinct loopback ports nothing listens on now (all held while picking).
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let sockets: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()?;
+    let mut ports = [0; N];
+    for (port, socket) in ports.iter_mut().zip(&sockets) {
+        *port = socket.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 /// The temp directories of TLS servers: `{prefix}{pid}-{n}`, swept after a killed run.
@@ -246,14 +264,14 @@ impl RedisServer {
         Self::launch(free_port()?, None, None)
     }
 
-    fn launch(port: u16, tls: Option<Tls>, cluster_dir: Option<PathBuf>) -> Result<Self> {
+    fn launch(port: u16, tls: Option<Tls>, cluster: Option<ClusterNode>) -> Result<Self> {
         let mut server = Self {
             port,
             child: None,
             users: Vec::new(),
             tls,
             replica_of: None,
-            cluster_dir,
+            cluster,
         };
         server.spawn()?;
         Ok(server)
@@ -264,14 +282,40 @@ impl RedisServer {
     /// silence. With `tls` (a copy of another node's, see [`Tls::copy_of`]), it also
     /// listens for TLS, and the cluster's bus speaks TLS.
     pub fn start_cluster_node(dir: &Path, tls: Option<Tls>) -> Result<Self> {
-        let [port, tls_port] = free_ports()?;
+        let [port, tls_port, bus_port] = free_ports()?;
         let tls = tls.map(|mut tls| {
             tls.port = tls_port;
             tls
         });
         let dir = dir.join(port.to_string());
         std::fs::create_dir_all(&dir)?;
-        Self::launch(port, tls, Some(dir))
+        let node = ClusterNode {
+            dir,
+            bus_port,
+            announced_port: None,
+        };
+        Self::launch(port, tls, Some(node))
+    }
+
+    /// A cluster node (plain, not yet joined) that clients reach only through a proxy of
+    /// its own: the cluster names the proxy's port as the node's, so a cluster client
+    /// follows slots and redirections through the proxies; the bus stays direct.
+    pub fn start_proxied_cluster_node(dir: &Path) -> Result<(Self, Proxy)> {
+        let [port, bus_port] = free_ports()?;
+        let proxy = Proxy::start(port)?;
+        let dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&dir)?;
+        let node = ClusterNode {
+            dir,
+            bus_port,
+            announced_port: Some(proxy.port),
+        };
+        Ok((Self::launch(port, None, Some(node))?, proxy))
+    }
+
+    /// A cluster node's bus port.
+    pub fn bus_port(&self) -> Option<u16> {
+        self.cluster.as_ref().map(|node| node.bus_port)
     }
 
     /// A replica of `primary` (for Sentinel to promote), with the primary's ACL users (ACL
@@ -287,7 +331,7 @@ impl RedisServer {
             users: Vec::new(),
             tls,
             replica_of: Some(primary.tls.as_ref().map_or(primary.port, |tls| tls.port)),
-            cluster_dir: None,
+            cluster: None,
         };
         server.spawn()?;
         for (user, password, role) in &primary.users {
@@ -369,12 +413,16 @@ impl RedisServer {
                 command.args(["--tls-replication", "yes"]);
             }
         }
-        if let Some(dir) = &self.cluster_dir {
+        if let Some(node) = &self.cluster {
             command
                 .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
                 .args(["--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-port", &node.bus_port.to_string()])
                 .arg("--dir")
-                .arg(dir);
+                .arg(&node.dir);
+            if let Some(announced) = node.announced_port {
+                command.args(["--cluster-announce-port", &announced.to_string()]);
+            }
             if self.tls.is_some() {
                 // Replicas reach their primary at the port the cluster names: TLS's.
                 command.args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
@@ -447,9 +495,20 @@ impl RedisServer {
     /// its ACL users made `users_after` later (as when a config manager, not an ACL file,
     /// makes them): clients that connect meanwhile are refused their login.
     pub fn restart_empty(&mut self, users_after: Duration) -> Result<()> {
-        self.kill();
-        self.spawn()?;
+        self.restart_without_users()?;
         thread::sleep(users_after);
+        self.make_users()
+    }
+
+    /// Killed and started again on its port, empty and without its ACL users (a cluster
+    /// node remembers its cluster: `nodes.conf` stays).
+    pub fn restart_without_users(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// Makes again every ACL user made so far (after [`RedisServer::restart_without_users`]).
+    pub fn make_users(&self) -> Result<()> {
         for (user, password, role) in &self.users {
             self.make_user(user, password, role)?;
         }

@@ -2,7 +2,10 @@
 //! `redis-cli --cluster create`, every node on a port picked here, with the same ACL users
 //! on every node (ACL users are not shared by a cluster). Stopped on drop.
 
-use crate::redis::{RedisServer, Role, Tls};
+use crate::{
+    proxy::Proxy,
+    redis::{RedisServer, Role, Tls},
+};
 use anyhow::{bail, Context as _, Result};
 use std::{
     path::PathBuf,
@@ -17,6 +20,9 @@ pub struct RedisCluster {
     dir: PathBuf,
     /// With TLS: the keys every node's copy came from (its CA is [`RedisCluster::ca`]).
     keys: Option<Tls>,
+    /// From [`RedisCluster::start_proxied`]: each node's proxy, in the nodes' order, the
+    /// only way clients reach the nodes (a delay, a black hole).
+    pub proxies: Vec<Proxy>,
 }
 
 /// The cluster's directories: `{prefix}{pid}-{n}`.
@@ -37,6 +43,7 @@ impl RedisCluster {
             nodes: Vec::new(),
             dir,
             keys: None,
+            proxies: Vec::new(),
         };
         let keys = if tls { Some(Tls::new()?) } else { None };
         for _ in 0..nodes {
@@ -53,17 +60,37 @@ impl RedisCluster {
     /// evenly, joined by hand (`CLUSTER ADDSLOTSRANGE`, `CLUSTER MEET`): for the bench.
     pub fn start_without_replicas(primaries: usize) -> Result<Self> {
         let cluster = Self::nodes(primaries, false)?;
-        for (index, node) in cluster.nodes.iter().enumerate() {
+        cluster.join()?;
+        Ok(cluster)
+    }
+
+    /// `primaries` primaries and no replica, as [`RedisCluster::start_without_replicas`],
+    /// that clients reach only through [`RedisCluster::proxies`], one per node.
+    pub fn start_proxied(primaries: usize) -> Result<Self> {
+        let mut cluster = Self::nodes(0, false)?;
+        for _ in 0..primaries {
+            let (node, proxy) = RedisServer::start_proxied_cluster_node(&cluster.dir)?;
+            cluster.nodes.push(node);
+            cluster.proxies.push(proxy);
+        }
+        cluster.join()?;
+        Ok(cluster)
+    }
+
+    /// Every node a primary of an even part of the slots, all met.
+    fn join(&self) -> Result<()> {
+        let primaries = self.nodes.len();
+        for (index, node) in self.nodes.iter().enumerate() {
             let low = (16384 * index / primaries).to_string();
             let high = (16384 * (index + 1) / primaries - 1).to_string();
             node.cli(&["CLUSTER", "ADDSLOTSRANGE", &low, &high])?;
         }
-        let first = cluster.nodes[0].port.to_string();
-        for node in &cluster.nodes[1..] {
-            node.cli(&["CLUSTER", "MEET", "127.0.0.1", &first])?;
+        let first = &self.nodes[0];
+        let (port, bus) = (first.port.to_string(), first.bus_port().unwrap_or_default());
+        for node in &self.nodes[1..] {
+            node.cli(&["CLUSTER", "MEET", "127.0.0.1", &port, &bus.to_string()])?;
         }
-        cluster.wait_ok(Duration::from_secs(30))?;
-        Ok(cluster)
+        self.wait_ok(Duration::from_secs(30))
     }
 
     /// `primaries` (three or more) primaries with one replica each, every slot served;
@@ -131,13 +158,10 @@ impl RedisCluster {
     /// first three nodes.
     pub fn url_of(&self, login: &str) -> String {
         let nodes: Vec<String> = self
-            .nodes
-            .iter()
+            .ports_of_clients()
+            .into_iter()
             .take(3)
-            .map(|node| {
-                let port = node.tls().map_or(node.port, |tls| tls.port);
-                format!("127.0.0.1:{port}")
-            })
+            .map(|port| format!("127.0.0.1:{port}"))
             .collect();
         let scheme = if self.keys.is_some() {
             "rediss"
@@ -145,6 +169,44 @@ impl RedisCluster {
             "redis"
         };
         format!("{scheme}+cluster://{login}{}", nodes.join(","))
+    }
+
+    /// The port clients reach each node at: its proxy's, its TLS port, or its own.
+    fn ports_of_clients(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| match self.proxies.get(index) {
+                Some(proxy) => proxy.port,
+                None => node.tls().map_or(node.port, |tls| tls.port),
+            })
+            .collect()
+    }
+
+    /// Every node killed at once, then started again on its port, empty but for its
+    /// `nodes.conf` (so the cluster is the same one, after Redis's own delays), its ACL
+    /// users made `users_after` later.
+    pub fn restart_empty(&mut self, users_after: Duration) -> Result<()> {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        for node in &mut self.nodes {
+            node.restart_without_users()?;
+        }
+        thread::sleep(users_after);
+        self.nodes.iter().try_for_each(RedisServer::make_users)
+    }
+
+    /// Every node killed (SIGKILL).
+    pub fn kill(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
+
+    /// With TLS: a CA that signed no node's certificate.
+    pub fn other_ca(&self) -> Option<PathBuf> {
+        self.keys.as_ref().map(Tls::other_ca)
     }
 
     /// With TLS: the CA that signed every node's certificate.
@@ -177,6 +239,7 @@ impl RedisCluster {
                     .nodes
                     .iter()
                     .position(|n| n.port == port)
+                    .or_else(|| self.proxies.iter().position(|p| p.port == port))
                     .context("a primary the lab did not start");
             }
         }
@@ -209,9 +272,26 @@ impl RedisCluster {
 
 impl Drop for RedisCluster {
     fn drop(&mut self) {
-        for node in &mut self.nodes {
-            node.kill();
-        }
+        self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// How long after `since` every node listening at `ports` said `cluster_state:ok` (asked
+/// every 20 ms, for at most `limit`): a restarted cluster serves again only then.
+pub fn ok_after(ports: &[u16], since: Instant, limit: Duration) -> Result<Duration> {
+    let ok = |port: &u16| {
+        crate::process::output_bounded(
+            Command::new("redis-cli").args(["-p", &port.to_string(), "CLUSTER", "INFO"]),
+            Duration::from_secs(2),
+        )
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok"))
+    };
+    while since.elapsed() < limit {
+        if ports.iter().all(ok) {
+            return Ok(since.elapsed());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    bail!("the cluster was not ok {limit:?} after")
 }

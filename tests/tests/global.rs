@@ -15,7 +15,9 @@ use shaper::global::{
 };
 use shaper_tests::{
     global::{class_row_in, WINDOW},
-    median, GlobalClass, GlobalLab, RedisServer, Role,
+    median,
+    redis_cluster::ok_after,
+    GlobalClass, GlobalLab, RedisServer, Role,
 };
 use std::{
     thread,
@@ -616,13 +618,27 @@ fn mbit(value: f64) -> String {
 
 #[test]
 fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()> {
+    three_hosts(false)
+}
+
+/// The same over a Redis Cluster (3 primaries, a replica each), whose every node is killed
+/// in phase 4 and restarted empty: the hosts re-learn their shares within 3 intervals of
+/// the cluster serving again (Redis holds a restarted primary back about 2 s first).
+#[test]
+fn three_hosts_hold_one_limit_through_demand_changes_and_failures_in_a_cluster() -> Result<()> {
+    three_hosts(true)
+}
+
+fn three_hosts(cluster: bool) -> Result<()> {
     // Each host loses Redis its own way in phase 4.
     let class = GlobalClass {
         on_loss_by_host: &["static", "open", "closed"],
+        cluster,
         ..GlobalClass::default()
     };
     let interval = Duration::from_millis(250);
     let mut lab = GlobalLab::new(3, class)?;
+    let key = lab.key.clone();
     for host in 0..3 {
         lab.send(host, "20M", 60)?;
     }
@@ -631,7 +647,7 @@ fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()
     lab.windows(Duration::from_secs(3), |_, _| Ok(()))?;
     // Control traffic is counted over phases 1 and 2 (three live hosts).
     let calls_from = Instant::now();
-    let calls_before = lab.redis.calls("set")?;
+    let calls_before = lab.redis_of(&key)?.calls("set")?;
     let saturated = lab.windows(Duration::from_secs(4), |_, _| Ok(()))?;
     let total = median(&aggregate(&saturated));
     println!(
@@ -713,7 +729,7 @@ fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()
     }
     all.extend(limited);
     let calls_elapsed = calls_from.elapsed();
-    let calls = lab.redis.calls("set")? - calls_before;
+    let calls = lab.redis_of(&key)?.calls("set")? - calls_before;
 
     // 3. Host 0 stops: the others take the limit within 2 s.
     let stopped = lab.windows(Duration::from_secs(4), |lab, window| {
@@ -744,27 +760,41 @@ fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()
         .as_f64()
         .expect("the class row has its floor");
     let names: Vec<String> = lab.hosts.iter().map(|h| h.name.clone()).collect();
-    let mut watcher = None;
-    let outage = lab.windows(Duration::from_secs(8), |lab, window| {
+    let nodes: Vec<u16> = lab
+        .cluster
+        .iter()
+        .flat_map(|c| &c.nodes)
+        .map(|n| n.port)
+        .collect();
+    let (mut watcher, mut serving) = (None, None);
+    // A restarted cluster takes seconds to serve: the outage's windows go on longer.
+    let length = Duration::from_secs(if cluster { 11 } else { 8 });
+    let outage = lab.windows(length, |lab, window| {
         if window == 0 {
-            lab.redis.kill();
+            lab.kill_redis();
         }
         if window == 10 {
             // Users 300 ms late: the hosts that try meanwhile are refused their login and
             // must not wait for the daemon's 4-interval backstop (1066 ms in one CI run).
-            lab.redis.restart_empty(Duration::from_millis(300))?;
-            let (names, restart) = (names.clone(), Instant::now());
+            lab.restart_redis_empty(Duration::from_millis(300))?;
+            let (names, nodes, restart) = (names.clone(), nodes.clone(), Instant::now());
             watcher = Some(thread::spawn(move || reconverged_after(&names, restart)));
+            serving = Some(thread::spawn(move || {
+                ok_after(&nodes, restart, Duration::from_secs(10))
+            }));
         }
         Ok(())
     })?;
     let converged = watcher.expect("restarted").join().expect("watcher")?;
+    // When the restarted Redis served again (a server: at once).
+    let serving = serving.expect("restarted").join().expect("watcher")?;
     // The seconds without Redis after the first (the hosts notice within an interval).
     let without = &outage[2..10];
     let during = |host| median(&column(without, host));
     println!(
         "4. Redis down 5 s: hosts per window {:?} Mbit/s; without Redis: static {} / open {} / \
-         closed {} (floor {}); shares re-learnt {:.0} ms after the restart",
+         closed {} (floor {}); shares re-learnt {:.0} ms after the restart, Redis served \
+         again after {:.0} ms",
         outage
             .iter()
             .map(|w| w.iter().map(|r| mbit(*r)).collect::<Vec<_>>().join("/"))
@@ -773,7 +803,8 @@ fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()
         mbit(during(1)),
         mbit(during(2)),
         mbit(floor),
-        converged.as_secs_f64() * 1000.0
+        converged.as_secs_f64() * 1000.0,
+        serving.as_secs_f64() * 1000.0
     );
     let part = LIMIT * (1.0 - HEADROOM_PPM as f64 / 1e6) / 3.0;
     assert!(
@@ -798,12 +829,17 @@ fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()
         mbit(floor)
     );
     assert!(
-        converged <= 3 * interval,
-        "re-converged after {converged:?}"
+        converged <= serving + 3 * interval,
+        "re-converged after {converged:?}, Redis served after {serving:?}"
     );
     // The limit held again once the shares were re-learnt (without Redis, from the kill
-    // on, `open` lets its host exceed it by design).
-    all.extend(outage[12..].iter().cloned());
+    // on, `open` lets its host exceed it by design): from 1 s after the restart, in a
+    // cluster from the second window after they were.
+    let relearnt = match cluster {
+        true => 11 + converged.as_millis().div_ceil(WINDOW.as_millis()) as usize,
+        false => 12,
+    };
+    all.extend(outage[relearnt.min(outage.len())..].iter().cloned());
 
     // 5. Host 0's daemon killed: its share expires to the floor, the others take it.
     let mut killed_at = None;
@@ -848,7 +884,7 @@ fn three_hosts_hold_one_limit_through_demand_changes_and_failures() -> Result<()
     println!(
         "6. {calls} reports in {:.1} s from 3 hosts (at most {allowed}); fills: {}",
         calls_elapsed.as_secs_f64(),
-        lab.redis.calls("evalsha")?
+        lab.redis_of(&key)?.calls("evalsha")?
     );
     assert!(calls <= allowed, "{calls} > {allowed}");
     assert!(
@@ -932,12 +968,22 @@ fn steady_bps(json: &serde_json::Value, from: usize) -> f64 {
 
 #[test]
 fn tcp_through_a_global_shape_class_fills_the_limit() -> Result<()> {
+    tcp_through(false)
+}
+
+#[test]
+fn tcp_through_a_global_shape_class_fills_the_limit_in_a_cluster() -> Result<()> {
+    tcp_through(true)
+}
+
+fn tcp_through(cluster: bool) -> Result<()> {
     // Hosts that trust each other: their daemons fill too (`allocate = auto` with users
     // that may), with no allocator of the lab's.
     let class = GlobalClass {
         action: "shape",
         pods: true,
         hosts_allocate: true,
+        cluster,
         ..GlobalClass::default()
     };
     let lab = GlobalLab::new(3, class)?;
@@ -1008,21 +1054,35 @@ fn tcp_through_a_global_shape_class_fills_the_limit() -> Result<()> {
 /// log, calls Redis no more, and holds only its floor (`on_coordinator_loss = "closed"`).
 #[test]
 fn a_daemon_agrees_over_tls_and_refuses_a_server_it_cannot_verify() -> Result<()> {
+    tls_verified(false)
+}
+
+#[test]
+fn a_daemon_agrees_over_tls_and_refuses_a_cluster_it_cannot_verify() -> Result<()> {
+    tls_verified(true)
+}
+
+fn tls_verified(cluster: bool) -> Result<()> {
     let mut lab = GlobalLab::new(
         1,
         GlobalClass {
             tls: true,
             on_loss: "closed",
+            cluster,
             ..GlobalClass::default()
         },
     )?;
+    let key = lab.key.clone();
     let shares = lab.wait_equal_parts()?;
     println!("over TLS: share {} bit/s of {LIMIT}", shares[0]);
     let row = lab.class_row(0)?;
     assert_eq!(row["hosts"], 1, "{row}");
-    assert!(lab.redis.calls("set")? > 0, "the host reported to Redis");
+    assert!(
+        lab.redis_of(&key)?.calls("set")? > 0,
+        "the host reported to Redis"
+    );
 
-    lab.trust = lab.redis.tls().map(|tls| tls.other_ca());
+    lab.trust = lab.other_ca();
     lab.kill_daemon(0);
     lab.start_daemon(0)?;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -1041,10 +1101,10 @@ fn a_daemon_agrees_over_tls_and_refuses_a_server_it_cannot_verify() -> Result<()
     };
     let floor = row["floor_bps"].as_f64().unwrap_or(0.0);
     assert!(floor > 0.0 && floor < 0.5 * LIMIT, "{row}");
-    let calls = lab.redis.calls("set")?;
+    let calls = lab.redis_of(&key)?.calls("set")?;
     thread::sleep(Duration::from_secs(2));
     assert_eq!(
-        lab.redis.calls("set")?,
+        lab.redis_of(&key)?.calls("set")?,
         calls,
         "no call got through TLS with the wrong CA"
     );
@@ -1079,12 +1139,6 @@ fn wait_answered(lab: &GlobalLab, classes: usize) -> Result<Vec<serde_json::Valu
     }
 }
 
-/// Redis stops answering (every client paused for 4 s: its calls time out at half the
-/// 250 ms interval) while one host runs eight global classes. The shares in force are
-/// renewed before Redis is asked and the eight reports wait on it together, so no share
-/// expires (`on_coordinator_loss = "static"` keeps them). Reports one after another, each
-/// renewed after its own, took 8 x 125 ms a tick, past the 750 ms expiry: the packet path
-/// fell to the floor.
 /// Every class on every host holds its part (`hosts` counted, at least 0.9 of an equal
 /// part of the limit less the headroom); the rows by host.
 fn wait_all_parts(lab: &GlobalLab, classes: usize) -> Result<Vec<Vec<serde_json::Value>>> {
@@ -1134,12 +1188,23 @@ fn failed_reports(lab: &GlobalLab) -> Result<f64> {
 /// part, `open` takes its own rate within a second, `closed` its floor.
 #[test]
 fn a_black_holed_redis_floors_no_class_but_the_closed_ones() -> Result<()> {
+    black_holed(false)
+}
+
+/// The same with every node of a Redis Cluster (3 primaries) black-holed at once.
+#[test]
+fn a_black_holed_cluster_floors_no_class_but_the_closed_ones() -> Result<()> {
+    black_holed(true)
+}
+
+fn black_holed(cluster: bool) -> Result<()> {
     const CLASSES: usize = 16;
     let lab = GlobalLab::new(
         3,
         GlobalClass {
             classes: CLASSES,
             proxy: true,
+            cluster,
             on_loss_by_host: &["static", "open", "closed"],
             ..GlobalClass::default()
         },
@@ -1147,8 +1212,7 @@ fn a_black_holed_redis_floors_no_class_but_the_closed_ones() -> Result<()> {
     let part = 0.98 * LIMIT / 3.0;
     wait_all_parts(&lab, CLASSES)?;
     let failed_before = failed_reports(&lab)?;
-    let proxy = lab.proxy.as_ref().unwrap();
-    proxy.hold();
+    lab.proxies().iter().for_each(|proxy| proxy.hold());
     let held = Instant::now();
     let mut samples = 0;
     while held.elapsed() < Duration::from_secs(10) {
@@ -1193,7 +1257,9 @@ fn a_black_holed_redis_floors_no_class_but_the_closed_ones() -> Result<()> {
         thread::sleep(Duration::from_millis(100));
     }
     let failed = failed_reports(&lab)? - failed_before;
-    proxy.set_delay(Duration::ZERO);
+    for proxy in lab.proxies() {
+        proxy.set_delay(Duration::ZERO);
+    }
     let back = Instant::now();
     wait_all_parts(&lab, CLASSES)?;
     println!(
@@ -1215,19 +1281,29 @@ fn a_black_holed_redis_floors_no_class_but_the_closed_ones() -> Result<()> {
 /// another program) floors no class: renewals take no lock.
 #[test]
 fn redis_50_ms_away_holds_the_limit_and_a_held_lock_floors_no_class() -> Result<()> {
+    redis_50_ms_away(false)
+}
+
+/// The same with every node of a Redis Cluster (3 primaries) 50 ms away.
+#[test]
+fn a_cluster_50_ms_away_holds_the_limit_and_a_held_lock_floors_no_class() -> Result<()> {
+    redis_50_ms_away(true)
+}
+
+fn redis_50_ms_away(cluster: bool) -> Result<()> {
     const CLASSES: usize = 16;
     let mut lab = GlobalLab::new(
         3,
         GlobalClass {
             classes: CLASSES,
             proxy: true,
+            cluster,
             ..GlobalClass::default()
         },
     )?;
-    lab.proxy
-        .as_ref()
-        .unwrap()
-        .set_delay(Duration::from_millis(25));
+    for proxy in lab.proxies() {
+        proxy.set_delay(Duration::from_millis(25));
+    }
     for host in 0..3 {
         lab.send(host, "20M", 30)?;
     }
