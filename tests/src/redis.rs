@@ -32,14 +32,26 @@ pub struct RedisServer {
 }
 
 /// A Redis Cluster node's own settings.
-#[derive(Clone)]
 struct ClusterNode {
     dir: PathBuf,
     /// Picked free, as the client port is: the default (the client port + 10000) is past
-    /// 65535 for a third of the ports Linux hands out, and Redis then will not start.
+    /// 65535 for a fifth of the ports Linux hands out, and Redis then will not start.
     bus_port: u16,
     /// Reached through a proxy: the proxy's port, which the node gives clients as its own.
     announced_port: Option<u16>,
+}
+
+impl ClusterNode {
+    /// The node listening on `port`, keeping `nodes.conf` in a directory of its own in `dir`.
+    fn in_dir(dir: &Path, port: u16, bus_port: u16, announced_port: Option<u16>) -> Result<Self> {
+        let dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self {
+            dir,
+            bus_port,
+            announced_port,
+        })
+    }
 }
 
 /// The TLS listener's port and files: `ca.pem` signed the server's certificate,
@@ -287,13 +299,7 @@ impl RedisServer {
             tls.port = tls_port;
             tls
         });
-        let dir = dir.join(port.to_string());
-        std::fs::create_dir_all(&dir)?;
-        let node = ClusterNode {
-            dir,
-            bus_port,
-            announced_port: None,
-        };
+        let node = ClusterNode::in_dir(dir, port, bus_port, None)?;
         Self::launch(port, tls, Some(node))
     }
 
@@ -303,13 +309,7 @@ impl RedisServer {
     pub fn start_proxied_cluster_node(dir: &Path) -> Result<(Self, Proxy)> {
         let [port, bus_port] = free_ports()?;
         let proxy = Proxy::start(port)?;
-        let dir = dir.join(port.to_string());
-        std::fs::create_dir_all(&dir)?;
-        let node = ClusterNode {
-            dir,
-            bus_port,
-            announced_port: Some(proxy.port),
-        };
+        let node = ClusterNode::in_dir(dir, port, bus_port, Some(proxy.port))?;
         Ok((Self::launch(port, None, Some(node))?, proxy))
     }
 

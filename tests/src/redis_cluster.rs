@@ -187,9 +187,7 @@ impl RedisCluster {
     /// `nodes.conf` (so the cluster is the same one, after Redis's own delays), its ACL
     /// users made `users_after` later.
     pub fn restart_empty(&mut self, users_after: Duration) -> Result<()> {
-        for node in &mut self.nodes {
-            node.kill();
-        }
+        self.kill();
         for node in &mut self.nodes {
             node.restart_without_users()?;
         }
