@@ -16,8 +16,8 @@ use shaper_common::{
     codel::{sojourn_ns, FlowCensus, FRAME_BYTES},
     fair::{
         burst_credit, cap_for_ns, contending, flow_cap_ns, flow_ticks, flow_weight, host_flows,
-        long_cap_budget_ns, over_share, roll_cap_drops, served_from, FlowQueue, FlowScratch,
-        FAIR_DST, FAIR_FLOW_QUEUES, FAIR_MODE, FAIR_SRC, SHARE_ONE,
+        long_cap_budget_ns, over_share, passes_beyond_cap, roll_cap_drops, served_from, FlowQueue,
+        FlowScratch, FAIR_DST, FAIR_FLOW_QUEUES, FAIR_MODE, FAIR_SRC, SHARE_ONE,
     },
     BucketKey, ClassConfig, Scope,
 };
@@ -190,7 +190,12 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         share,
         hosts,
     );
-    if sojourn_ns(finish, now_ticks, credit) > cap_ns {
+    // With at most a frame in the class's real queue the link is about to idle: a fair
+    // queue would serve the packet at once, so a flow that heeds drops passes beyond its
+    // cap, its queue not moved on (`fair::passes_beyond_cap`).
+    let beyond_cap = sojourn_ns(finish, now_ticks, credit) > cap_ns;
+    let link_idling = class_delay <= class_frame >> TICK_BITS;
+    if beyond_cap && !passes_beyond_cap(link_idling, drops, !host.is_null()) {
         add(drops_word, bytes);
         return FAIR_DROPPED;
     }
@@ -238,6 +243,9 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         );
         advance(host_word, host_stored, host_finish, host_charge);
         unsafe { core::ptr::write_volatile(credit_word, host_credit) };
+    }
+    if beyond_cap {
+        return FAIR_UNDER;
     }
     advance(finish_word, stored_finish, finish, charge);
     unsafe {

@@ -11,12 +11,13 @@
 //!   splitter cuts forwarded aggregates; 0.36-0.52 judged whole), the median of three
 //!   runs when the first is outside;
 //! - BBR beside UDP at 10x on the µs lab: as TCP beside UDP above (0.465-0.477);
-//! - four Cubic flows: Jain's index >= 0.98 and together >= 0.93 (measured 0.953-0.956
-//!   at 7.6-10.3 ms since a flow's long cap holds a sixth of the class queue, 0.948-0.958
-//!   at 11.5 ms with a quarter; one queue read 0.947);
+//! - four Cubic flows: Jain's index >= 0.98 and together >= 0.95 (measured 0.956-0.957
+//!   at 10.5-11.8 ms since a flow that heeds drops passes its cap while the link is about
+//!   to idle, 0.940-0.952 before; one queue read 0.947-0.957), the median of three runs
+//!   when the first is outside;
 //! - sixteen Cubic flows in a 100 Mbit/s class: Jain's index >= 0.97 and together >=
-//!   0.93 (measured 0.945-0.956, Jain 1.000; 0.942-0.949 with a quarter; a full frame's
-//!   payload is 0.956 of its wire size, and one queue reads 0.951);
+//!   0.95 (measured 0.955-0.957, Jain 1.000; 0.940-0.956 before; a full frame's payload
+//!   is 0.956 of its wire size, and one queue reads 0.951), likewise;
 //! - `--fair src`: a host with eight flows beside a host with one: the one >= 0.45
 //!   (measured 0.449-0.457; by flow alone it would get 1/9), the median of three runs
 //!   when the first is outside;
@@ -282,11 +283,29 @@ fn four_cubic_flows_get_equal_shares() {
             })
             .collect::<Vec<_>>()
     });
-    let shares = run_cell(&mut lab, RATE_BPS, &[&flow; 4], &[], STEADY_FROM).unwrap();
+    let mut first = Some(run_cell(&mut lab, RATE_BPS, &[&flow; 4], &[], STEADY_FROM).unwrap());
+    drop(lab);
+    let samples = sampler.join().unwrap();
+    // Judged as the median run of three by the total when the first is outside (a fresh
+    // lab each; the census above is the first run's).
+    let shares = median_if_outside(
+        "four Cubic flows, together",
+        || {
+            first.take().unwrap_or_else(|| {
+                let mut lab = shaped_lab(None, &[]);
+                run_cell(&mut lab, RATE_BPS, &[&flow; 4], &[], STEADY_FROM).unwrap()
+            })
+        },
+        |shares| shares.total() >= TOGETHER_LEAST && shares.jain() >= 0.98,
+        Shares::total,
+    );
     println!("four Cubic flows: {shares}");
     assert!(shares.jain() >= 0.98, "Jain's index {:.3}", shares.jain());
-    assert!(shares.total() >= 0.93, "together {:.3}", shares.total());
-    let samples = sampler.join().unwrap();
+    assert!(
+        shares.total() >= TOGETHER_LEAST,
+        "together {:.3}",
+        shares.total()
+    );
     let most_flows = samples.iter().filter_map(|row| row["flows"].as_u64()).max();
     let shares_bps: Vec<f64> = samples
         .iter()
@@ -315,10 +334,19 @@ fn sixteen_cubic_flows_at_100mbit_keep_the_rate() {
         .class_add("bulk", "r1", &shape_to_server("100mbit"))
         .unwrap();
     let flow = tcp("cubic", SECONDS);
-    let shares = run_cell(&mut lab, 100e6, &[&flow; 16], &[], STEADY_FROM).unwrap();
+    let shares = median_if_outside(
+        "sixteen Cubic flows at 100 Mbit/s, together",
+        || run_cell(&mut lab, 100e6, &[&flow; 16], &[], STEADY_FROM).unwrap(),
+        |shares| shares.total() >= TOGETHER_LEAST && shares.jain() >= 0.97,
+        Shares::total,
+    );
     println!("sixteen Cubic flows at 100 Mbit/s: {shares}");
     assert!(shares.jain() >= 0.97, "Jain's index {:.3}", shares.jain());
-    assert!(shares.total() >= 0.93, "together {:.3}", shares.total());
+    assert!(
+        shares.total() >= TOGETHER_LEAST,
+        "together {:.3}",
+        shares.total()
+    );
 }
 
 /// Host isolation: a host with eight flows and a host with one split the class by host:

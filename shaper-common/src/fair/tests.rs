@@ -260,3 +260,17 @@ fn the_long_cap_is_two_intervals_within_a_part_of_the_class_queue() {
         20 * MS
     );
 }
+
+#[test]
+fn only_a_flow_that_heeds_drops_passes_its_cap_while_the_link_idles() {
+    // Fair by flow, the real queue at most a frame, a flow not held: it passes.
+    assert!(passes_beyond_cap(true, 0, false));
+    // Some bytes lost to its cap this interval but not held: still a responsive flow.
+    assert!(passes_beyond_cap(true, 3_000, false));
+    // The real queue longer than a frame: the cap holds.
+    assert!(!passes_beyond_cap(false, 0, false));
+    // A flood held to the short cap never passes.
+    assert!(!passes_beyond_cap(true, HELD, false));
+    // Under --fair src|dst the flows' caps hold.
+    assert!(!passes_beyond_cap(true, 0, true));
+}

@@ -3,7 +3,9 @@
 //!
 //! Usage: shaper-bench [--quick] [--only latency|per-packet|forwarding|global|uploads|senders|fairness] [--json FILE]
 //! [--report FILE], or shaper-bench --compare OBJECT,OBJECT[,…] (builds of the eBPF object
-//! timed against the first, turn by turn), or, in a guest of `cargo xtask bench --vm`,
+//! timed against the first, turn by turn), or shaper-bench --only fairness [--rows TEXT]
+//! (`--rows`: only the cells whose traffic contains TEXT, e.g. "host B": one cell, a
+//! quick look), or, in a guest of `cargo xtask bench --vm`,
 //! shaper-bench --only peers [--rows TEXT] --json FILE (`--rows`: only the rows whose
 //! setup contains TEXT).
 //! (`--only latency` runs the latency section alone, for a quick look; its report and
@@ -49,7 +51,8 @@ struct Options {
     compare: Vec<PathBuf>,
     /// `--publish-peers`: the guests' JSON of the peers section, to publish.
     publish_peers: Vec<String>,
-    /// `--rows TEXT` (with `--only peers`): only the peers rows whose setup contains TEXT.
+    /// `--rows TEXT` (with `--only peers` or `--only fairness`): only the peers rows whose
+    /// setup, or the fairness cells whose traffic, contains TEXT.
     rows: Option<String>,
 }
 
@@ -121,8 +124,8 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
     if !options.compare.is_empty() && other_options {
         bail!("--compare runs alone: it takes no --only, --json or --report");
     }
-    if options.rows.is_some() && options.only.as_deref() != Some("peers") {
-        bail!("--rows narrows the peers section: it needs --only peers");
+    if options.rows.is_some() && !matches!(options.only.as_deref(), Some("peers" | "fairness")) {
+        bail!("--rows narrows the peers or fairness section: it needs --only peers or --only fairness");
     }
     Ok(options)
 }
@@ -256,7 +259,11 @@ fn main() -> Result<()> {
     }
     if options.only.as_deref() == Some("fairness") {
         // The flow-isolation section alone, printed (a quick look).
-        let report = json!({ "fairness": fairness::fairness(&fairness::effort(options.quick))? });
+        let mut effort = fairness::effort(options.quick);
+        if let Some(text) = &options.rows {
+            effort.only_cells(text)?;
+        }
+        let report = json!({ "fairness": fairness::fairness(&effort)? });
         println!("{}", fairness::markdown(&report));
         let broken = fairness::check(&report);
         if !broken.is_empty() {
