@@ -192,10 +192,13 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
     );
     // With at most a frame in the class's real queue the link is about to idle: a fair
     // queue would serve the packet at once, so a flow that heeds drops passes beyond its
-    // cap, its queue not moved on (`fair::passes_beyond_cap`).
-    let beyond_cap = sojourn_ns(finish, now_ticks, credit) > cap_ns;
-    let link_idling = class_delay <= class_frame >> TICK_BITS;
-    if beyond_cap && !passes_beyond_cap(link_idling, drops, !host.is_null()) {
+    // cap, its queue not moved on (`fair::passes_beyond_cap`; never with hosts, so
+    // nothing of a host's is skipped here).
+    if sojourn_ns(finish, now_ticks, credit) > cap_ns {
+        let link_idling = class_delay <= class_frame >> TICK_BITS;
+        if passes_beyond_cap(link_idling, drops, !host.is_null()) {
+            return FAIR_UNDER;
+        }
         add(drops_word, bytes);
         return FAIR_DROPPED;
     }
@@ -243,9 +246,6 @@ pub extern "C" fn shaper_fair_judge(id_and_fresh: u32, now: u64) -> u64 {
         );
         advance(host_word, host_stored, host_finish, host_charge);
         unsafe { core::ptr::write_volatile(credit_word, host_credit) };
-    }
-    if beyond_cap {
-        return FAIR_UNDER;
     }
     advance(finish_word, stored_finish, finish, charge);
     unsafe {
