@@ -127,11 +127,11 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             if vm {
                 let rows = if isolation {
-                    VmRows::Isolation
+                    vm::VmRows::Isolation
                 } else {
-                    rows.map_or(VmRows::All, VmRows::Named)
+                    rows.map_or(vm::VmRows::All, vm::VmRows::Named)
                 };
-                bench_vm(&kernel, rows)
+                vm::bench_vm(&kernel, rows)
             } else {
                 bench(quick, json)
             }
@@ -360,72 +360,4 @@ fn test() -> Result<()> {
     run_bench(true, None)?;
     // The kernels users run (Debian 11's refusal, Debian 12's 6.1 and 6.12), CI's share.
     vm::vm_test(&[], vm::Plan::Ci).map(|_| ())
-}
-
-/// `bench --vm`: the peers section in each kernel's guest, each guest's figures kept under
-/// target/vm, then published (docs/BENCHMARKS.md's section, its plot) and held to the
-/// targets by the bench driver on this host.
-/// Which of the peers section's rows `bench --vm` runs.
-enum VmRows {
-    /// Every row: both sections published.
-    All,
-    /// The flow isolation rows: their section published.
-    Isolation,
-    /// The rows whose setup contains the text: a quick look, not published.
-    Named(String),
-}
-
-fn bench_vm(kernels: &[String], rows: VmRows) -> Result<()> {
-    let prefix = match &rows {
-        VmRows::All => "peers",
-        VmRows::Isolation => "isolation",
-        // A quick look (its tables were printed by the guest): kept apart from the
-        // published figures.
-        VmRows::Named(_) => "rows",
-    };
-    match rows {
-        VmRows::All => {}
-        // Every isolation row's setup starts so (`shaper-bench`'s `peer_setup`).
-        VmRows::Isolation => vm::only_peers_rows("isolation: ".to_string()),
-        VmRows::Named(text) => vm::only_peers_rows(text),
-    }
-    let outcomes = vm::vm_test(kernels, vm::Plan::Bench)?;
-    let dir = workspace_root().join("target/vm");
-    for outcome in &outcomes {
-        let path = dir.join(format!("{prefix}-{}.json", outcome.kernel));
-        std::fs::write(&path, outcome.report.join("\n"))?;
-        println!("[xtask] {}'s figures: {}", outcome.kernel, path.display());
-    }
-    if prefix == "rows" {
-        return Ok(());
-    }
-    // Every kernel measured so far (one at a time is fine: `--kernel 6.12`, then 6.1),
-    // newest kernel first; each table carries its kernel and date, and the bench takes
-    // each kernel's newest isolation rows from the files that have them.
-    let mut files: Vec<String> = std::fs::read_dir(&dir)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| {
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-            name.is_some_and(|n| {
-                (n.starts_with("peers-") || n.starts_with("isolation-")) && n.ends_with(".json")
-            })
-        })
-        .map(|path| path.display().to_string())
-        .collect();
-    files.sort();
-    files.reverse();
-    let binaries = use_binaries_of(dist::Profile::Dev);
-    let mut command = Command::new(binaries.join("shaper-bench"));
-    command
-        .arg("--publish-peers")
-        .arg(files.join(","))
-        .arg("--report")
-        .arg(workspace_root().join("docs/BENCHMARKS.md"))
-        .current_dir(workspace_root());
-    println!("[xtask] {command:?}");
-    let status = command.status().context("cannot run shaper-bench")?;
-    if !status.success() {
-        bail!("the peers bench missed its targets (above)");
-    }
-    Ok(())
 }
