@@ -1,5 +1,6 @@
 //! The house's rules, read from the sources (no root, no build of the eBPF object): the
-//! core library's modules import each other without a circle, no product source file
+//! core library's modules (and the files of each of its module directories) import each
+//! other without a circle, no product source file
 //! is over 450 lines, and no function outside the eBPF program is over 80 lines (in-file
 //! unit tests excluded).
 
@@ -43,17 +44,17 @@ fn product_lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The top-level modules of `shaper` another module's code names (`crate::x`, or `x` in
-/// a `use crate::{..}` list).
-fn imports(lines: &[String], modules: &BTreeSet<String>) -> BTreeSet<String> {
+/// The modules of `modules` a file's code names after `prefix` (`crate::` for the top
+/// level, `super::` for siblings): `crate::x`, or `x` in a `use crate::{..}` list.
+fn imports(lines: &[String], prefix: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
     let code: String = lines
         .iter()
         .map(|line| line.split("//").next().unwrap_or_default())
         .collect::<Vec<_>>()
         .join("\n");
     let mut found = BTreeSet::new();
-    for (at, _) in code.match_indices("crate::") {
-        let rest = &code[at + "crate::".len()..];
+    for (at, _) in code.match_indices(prefix) {
+        let rest = &code[at + prefix.len()..];
         if let Some(list) = rest.strip_prefix('{') {
             // `use crate::{a::b, c, d::{e, f}}`: the names at the list's top level.
             let mut depth = 0;
@@ -93,6 +94,137 @@ fn identifier(text: &str) -> String {
         .collect()
 }
 
+/// The modules of `graph` (module → the modules it imports) that sit on a circle or import
+/// one that does: what is left once modules importing only peeled ones are peeled off.
+fn on_a_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<String> {
+    let mut left = graph.clone();
+    while let Some(leaf) = left
+        .iter()
+        .find(|(_, deps)| deps.iter().all(|d| !left.contains_key(d)))
+        .map(|(name, _)| name.clone())
+    {
+        left.remove(&leaf);
+    }
+    left.into_keys().collect()
+}
+
+/// Within one module directory: which sibling files each file imports, through
+/// `super::x` paths or through a name `mod.rs` re-exports from `x` (used under
+/// `super::*`).
+fn sibling_graph(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let stem = |path: &Path| path.file_stem().unwrap().to_string_lossy().into_owned();
+    let files: Vec<PathBuf> = fs::read_dir(dir)
+        .expect("a module directory")
+        .map(|entry| entry.expect("an entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    let siblings: BTreeSet<String> = files
+        .iter()
+        .map(|path| stem(path))
+        .filter(|name| name != "mod")
+        .collect();
+    // `pub use x::{a, b};` in mod.rs: a → x, b → x.
+    let mut exported_by: BTreeMap<String, String> = BTreeMap::new();
+    for line in product_lines(&dir.join("mod.rs")) {
+        let Some(rest) = line.trim().split_once("use ").map(|(_, rest)| rest) else {
+            continue;
+        };
+        let Some((module, items)) = rest.split_once("::") else {
+            continue;
+        };
+        if siblings.contains(module) {
+            for item in items.split([',', '{', '}', ';', ' ']) {
+                if !item.is_empty() {
+                    exported_by.insert(item.to_string(), module.to_string());
+                }
+            }
+        }
+    }
+    let mut graph = BTreeMap::new();
+    for path in files.iter().filter(|path| stem(path) != "mod") {
+        let lines = product_lines(path);
+        let mut names = imports(&lines, "super::", &siblings);
+        if lines
+            .iter()
+            .any(|line| line.contains("super::*") || line.contains(" *,"))
+        {
+            let code = code_of(&lines);
+            names.extend(
+                exported_by
+                    .iter()
+                    .filter(|(item, _)| uses_item(&code, item))
+                    .map(|(_, module)| module.clone()),
+            );
+        }
+        names.remove(&stem(path));
+        graph.insert(stem(path), names);
+    }
+    graph
+}
+
+/// A file's code: comments and string literals left out.
+fn code_of(lines: &[String]) -> String {
+    let mut code = String::new();
+    let (mut in_string, mut escaped) = (false, false);
+    for line in lines {
+        let line = if in_string {
+            line.as_str()
+        } else {
+            line.split("//").next().unwrap_or_default()
+        };
+        for c in line.chars().chain(['\n']) {
+            if in_string {
+                in_string = escaped || c != '"';
+                escaped = !escaped && c == '\\';
+            } else if c == '"' {
+                in_string = true;
+            } else {
+                code.push(c);
+            }
+        }
+    }
+    code
+}
+
+/// Whether `code` uses the item `name` that `mod.rs` re-exports: a type or constant
+/// (capitalised) anywhere, a function only where it is called as a free function (not
+/// `x.name(`: a field or method of the same name is not the item).
+fn uses_item(code: &str, name: &str) -> bool {
+    let capitalised = name.starts_with(|c: char| c.is_ascii_uppercase());
+    code.match_indices(name).any(|(at, _)| {
+        let before = code[..at].chars().next_back().unwrap_or(' ');
+        let after = code[at + name.len()..].chars().next().unwrap_or(' ');
+        let word = |c: char| c.is_alphanumeric() || c == '_';
+        if word(before) || word(after) {
+            return false;
+        }
+        capitalised || (after == '(' && before != '.' && !code[..at].ends_with("fn "))
+    })
+}
+
+#[test]
+fn the_files_of_each_module_directory_import_each_other_without_a_circle() {
+    let mut directories = 0;
+    for path in sources(&workspace().join("shaper/src")) {
+        if path.file_name().is_some_and(|name| name == "mod.rs") {
+            let dir = path.parent().expect("a directory");
+            let graph = sibling_graph(dir);
+            let left = on_a_circle(&graph);
+            assert!(
+                left.is_empty(),
+                "the files of {} import each other in a circle among {left:?} ({graph:?})",
+                dir.display()
+            );
+            directories += 1;
+        }
+    }
+    assert!(directories > 3, "{directories} module directories");
+    // What this test knows to be real: `change` installs a class at its share, and
+    // installing a new share (`renewal`) goes through `change`.
+    let classes = sibling_graph(&workspace().join("shaper/src/classes"));
+    assert!(classes["change"].contains("share") && classes["renewal"].contains("change"));
+}
+
 #[test]
 fn the_core_library_s_modules_import_each_other_without_a_circle() {
     let src = workspace().join("shaper/src");
@@ -118,23 +250,14 @@ fn the_core_library_s_modules_import_each_other_without_a_circle() {
         if module == "lib" {
             continue;
         }
-        let mut names = imports(&product_lines(path), &modules);
+        let mut names = imports(&product_lines(path), "crate::", &modules);
         names.remove(&module);
         graph.entry(module).or_default().extend(names);
     }
-    // Peel off modules that import only peeled ones: what is left sits on a circle.
-    let mut left = graph.clone();
-    while let Some(leaf) = left
-        .iter()
-        .find(|(_, deps)| deps.iter().all(|d| !left.contains_key(d)))
-        .map(|(name, _)| name.clone())
-    {
-        left.remove(&leaf);
-    }
+    let left = on_a_circle(&graph);
     assert!(
         left.is_empty(),
-        "shaper's modules import each other in a circle among {:?}",
-        left
+        "shaper's modules import each other in a circle among {left:?}"
     );
     // The layering this test knows is real: the daemon sits on config and global.
     assert!(graph["daemon"].contains("config") && graph["daemon"].contains("global"));

@@ -172,11 +172,30 @@ impl Timekeeping {
         self.directions.iter().map(|d| d.p99_us).fold(0.0, f64::max)
     }
 
-    /// Whether the delay line kept time: p99 lateness within [`LATENESS_P99_LIMIT_US`]
-    /// in every direction, and no frame lost (a frame it could not take or send is loss
-    /// the path does not have).
+    /// Whether the run counts: the delay line's threads ran SCHED_FIFO, it carried frames,
+    /// and it kept time (p99 lateness within [`LATENESS_P99_LIMIT_US`] in every direction,
+    /// no frame lost: a frame it could not take or send is loss the path does not have).
     pub fn kept_time(&self) -> bool {
-        self.p99_us() <= LATENESS_P99_LIMIT_US && self.directions.iter().all(|d| d.lost == 0)
+        self.why_not_counted().is_none()
+    }
+
+    /// Why the run does not count (None when it does).
+    pub fn why_not_counted(&self) -> Option<String> {
+        let frames: u64 = self.directions.iter().map(|d| d.frames).sum();
+        if !self.realtime {
+            Some("its threads did not run SCHED_FIFO (see its warning above)".to_string())
+        } else if frames == 0 {
+            Some("it carried no frame".to_string())
+        } else if self.directions.iter().any(|d| d.lost > 0) {
+            Some("it lost frames".to_string())
+        } else if self.p99_us() > LATENESS_P99_LIMIT_US {
+            Some(format!(
+                "it sent frames late (p99 {:.0} µs, at most {LATENESS_P99_LIMIT_US} µs)",
+                self.p99_us()
+            ))
+        } else {
+            None
+        }
     }
 }
 
@@ -496,14 +515,14 @@ impl crate::Lab {
                 "{timekeeping}; {:.1} % of CPU time stolen by the hypervisor",
                 steal * 100.0
             );
-            if timekeeping.kept_time() {
+            let Some(why) = timekeeping.why_not_counted() else {
                 return Ok(result);
+            };
+            // Neither comes right by waiting: a run again would measure the same nothing.
+            if !timekeeping.realtime || timekeeping.directions.iter().all(|d| d.frames == 0) {
+                bail!("the run through the delay line does not count: {why}");
             }
-            println!(
-                "the delay line did not keep time (p99 {:.0} µs, at most {LATENESS_P99_LIMIT_US} \
-                 µs, and no frame lost): the run does not count",
-                timekeeping.p99_us()
-            );
+            println!("the run through the delay line does not count: {why}");
             late.runs.push((timekeeping, steal));
             if late.runs.len() < DELAY_LINE_TRIES as usize {
                 println!("{}", wait_for_a_quiet_host()?);
@@ -609,10 +628,20 @@ mod tests {
         assert_eq!((ba.frames, ba.p99_us, ba.worst_us), (102, 3000.0, 3000.0));
         assert_eq!(run.p99_us(), 3000.0);
         assert!(!run.kept_time());
-        // Nothing sent in a run: nothing late.
+        // Nothing sent in a run: nothing late, and nothing measured: it does not count.
         let idle = after.since(&after);
         assert_eq!((idle.p99_us(), idle.directions[0].frames), (0.0, 0));
-        assert!(idle.kept_time());
+        assert!(!idle.kept_time());
+        assert!(idle
+            .why_not_counted()
+            .is_some_and(|why| why.contains("no frame")));
+        // On time with frames, but without SCHED_FIFO: it does not count either.
+        let mut on_time = after.since(&before);
+        on_time.directions.truncate(1);
+        on_time.directions[0].p99_us = 20.0;
+        assert!(on_time.kept_time());
+        on_time.realtime = false;
+        assert!(!on_time.kept_time());
         // A frame lost in a run: the run does not count, whatever its lateness.
         let mut lossy = counters(&[[10, 600]], &[[10, 6]]);
         lossy["directions"][0]["socket_drops"] = json!(1);

@@ -281,10 +281,24 @@ fn stored_spec(
 ) -> Result<ClassSpec> {
     let mut spec = ClassSpec::from_meta(meta, config);
     if config.global != 0 {
-        spec.global = Some(super::share::global_of(&attachment.shares()?.get(&id, 0)?));
+        spec.global = Some(global_of(&attachment.shares()?.get(&id, 0)?));
     }
     if let Some(tree) = &mut spec.tree {
         tree.parent = parent_name(config.parent as u32 - 1)?;
     }
     Ok(spec)
+}
+
+/// A global class as read back: its key, loss mode and floor.
+pub(super) fn global_of(share: &shaper_common::GlobalShare) -> Global {
+    let end = share
+        .key
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(share.key.len());
+    Global {
+        key: String::from_utf8_lossy(&share.key[..end]).into_owned(),
+        on_loss: OnLoss::from_u8(share.on_loss),
+        floor_bits_per_sec: share.floor_bits_per_sec,
+    }
 }

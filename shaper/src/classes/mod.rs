@@ -17,6 +17,7 @@ use shaper_common::{
 mod add;
 mod change;
 mod encode;
+mod renewal;
 mod replace;
 mod requeue;
 mod shapes;
@@ -30,9 +31,9 @@ pub(crate) use change::same_class;
 pub use change::{change, Change};
 pub(crate) use encode::bucket_cost;
 pub use encode::{read_class, read_classes};
+pub use renewal::{renew_share, set_share, share_of, Renewal, ShareUpdate};
 pub use replace::replace;
 pub use requeue::{requeue, stale_queues};
-pub use share::{renew_share, set_share, share_of, Renewal, ShareUpdate};
 pub use split::{check_split, refresh_split, set_split, split_needs_ingress, split_state, Split};
 pub use table::{delete, find};
 

@@ -1,9 +1,11 @@
-//! Rule shapes: the slots of the `SHAPES` table a class's classifier entries use, and
-//! the rank that orders classes.
+//! Rule shapes: the slots of the `SHAPES` table a class's classifier entries use, the
+//! rank that orders classes, and the classifier that remains once a class is gone.
 
+use super::ClassSpec;
 use crate::{error::runtime, rules::Rule, state::Attachment};
 use anyhow::Result;
-use shaper_common::{RuleKey, Shape, MAX_SHAPES};
+use shaper_common::{RuleKey, RuleValue, Shape, MAX_SHAPES};
+use std::collections::BTreeMap;
 
 /// The order of classes matching one packet (the classifier contract's).
 pub(crate) use shaper_common::rank;
@@ -85,6 +87,49 @@ pub(super) fn set_shape_count(attachment: &Attachment, count: u32) -> Result<()>
     Ok(())
 }
 
+/// The classifier once a class is gone: for every key of the remaining classes the
+/// best-ranked one (the lowest prio, then the oldest), the deleted class's keys, and the
+/// shape slots still in use.
+pub(super) struct Remaining {
+    pub(super) wanted: BTreeMap<RuleKey, RuleValue>,
+    pub(super) deleted_keys: Vec<RuleKey>,
+    pub(super) shapes_in_use: Vec<bool>,
+}
+
+/// Computes [`Remaining`] for `classes` (id, spec, rank) without class `deleted`. Pure:
+/// it touches only the in-memory shape table.
+pub(super) fn remaining_without(
+    classes: &[(u32, ClassSpec, u64)],
+    deleted: u32,
+    shapes: &mut ShapeTable,
+) -> Result<Remaining> {
+    let mut remaining = Remaining {
+        wanted: BTreeMap::new(),
+        deleted_keys: Vec::new(),
+        shapes_in_use: vec![false; MAX_SHAPES as usize],
+    };
+    for (class_id, spec, rank) in classes {
+        let keys = class_entries(&spec.rule, shapes)?;
+        if *class_id == deleted {
+            remaining.deleted_keys = keys;
+            continue;
+        }
+        let value = RuleValue {
+            class_id: *class_id,
+            _pad: 0,
+            rank: *rank,
+        };
+        for key in keys {
+            remaining.shapes_in_use[key.shape as usize] = true;
+            let slot = remaining.wanted.entry(key).or_insert(value);
+            if value.rank < slot.rank {
+                *slot = value;
+            }
+        }
+    }
+    Ok(remaining)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +176,73 @@ mod tests {
         assert!(rank(10, 1, 9) < rank(10, 0, 1));
         assert!(rank(10, 3, 9) < rank(10, 2, 1));
         assert!(rank(5, 0, 9) < rank(10, 3, 1), "prio first");
+    }
+}
+
+#[cfg(test)]
+mod remaining_tests {
+    //! The pure part of deletion, on the host.
+    use super::*;
+    use crate::class_input::ClassInput;
+
+    fn class(name: &str, dport: &str, prio: &str) -> ClassSpec {
+        let input = ClassInput {
+            name: Some(name.into()),
+            rate: Some("1mbit".into()),
+            proto: Some("udp".into()),
+            dport: Some(dport.into()),
+            prio: Some(prio.into()),
+            ..ClassInput::default()
+        };
+        input.check().unwrap().1
+    }
+
+    fn empty_shapes() -> ShapeTable {
+        ShapeTable {
+            slots: vec![Shape::default(); MAX_SHAPES as usize],
+        }
+    }
+
+    #[test]
+    fn deleting_a_class_hands_its_keys_to_the_next_best() {
+        // Creation order is the rank's low word: older classes rank lower (win ties).
+        let classes = vec![
+            (0, class("older", "53", "10"), rank(10, 0, 1)),
+            (1, class("younger", "53", "10"), rank(10, 0, 2)),
+            (2, class("urgent", "53", "5"), rank(5, 0, 3)),
+        ];
+        let mut shapes = empty_shapes();
+        let without_urgent = remaining_without(&classes, 2, &mut shapes).unwrap();
+        assert!(!without_urgent.deleted_keys.is_empty());
+        for key in &without_urgent.deleted_keys {
+            assert_eq!(
+                without_urgent.wanted[key].class_id, 0,
+                "the older of two ties"
+            );
+        }
+        let without_older = remaining_without(&classes, 0, &mut shapes).unwrap();
+        for key in &without_older.deleted_keys {
+            assert_eq!(without_older.wanted[key].class_id, 2, "the lowest prio");
+        }
+    }
+
+    #[test]
+    fn shapes_only_the_deleted_class_used_are_freed() {
+        let classes = vec![
+            (0, class("one-port", "53", "10"), rank(10, 0, 1)),
+            (1, class("a-range", "1000-1001", "10"), rank(10, 0, 2)),
+        ];
+        let mut shapes = empty_shapes();
+        let all = remaining_without(&classes, u32::MAX, &mut shapes).unwrap();
+        let without_range = remaining_without(&classes, 1, &mut shapes).unwrap();
+        let used = |r: &Remaining| r.shapes_in_use.iter().filter(|u| **u).count();
+        assert!(
+            used(&without_range) < used(&all),
+            "the range's port mask is freed"
+        );
+        assert!(without_range
+            .deleted_keys
+            .iter()
+            .all(|key| !without_range.wanted.contains_key(key)));
     }
 }

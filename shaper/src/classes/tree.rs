@@ -2,7 +2,7 @@
 //! rate it is guaranteed; placing a class in it, keeping its guarantees, the classifier
 //! ranks that follow a class's depth, and the HTB classes of a shape tree.
 
-use super::{shapes::*, table::remaining_without, *};
+use super::{shapes::*, *};
 use crate::{
     error::runtime,
     qdisc,

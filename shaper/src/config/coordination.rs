@@ -1,6 +1,5 @@
 //! `[coordination]`: how a host reaches Redis for its global classes, checked.
 
-use super::parse::FileChecker;
 use super::schema::CoordinationEntry;
 use crate::global::Allocate;
 
@@ -34,81 +33,80 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-impl FileChecker<'_> {
-    /// `[coordination]`: a Redis URL the client accepts, a host id as a key part, an
-    /// interval within `INTERVALS`.
-    pub(super) fn coordination(
-        &mut self,
-        entry: &toml::Spanned<CoordinationEntry>,
-    ) -> Option<Coordination> {
-        let entry = entry.get_ref();
-        let url = entry.redis.get_ref();
-        let mut ok = true;
-        if let Err(error) = crate::global::check_url(url) {
-            self.report(entry.redis.span(), "redis", error);
+/// `[coordination]`: a Redis URL the client accepts, a host id as a key part, an
+/// interval within `INTERVALS`; each problem is given to `report` (its span, field and
+/// message), and then there is no coordination.
+pub(super) fn check(
+    entry: &toml::Spanned<CoordinationEntry>,
+    report: &mut dyn FnMut(std::ops::Range<usize>, &str, String),
+) -> Option<Coordination> {
+    let entry = entry.get_ref();
+    let url = entry.redis.get_ref();
+    let mut ok = true;
+    if let Err(error) = crate::global::check_url(url) {
+        report(entry.redis.span(), "redis", error);
+        ok = false;
+    }
+    let password_file = entry.password_file.as_ref().map(|path| {
+        let problem = if crate::global::url_has_password(url) {
+            Some("the password is in the URL already: keep it in password_file alone".into())
+        } else {
+            crate::global::read_password(std::path::Path::new(path.get_ref()))
+                .err()
+                .map(|error| format!("{error:#}"))
+        };
+        if let Some(message) = problem {
+            report(path.span(), "password_file", message);
             ok = false;
         }
-        let password_file = entry.password_file.as_ref().map(|path| {
-            let problem = if crate::global::url_has_password(url) {
-                Some("the password is in the URL already: keep it in password_file alone".into())
-            } else {
-                crate::global::read_password(std::path::Path::new(path.get_ref()))
-                    .err()
-                    .map(|error| format!("{error:#}"))
-            };
-            if let Some(message) = problem {
-                self.report(path.span(), "password_file", message);
+        std::path::PathBuf::from(path.get_ref())
+    });
+    let host_id = match &entry.host_id {
+        None => host_name(),
+        Some(id) => {
+            if let Some(message) = host_id_problem(id.get_ref()) {
+                report(id.span(), "host_id", message);
                 ok = false;
             }
-            std::path::PathBuf::from(path.get_ref())
+            id.get_ref().clone()
+        }
+    };
+    let interval = match entry
+        .interval
+        .as_ref()
+        .map(|text| (text, interval_of(text.get_ref())))
+    {
+        None => crate::global::DEFAULT_INTERVAL,
+        Some((_, Ok(interval))) => interval,
+        Some((text, Err(message))) => {
+            report(text.span(), "interval", message);
+            ok = false;
+            crate::global::DEFAULT_INTERVAL
+        }
+    };
+    let allocate = entry
+        .allocate
+        .as_ref()
+        .map_or(Some(Allocate::Auto), |text| {
+            let known = Allocate::from_name(text.get_ref());
+            if known.is_none() {
+                let message = format!(
+                    "unknown allocate '{}' (expected auto, always or never)",
+                    text.get_ref()
+                );
+                report(text.span(), "allocate", message);
+            }
+            known
         });
-        let host_id = match &entry.host_id {
-            None => host_name(),
-            Some(id) => {
-                if let Some(message) = host_id_problem(id.get_ref()) {
-                    self.report(id.span(), "host_id", message);
-                    ok = false;
-                }
-                id.get_ref().clone()
-            }
-        };
-        let interval = match entry
-            .interval
-            .as_ref()
-            .map(|text| (text, interval_of(text.get_ref())))
-        {
-            None => crate::global::DEFAULT_INTERVAL,
-            Some((_, Ok(interval))) => interval,
-            Some((text, Err(message))) => {
-                self.report(text.span(), "interval", message);
-                ok = false;
-                crate::global::DEFAULT_INTERVAL
-            }
-        };
-        let allocate = entry
-            .allocate
-            .as_ref()
-            .map_or(Some(Allocate::Auto), |text| {
-                let known = Allocate::from_name(text.get_ref());
-                if known.is_none() {
-                    let message = format!(
-                        "unknown allocate '{}' (expected auto, always or never)",
-                        text.get_ref()
-                    );
-                    self.report(text.span(), "allocate", message);
-                }
-                known
-            });
-        ok &= allocate.is_some();
-        let allocate = allocate.unwrap_or(Allocate::Auto);
-        ok.then(|| Coordination {
-            redis: url.clone(),
-            password_file,
-            host_id,
-            interval,
-            allocate,
-        })
-    }
+    ok &= allocate.is_some();
+    let allocate = allocate.unwrap_or(Allocate::Auto);
+    ok.then(|| Coordination {
+        redis: url.clone(),
+        password_file,
+        host_id,
+        interval,
+        allocate,
+    })
 }
 
 /// Why `text` is no host id (none: it is one). Fields of the fill's hash that are not

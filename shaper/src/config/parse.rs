@@ -1,6 +1,6 @@
 //! Parsing and checking a file: every problem comes back with its line and field.
 
-use super::coordination::Coordination;
+use super::coordination::{self, Coordination};
 use super::schema::{ClassEntry, FileConfig, InterfaceEntry, Scalar};
 use crate::{
     class_input::{ClassInput, FIELDS},
@@ -103,11 +103,13 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
         interfaces: BTreeMap::new(),
         global_keys: BTreeMap::new(),
     };
+    let coordination = config.coordination.as_ref().and_then(|entry| {
+        coordination::check(entry, &mut |span, field, message| {
+            checker.report(span, field, message)
+        })
+    });
     let desired = Desired {
-        coordination: config
-            .coordination
-            .as_ref()
-            .and_then(|entry| checker.coordination(entry)),
+        coordination,
         interfaces: config
             .interface
             .iter()

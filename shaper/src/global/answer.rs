@@ -1,6 +1,6 @@
 //! A host's answer from the last fill, as Redis holds it (pure, tested on the host).
 
-use super::{coordinator::REPORT_INTERVALS, *};
+use super::*;
 
 /// Whether a host's report key, as read (`DEMAND CURRENT INSTANCE`), was written by
 /// another daemon than `instance` (which, its report not yet expired, holds the host id).

@@ -336,10 +336,6 @@ pub const FILL_FIELDS: [&str; 6] = [
 /// its nodes' connections may take (`target::CLUSTER_CONNECT_WAITS` half intervals).
 const RENEW_INTERVALS: u32 = 3;
 
-/// Intervals a host's report lasts unless written again: a host silent that long is
-/// left out of the next fill.
-pub const REPORT_INTERVALS: u32 = 3;
-
 /// Runs the fill of one key (`fill.lua`) with the allocator's own limits for it.
 pub async fn fill(
     script: &redis::Script,

@@ -30,11 +30,14 @@ mod tracker;
 pub use allocator::allocate;
 pub use coordinator::{
     fill, is_refused, Allocate, Coordinator, FillArgs, Filled, Reply, Report, FILL_FIELDS,
-    REPORT_INTERVALS,
 };
 pub use host::{host_classes, install, renew, update_for, HostClass, ShareView};
 pub use publish::{key_limits, publish, KeyLimits, Published};
 pub use tracker::{demand, Answer, Event, Limits, Tracker, Usage};
+
+/// Intervals a host's report lasts unless written again: a host silent that long is
+/// left out of the next fill.
+pub const REPORT_INTERVALS: u32 = 3;
 
 /// How often hosts report and re-read their shares unless `[coordination] interval` says.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);

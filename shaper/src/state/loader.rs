@@ -76,21 +76,6 @@ fn load_with_pins(
     })
 }
 
-/// Loads (verifies) one program of a loaded object.
-pub fn load_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
-    let program: &mut SchedClassifier = ebpf
-        .program_mut(name)
-        .with_context(|| format!("program {name} missing from the eBPF object"))?
-        .try_into()?;
-    program.load().map_err(|e| {
-        runtime(format!(
-            "the kernel refused program {name}: {}",
-            one_line(&format!("{e:#}"))
-        ))
-    })?;
-    Ok(program)
-}
-
 /// Attaches a fresh program at `location` (which must not exist yet), all or nothing.
 /// Returns the mode actually used.
 pub fn attach_fresh(

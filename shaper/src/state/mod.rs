@@ -22,19 +22,20 @@ mod features;
 mod loader;
 mod names;
 mod pins;
+mod program;
 mod shape_flows;
 pub(crate) mod splitter;
 mod upgrade;
 
 pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
 pub use loader::{
-    attach_fresh, detach, forget, load_object, load_object_bytes, load_program, reattach,
-    switch_mode,
+    attach_fresh, detach, forget, load_object, load_object_bytes, reattach, switch_mode,
 };
 pub use names::decode_name;
 pub(crate) use names::encode_name;
 pub(crate) use pins::ensure_private_dir;
 pub use pins::{lock, set_lock_wait, try_lock, StateLock, DEFAULT_LOCK_WAIT};
+pub use program::load_program;
 pub use shape_flows::ShapeFlows;
 pub use upgrade::{resize_flow_table, upgrade, Upgraded};
 

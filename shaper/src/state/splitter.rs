@@ -18,7 +18,7 @@
 //! Best effort, like the aggregate cap: a class works without it (unsplit), so a kernel
 //! without ifb or mirred is logged, not refused.
 
-use super::{loader::load_program, Attachment, Direction, Location, SPLITTER_PIN};
+use super::{program::load_program, Attachment, Direction, Location, SPLITTER_PIN};
 use crate::{error::runtime, qdisc};
 use anyhow::Result;
 use aya::Ebpf;

@@ -3,7 +3,8 @@
 //! change, see `shaper_common::LAYOUT_VERSION`).
 
 use super::{
-    loader::{load_object, load_object_with_flow_table, load_program},
+    loader::{load_object, load_object_with_flow_table},
+    program::load_program,
     *,
 };
 use crate::error::{one_line, runtime};

@@ -114,13 +114,42 @@ pub(super) fn guest_binaries() -> Result<GuestBinaries> {
             crate::DELAY_LINE,
         ])?;
     }
-    for (binary, _, _) in GUEST_TESTS.iter().chain(CI_TESTS) {
-        ensure!(
-            tests.iter().any(|(name, _)| name == binary),
-            "no test executable {binary} among the lab tests"
-        );
-    }
+    check_planned_tests_exist(&tests)?;
     Ok(GuestBinaries { shaper_dir, tests })
+}
+
+/// Every test the guest plans is in its binary's `--list` (ignored ones among its
+/// `--ignored` list): a renamed test fails here, before a guest boots, as well as in the
+/// guest's count of tests run.
+fn check_planned_tests_exist(tests: &[(String, PathBuf)]) -> Result<()> {
+    for (binary, names, needs) in GUEST_TESTS.iter().chain(CI_TESTS) {
+        let (_, path) = tests
+            .iter()
+            .find(|(name, _)| name == binary)
+            .with_context(|| format!("no test executable {binary} among the lab tests"))?;
+        let mut list = Command::new(path);
+        list.args(["--list", "--format", "terse"]);
+        if needs.is_ignored() {
+            list.arg("--ignored");
+        }
+        let listed = output(&mut list)?;
+        let listed: BTreeSet<&str> = listed
+            .lines()
+            .filter_map(|line| line.strip_suffix(": test"))
+            .collect();
+        for name in *names {
+            ensure!(
+                listed.contains(name),
+                "the guest plan names {binary}::{name}, which {binary} does not have{}",
+                if needs.is_ignored() {
+                    " among its ignored tests"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Builds (or reuses) the guest's initramfs for `kernel`.

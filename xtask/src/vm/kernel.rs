@@ -15,16 +15,44 @@ pub(super) const FLOOR: (u32, u32) = (5, 18);
 /// TCX arrived in 6.6.
 pub(super) const TCX: (u32, u32) = (6, 6);
 
-/// A kernel package of the Debian registry for a short version: the name's fixed start,
-/// the part that varies by release (digits), its fixed end, and the Debian suite.
-pub(super) fn kernel_source(short: &str) -> Option<(&'static str, &'static str, &'static str)> {
-    match short {
-        "5.10" => Some(("linux-image-5.10.0-", "-cloud-amd64", "bullseye")),
-        "6.1" => Some(("linux-image-6.1.0-", "-cloud-amd64", "bookworm")),
-        "6.12" => Some(("linux-image-6.12.", "+deb12-cloud-amd64", "bookworm")),
-        _ => None,
-    }
+/// A kernel package of the Debian registry, pinned so that every run (CI's included) boots
+/// the same kernel: a newer one is a one-line change of `package` and `version` here, and
+/// `vm-test` says when the registry has one. `start` DIGITS `end` names the newer ones.
+pub(super) struct Pin {
+    short: &'static str,
+    package: &'static str,
+    version: &'static str,
+    suite: &'static str,
+    start: &'static str,
+    end: &'static str,
 }
+
+pub(super) const PINS: [Pin; 3] = [
+    Pin {
+        short: "5.10",
+        package: "linux-image-5.10.0-46-cloud-amd64",
+        version: "5.10.262-1",
+        suite: "bullseye",
+        start: "linux-image-5.10.0-",
+        end: "-cloud-amd64",
+    },
+    Pin {
+        short: "6.1",
+        package: "linux-image-6.1.0-57-cloud-amd64",
+        version: "6.1.192-3",
+        suite: "bookworm",
+        start: "linux-image-6.1.0-",
+        end: "-cloud-amd64",
+    },
+    Pin {
+        short: "6.12",
+        package: "linux-image-6.12.118+deb12-cloud-amd64",
+        version: "6.12.118-1~deb12u1",
+        suite: "bookworm",
+        start: "linux-image-6.12.",
+        end: "+deb12-cloud-amd64",
+    },
+];
 
 /// A kernel unpacked from its package: its release (`uname -r`), image and module tree.
 pub(super) struct Kernel {
@@ -51,30 +79,10 @@ pub(super) fn fetch_kernel(spec: &str) -> Result<Kernel> {
     let deb = if Path::new(spec).is_file() {
         PathBuf::from(spec)
     } else {
-        let (start, end, suite) = kernel_source(spec).with_context(|| {
+        let pin = PINS.iter().find(|pin| pin.short == spec).with_context(|| {
             format!("--kernel {spec}: expected 5.10, 6.1, 6.12 or the path of a linux-image .deb")
         })?;
-        let apt = apt_options(&cache, suite)?;
-        let package = newest_package(&apt, start, end)?;
-        let deb = find_deb(&cache, &package);
-        match deb {
-            Some(deb) => deb,
-            None => {
-                println!("[xtask] apt-get download {package}");
-                let status = Command::new("apt-get")
-                    .args(&apt)
-                    .args(["download", "-qq", &package])
-                    .current_dir(&cache)
-                    .status()
-                    .context("cannot run apt-get")?;
-                ensure!(
-                    status.success(),
-                    "cannot download {package} from the Debian registry (apt-get download failed)"
-                );
-                find_deb(&cache, &package)
-                    .with_context(|| format!("apt-get download left no {package} .deb"))?
-            }
-        }
+        pinned_deb(&cache, pin)?
     };
     let stem = deb
         .file_stem()
@@ -113,7 +121,7 @@ pub(super) fn fetch_kernel(spec: &str) -> Result<Kernel> {
     })
 }
 
-pub(super) fn modules_dir(root: &Path) -> Result<PathBuf> {
+fn modules_dir(root: &Path) -> Result<PathBuf> {
     ["lib/modules", "usr/lib/modules"]
         .iter()
         .map(|dir| root.join(dir))
@@ -123,7 +131,7 @@ pub(super) fn modules_dir(root: &Path) -> Result<PathBuf> {
 
 /// apt options for a private view of one Debian suite (its own sources and package
 /// lists under `cache`), so the host's apt sources are neither needed nor touched.
-pub(super) fn apt_options(cache: &Path, suite: &str) -> Result<Vec<String>> {
+fn apt_options(cache: &Path, suite: &str) -> Result<Vec<String>> {
     let dir = cache.join(format!("apt-{suite}"));
     for sub in ["lists/partial", "cache/archives/partial", "sources.d"] {
         fs::create_dir_all(dir.join(sub))?;
@@ -146,9 +154,55 @@ pub(super) fn apt_options(cache: &Path, suite: &str) -> Result<Vec<String>> {
     ])
 }
 
+/// The pinned package's .deb (downloaded once into `cache`), saying when the registry has
+/// a newer kernel of the same line. A pin the registry no longer serves (the security
+/// suite keeps only its newest) falls back to the newest, saying so loudly: a run then
+/// still boots a kernel of that line, and its report names the release it booted.
+fn pinned_deb(cache: &Path, pin: &Pin) -> Result<PathBuf> {
+    if let Some(deb) = find_deb(cache, pin.package, pin.version) {
+        return Ok(deb);
+    }
+    let apt = apt_options(cache, pin.suite)?;
+    let newest = newest_package(&apt, pin.start, pin.end)?;
+    if newest != pin.package {
+        println!(
+            "[xtask] the Debian registry has a newer {} kernel, {newest} (pinned: {} {}; \
+             a one-line change in xtask/src/vm/kernel.rs)",
+            pin.short, pin.package, pin.version
+        );
+    }
+    if download(cache, &apt, &format!("{}={}", pin.package, pin.version)).is_ok() {
+        return find_deb(cache, pin.package, pin.version)
+            .with_context(|| format!("apt-get download left no {} .deb", pin.package));
+    }
+    println!(
+        "[xtask] WARNING: the pinned {} {} is no longer in the Debian registry: booting the \
+         newest, {newest} (update the pin in xtask/src/vm/kernel.rs)",
+        pin.package, pin.version
+    );
+    download(cache, &apt, &newest)?;
+    find_deb(cache, &newest, "").with_context(|| format!("apt-get download left no {newest} .deb"))
+}
+
+/// `apt-get download WHAT` into `cache`.
+fn download(cache: &Path, apt: &[String], what: &str) -> Result<()> {
+    println!("[xtask] apt-get download {what}");
+    let status = Command::new("apt-get")
+        .args(apt)
+        .args(["download", "-qq", what])
+        .current_dir(cache)
+        .status()
+        .context("cannot run apt-get")?;
+    ensure!(
+        status.success(),
+        "cannot download {what} from the Debian registry (apt-get download failed)"
+    );
+    Ok(())
+}
+
 /// The newest package of the suite `apt` sees named `start` DIGITS `end` (its package
 /// lists fetched when there are none yet, or the name is not among them).
-pub(super) fn newest_package(apt: &[String], start: &str, end: &str) -> Result<String> {
+fn newest_package(apt: &[String], start: &str, end: &str) -> Result<String> {
     let mut names = String::new();
     for attempt in 0..2 {
         names = output(
@@ -176,15 +230,63 @@ pub(super) fn newest_package(apt: &[String], start: &str, end: &str) -> Result<S
         .with_context(|| format!("the Debian registry has no {start}N{end}"))
 }
 
-pub(super) fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
-    let prefix = format!("{}_", package.replace('+', "%2b"));
-    let plain = format!("{package}_");
+/// The .deb of `package` at `version` (any version when empty) in `dir`, under the name
+/// apt gives it (`+` and `~` escaped or not).
+fn find_deb(dir: &Path, package: &str, version: &str) -> Option<PathBuf> {
+    let escape = |text: &str| text.replace('+', "%2b").replace('~', "%7e");
+    let starts = [
+        format!("{package}_{version}"),
+        escape(&format!("{package}_{version}")),
+    ];
     fs::read_dir(dir)
         .ok()?
         .filter_map(|entry| entry.ok())
         .map(|entry| entry.path())
         .find(|path| {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
-            (name.starts_with(&prefix) || name.starts_with(&plain)) && name.ends_with(".deb")
+            let rest = starts
+                .iter()
+                .find_map(|start| name.strip_prefix(start.as_str()));
+            rest.is_some_and(|rest| {
+                rest.ends_with(".deb") && (version.is_empty() || rest.starts_with('_'))
+            })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pinned_deb_is_found_by_its_package_and_version_only() {
+        let dir = std::env::temp_dir().join(format!("shaper-find-deb-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        for name in [
+            "linux-image-6.12.118+deb12-cloud-amd64_6.12.118-1~deb12u1_amd64.deb",
+            "linux-image-6.1.0-57-cloud-amd64_6.1.192-30_amd64.deb",
+        ] {
+            fs::write(dir.join(name), "").unwrap();
+        }
+        let found = find_deb(
+            &dir,
+            "linux-image-6.12.118+deb12-cloud-amd64",
+            "6.12.118-1~deb12u1",
+        );
+        let wrong_version = find_deb(&dir, "linux-image-6.1.0-57-cloud-amd64", "6.1.192-3");
+        let any_version = find_deb(&dir, "linux-image-6.1.0-57-cloud-amd64", "");
+        let _ = fs::remove_dir_all(&dir);
+        assert!(found.is_some());
+        assert_eq!(wrong_version, None);
+        assert!(any_version.is_some());
+    }
+
+    #[test]
+    fn every_pin_is_a_package_of_its_own_line() {
+        for pin in &PINS {
+            let middle = pin.package.strip_prefix(pin.start).unwrap();
+            let digits = middle.strip_suffix(pin.end).unwrap();
+            assert!(digits.parse::<u32>().is_ok(), "{}", pin.package);
+            assert!(pin.version.starts_with(pin.short), "{}", pin.version);
+        }
+    }
 }

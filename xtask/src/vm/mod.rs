@@ -26,7 +26,7 @@ mod runner;
 pub use bench::{bench_vm, VmRows};
 use initramfs::{guest_binaries, initramfs};
 use kernel::fetch_kernel;
-use plan::{groups, TEST_FILTER};
+use plan::{groups, Group, TEST_FILTER};
 pub use plan::{only_peers_rows, only_tests_named, Plan};
 use runner::{boot, choose_accel};
 
@@ -43,12 +43,21 @@ pub struct GuestOutcome {
     pub kernel: String,
     accel: &'static str,
     seconds: f64,
-    /// Per test group: its binary, and whether it passed.
-    groups: Vec<(String, bool)>,
+    /// Per test group, in the order run.
+    groups: Vec<GroupRun>,
     exit: Option<i32>,
     /// What the guest printed between [`REPORT_BEGIN`] and [`REPORT_END`] (the bench's
     /// JSON), one line per element.
     pub report: Vec<String>,
+}
+
+/// What one test group of a guest did: its binary, whether it exited 0, and how many
+/// tests its harness said passed (from its `test result:` line; none when it printed none).
+#[derive(Debug, PartialEq)]
+pub(super) struct GroupRun {
+    pub(super) binary: String,
+    pub(super) exited_zero: bool,
+    pub(super) passed: Option<usize>,
 }
 
 /// Boots each of `kernels` (the default set when empty) with `plan`; fails unless every
@@ -124,33 +133,68 @@ fn print_outcomes(outcomes: &[GuestOutcome], plan: Plan) -> Vec<String> {
     println!("== vm-test ({plan:?} plan)");
     let mut failed = Vec::new();
     for outcome in outcomes {
-        for (group, passed) in &outcome.groups {
+        let planned = groups(&outcome.kernel, plan);
+        for (index, run) in outcome.groups.iter().enumerate() {
+            let verdict = judge_group(planned.get(index), run);
             println!(
                 "{:>6} {:4} {:12} {}",
                 outcome.kernel,
                 outcome.accel,
-                group,
-                if *passed { "passed" } else { "FAILED" }
+                run.binary,
+                verdict.as_deref().unwrap_or("passed")
             );
-            if !passed {
-                failed.push(format!("{} on {}", group, outcome.kernel));
+            if let Some(why) = verdict {
+                failed.push(format!("{} on {}: {why}", run.binary, outcome.kernel));
             }
         }
         println!(
             "{:>6} {:4} guest exit {:?} after {:.0} s",
             outcome.kernel, outcome.accel, outcome.exit, outcome.seconds
         );
-        let planned = groups(&outcome.kernel, plan).len();
-        if outcome.exit != Some(0) || outcome.groups.len() != planned {
+        if outcome.exit != Some(0) || outcome.groups.len() != planned.len() {
             failed.push(format!(
-                "the guest of {} ran {} of {planned} test groups and exited {:?}",
+                "the guest of {} ran {} of {} test groups and exited {:?}",
                 outcome.kernel,
                 outcome.groups.len(),
+                planned.len(),
                 outcome.exit
             ));
         }
     }
     failed
+}
+
+/// Why a group that ran failed (None when it passed): it exited non-zero, it is not the
+/// group planned at its place, or its harness passed fewer or more tests than were named
+/// (a renamed test is run by no `--exact` name, and the harness exits 0 all the same).
+fn judge_group(planned: Option<&Group>, run: &GroupRun) -> Option<String> {
+    let Some(planned) = planned.filter(|group| group.binary == run.binary) else {
+        return Some("FAILED: not the group planned here".to_string());
+    };
+    if !run.exited_zero {
+        return Some("FAILED".to_string());
+    }
+    // The bench's group names no tests: its exit is its verdict.
+    if planned.tests.is_empty() {
+        return None;
+    }
+    match run.passed {
+        Some(passed) if passed == planned.tests.len() => None,
+        passed => Some(format!(
+            "FAILED: {} of {} planned tests ran (a test renamed or gone?)",
+            passed.unwrap_or(0),
+            planned.tests.len()
+        )),
+    }
+}
+
+/// The count of passed tests in a harness's summary line ("test result: ok. 4 passed; 0
+/// failed; ...").
+fn passed_in(line: &str) -> Option<usize> {
+    let summary = line.trim().strip_prefix("test result: ")?;
+    summary
+        .split([';', '.'])
+        .find_map(|part| part.trim().strip_suffix(" passed")?.trim().parse().ok())
 }
 
 fn which(command: &str) -> Result<PathBuf> {
@@ -218,4 +262,60 @@ fn output_bytes(command: &mut Command) -> Result<Vec<u8>> {
         String::from_utf8_lossy(&output.stderr).trim()
     );
     Ok(output.stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(binary: &'static str, tests: &[&'static str]) -> Group {
+        Group {
+            binary,
+            tests: tests.to_vec(),
+            ignored: false,
+        }
+    }
+
+    fn ran(binary: &str, exited_zero: bool, passed: Option<usize>) -> GroupRun {
+        GroupRun {
+            binary: binary.to_string(),
+            exited_zero,
+            passed,
+        }
+    }
+
+    #[test]
+    fn the_harness_summary_gives_the_passed_count() {
+        let line = "test result: ok. 4 passed; 0 failed; 0 ignored; 0 measured; 15 filtered \
+                    out; finished in 52.86s";
+        assert_eq!(passed_in(line), Some(4));
+        assert_eq!(
+            passed_in("  test result: FAILED. 1 passed; 2 failed;"),
+            Some(1)
+        );
+        assert_eq!(passed_in("running 4 tests"), None);
+        assert_eq!(passed_in("test udp ... ok"), None);
+    }
+
+    #[test]
+    fn a_group_passes_only_when_every_named_test_ran_and_passed() {
+        let planned = group("policing", &["a", "b"]);
+        assert_eq!(
+            judge_group(Some(&planned), &ran("policing", true, Some(2))),
+            None
+        );
+        // A renamed test: `--exact` runs the other one and the harness exits 0.
+        let renamed = judge_group(Some(&planned), &ran("policing", true, Some(1)));
+        assert!(renamed.is_some_and(|why| why.contains("1 of 2 planned tests")));
+        assert!(judge_group(Some(&planned), &ran("policing", true, None)).is_some());
+        assert!(judge_group(Some(&planned), &ran("policing", false, Some(2))).is_some());
+        assert!(judge_group(Some(&planned), &ran("cni", true, Some(2))).is_some());
+        assert!(judge_group(None, &ran("policing", true, Some(2))).is_some());
+        // The bench's group names no tests: its exit decides.
+        let bench = group(plan::BENCH_GROUP, &[]);
+        assert_eq!(
+            judge_group(Some(&bench), &ran(plan::BENCH_GROUP, true, None)),
+            None
+        );
+    }
 }

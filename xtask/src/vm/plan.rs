@@ -10,7 +10,7 @@ use std::{sync::OnceLock, time::Duration};
 pub enum Plan {
     /// Every guest test ([`GUEST_TESTS`]): `cargo xtask vm-test`.
     Full,
-    /// CI's share ([`CI_TESTS`]), run by `cargo xtask test` within its ten minutes.
+    /// CI's share ([`CI_TESTS`]), run by `cargo xtask test`.
     Ci,
     /// Latency under load beside the qdiscs users pick instead (`shaper-bench --only
     /// peers`): `cargo xtask bench --vm`.
@@ -31,6 +31,13 @@ pub(super) enum Needs {
     /// A kernel with the fq and fq_codel qdiscs (each Debian kernel from the floor up; not
     /// the lab's): shape's EDT path and the per-flow bulk leaf (ignored tests on the host).
     Fq,
+}
+
+impl Needs {
+    /// Whether the tests are ignored ones on the host (run with `--ignored`).
+    pub(super) fn is_ignored(self) -> bool {
+        matches!(self, Needs::BelowFloor | Needs::Fq)
+    }
 }
 
 /// The guest's test plan: a test binary (the `tests/tests/*.rs` file) and the tests of it
@@ -142,9 +149,10 @@ pub(super) const GUEST_TESTS: &[(&str, &[&str], Needs)] = &[
 /// isolation holds a flow over its share and spares the other (clock driven, on the
 /// kernel's own packet path), shaper attaches in the mode the kernel gives it (and to a
 /// tun device), polices UDP to the rate and detaches leaving nothing, its ifb paths carry
-/// traffic or are refused (before 6.4, whose ifb drops redirects); the CNI plugin's
-/// ADD/CHECK/DEL; a kernel below the floor refuses in one line. Under TCG each load of
-/// the program on 6.1 verifies for 15–20 s.
+/// traffic or are refused (before 6.4, whose ifb drops redirects); DSCP marks over the
+/// rate; one Cubic flow shaped at 10 Mbit/s through HTB with CoDel keeps its goodput and a
+/// short queue; the CNI plugin's ADD/CHECK/DEL; a kernel below the floor refuses in one
+/// line. Under TCG each load of the program on 6.1 verifies for 15–20 s.
 pub(super) const CI_TESTS: &[(&str, &[&str], Needs)] = &[
     (
         "test_run",
@@ -175,6 +183,16 @@ pub(super) const CI_TESTS: &[(&str, &[&str], Needs)] = &[
         Needs::Tcx,
     ),
     (
+        "actions",
+        &["dscp_remarks_over_rate_packets_ipv4_and_ipv6"],
+        Needs::Any,
+    ),
+    (
+        "latency",
+        &["shape_at_10mbit_keeps_a_cubic_flows_queue_and_neighbours_short"],
+        Needs::Any,
+    ),
+    (
         "cni",
         &["shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin"],
         Needs::Any,
@@ -190,7 +208,7 @@ pub(super) const CI_TESTS: &[(&str, &[&str], Needs)] = &[
 pub(super) fn guest_limit(plan: Plan) -> Duration {
     match plan {
         Plan::Full => Duration::from_secs(15 * 60),
-        Plan::Ci => Duration::from_secs(6 * 60),
+        Plan::Ci => Duration::from_secs(10 * 60),
         // The latency rows' 48 runs and the isolation rows' 40, of 30 s each: about 32
         // and 30 minutes under TCG with each lab's set-up, the idle RTT and the tools'
         // start.
@@ -255,7 +273,7 @@ pub(super) fn groups(release: &str, plan: Plan) -> Vec<Group> {
                 .copied()
                 .filter(|test| TEST_FILTER.get().is_none_or(|name| test.contains(name)))
                 .collect(),
-            ignored: matches!(needs, Needs::BelowFloor | Needs::Fq),
+            ignored: needs.is_ignored(),
         })
         .filter(|group| !group.tests.is_empty())
         .collect()

@@ -3,7 +3,7 @@
 
 use super::kernel::Kernel;
 use super::plan::{groups, guest_limit, Plan};
-use super::GuestOutcome;
+use super::{passed_in, GroupRun, GuestOutcome};
 use anyhow::{Context as _, Result};
 use std::{
     io::{BufRead as _, BufReader},
@@ -183,6 +183,8 @@ pub(super) fn boot_once(
     let limit = guest_limit(plan);
     let mut reached_init = false;
     let mut in_report = false;
+    // The last harness summary's count of passed tests, given to the group that ends next.
+    let mut last_passed = None;
     let started = Instant::now();
     let mut child = qemu(kernel, initramfs, accel, "")?;
     let (lines, reader) = read_lines(&mut child)?;
@@ -219,10 +221,17 @@ pub(super) fn boot_once(
                 }
                 println!("[{}] {line}", kernel.label);
                 reached_init |= line.contains(READY);
+                if let Some(passed) = passed_in(&line) {
+                    last_passed = Some(passed);
+                }
                 let words: Vec<&str> = line.split_whitespace().collect();
                 match words.as_slice() {
                     [TEST_DONE, binary, rc] => {
-                        outcome.groups.push((binary.to_string(), *rc == "0"));
+                        outcome.groups.push(GroupRun {
+                            binary: binary.to_string(),
+                            exited_zero: *rc == "0",
+                            passed: last_passed.take(),
+                        });
                     }
                     [EXIT, status] => {
                         outcome.exit = status.parse().ok();
