@@ -2,6 +2,9 @@
 use anyhow::Context as _;
 
 fn main() -> anyhow::Result<()> {
+    // A build with the empty object must not outlive the variable: without this, a
+    // `cargo build` after an `AYA_BUILD_SKIP=1 cargo test` kept the empty object.
+    println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     // `cargo xtask test` lints with AYA_BUILD_SKIP=1: clippy needs the crate to compile,
     // not a real object, and clippy's own build directory would build one more (a minute).
     // aya-build then skips (and says so); an empty object stands in, which the loader

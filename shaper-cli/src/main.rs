@@ -7,6 +7,8 @@ mod commands;
 mod config_file;
 #[cfg(test)]
 mod docs;
+#[cfg(test)]
+mod guards;
 mod rows;
 
 use clap::Parser as _;

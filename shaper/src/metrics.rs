@@ -465,6 +465,11 @@ mod tests {
             "shaper_class_fair_marked_packets_total{class=\"vm\"} 1",
             "shaper_class_shape_dropped_packets_total{class=\"vm\",cause=\"leaf\"} 5",
             "shaper_class_leaf_marked_packets_total{class=\"vm\"} 6",
+            // Every verdict, each with its own counts.
+            "shaper_class_packets_total{class=\"vm\",verdict=\"passed\"} 100",
+            "shaper_class_packets_total{class=\"vm\",verdict=\"dropped\"} 9",
+            "shaper_class_packets_total{class=\"vm\",verdict=\"marked\"} 1",
+            "shaper_class_bytes_total{class=\"vm\",verdict=\"marked\"} 1500",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
         }

@@ -611,13 +611,23 @@ impl GlobalLab {
             .allocator_url
             .clone()
             .context("this lab has no allocator")?;
+        // The password in a file of the owner's alone (`--password-file`), none in the
+        // environment: an allocator that ignored the option could not log in.
+        let password_file = self.allocator_password_file();
+        std::fs::write(&password_file, allocator_password())?;
+        std::fs::set_permissions(
+            &password_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )?;
         let mut command = Command::new(shaper_bin());
         dies_with_parent(&mut command);
         let child = command
             .args(["global", "allocate", "-f"])
             .arg(&self.files[0])
             .args(["--redis", &url])
-            .env("SHAPER_REDIS_PASSWORD", allocator_password())
+            .arg("--password-file")
+            .arg(&password_file)
+            .env_remove("SHAPER_REDIS_PASSWORD")
             .env(
                 "RUST_LOG",
                 std::env::var("SHAPER_LAB_LOG").unwrap_or_else(|_| "info".into()),
@@ -632,6 +642,11 @@ impl GlobalLab {
             metrics_port: 0,
         });
         Ok(())
+    }
+
+    /// Where the allocator's password is kept (removed with the lab).
+    fn allocator_password_file(&self) -> PathBuf {
+        self.allocator_log.with_extension("password")
     }
 
     /// The allocator's log so far.
@@ -1007,6 +1022,7 @@ impl Drop for GlobalLab {
         self.daemons.clear();
         self.allocator = None;
         let _ = std::fs::remove_file(&self.allocator_log);
+        let _ = std::fs::remove_file(self.allocator_password_file());
         for ns in self
             .pods
             .iter()

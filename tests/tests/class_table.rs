@@ -5,7 +5,7 @@
 //! leaves none of them behind.
 
 use serde_json::Value;
-use shaper_tests::{stderr, Lab, ROUTER_TO_SERVER};
+use shaper_tests::{shaper, stderr, stdout, Lab, ROUTER_TO_SERVER};
 use std::process::Output;
 
 /// A batch file that removes itself.
@@ -192,4 +192,79 @@ fn class_add_rolls_back_a_half_written_class() {
         stderr(&output)
     );
     assert_eq!(class_count(&lab) as u32, FULL_CLASSES + 1);
+}
+
+/// `apply` of a file that adds several classes, the last of which cannot be made (a
+/// shape class on a device whose root qdisc is not shaper's): the classes added before
+/// it are taken back, so the device has exactly the classes it had.
+#[test]
+fn a_failing_apply_takes_back_every_class_it_added() {
+    let lab = Lab::new().unwrap();
+    let router = &lab.router;
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    router
+        .class_add(
+            "kept",
+            ROUTER_TO_SERVER,
+            &["--rate", "5mbit", "--proto", "tcp"],
+        )
+        .unwrap();
+    let tc = router
+        .run(
+            "tc",
+            &[
+                "qdisc",
+                "replace",
+                "dev",
+                ROUTER_TO_SERVER,
+                "root",
+                "handle",
+                "1:",
+                "pfifo",
+                "limit",
+                "1000",
+            ],
+        )
+        .unwrap();
+    assert!(tc.status.success(), "tc: {}", stderr(&tc));
+    let before = class_list(&lab);
+    let mut wanted = router.shaper(&["export"]).unwrap();
+    for (name, port) in [("first", 9001), ("second", 9002)] {
+        wanted.push_str(&format!(
+            "\n[[interface.class]]\nname = \"{name}\"\nrate = \"1mbit\"\nproto = \"udp\"\n\
+             dport = {port}\n"
+        ));
+    }
+    wanted.push_str(
+        "\n[[interface.class]]\nname = \"shaped\"\nrate = \"1mbit\"\nproto = \"icmp\"\n\
+         action = \"shape\"\n",
+    );
+    let file = BatchFile::new("apply-adds", &[wanted]);
+    // The plan adds the two classes before the one that fails.
+    // The exported file names its namespace: applied as it is, without --netns.
+    let dry = shaper(&["apply", "--dry-run", "-f", file.path()]);
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let planned = stdout(&dry);
+    let at = |name: &str| {
+        planned
+            .find(&format!("class {name} "))
+            .unwrap_or_else(|| panic!("no {name} in the plan: {planned}"))
+    };
+    assert!(
+        at("first") < at("shaped") && at("second") < at("shaped"),
+        "{planned}"
+    );
+    let output = shaper(&["apply", "-f", file.path()]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let after = class_list(&lab);
+    let names = |list: &Value| -> Vec<String> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&after), ["kept"], "{after}");
+    assert_eq!(after[0]["id"], before[0]["id"]);
+    assert_eq!(after[0]["rate_bps"], 5_000_000);
 }

@@ -189,6 +189,7 @@ fn shaper_cni_add_check_del_like_a_runtime_next_to_the_reference_plugin() -> Res
         "shaper-cni ADD",
     )?;
     assert_eq!(added["ips"], result["ips"]);
+    assert_eq!(added["cniVersion"], "1.0.0");
     assert_eq!(added["interfaces"], result["interfaces"]);
     // ADD again (a runtime retrying) changes nothing.
     checked(

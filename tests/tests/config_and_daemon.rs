@@ -546,6 +546,12 @@ fn daemon_reloads_keeps_state_reattaches_and_serves_metrics() -> Result<()> {
     wait_for("the daemon to attach r1", Duration::from_secs(15), || {
         Ok(export(&spaces).contains("name = \"bulk\""))
     })?;
+    // `--interval 200ms` (Daemon::start), not the default 1 s.
+    assert!(
+        daemon.log().contains("checking every 200ms"),
+        "{}",
+        daemon.log()
+    );
     assert!(
         daemon.log().contains("waiting for tap0"),
         "{}",
@@ -1064,10 +1070,19 @@ fn daemon_upgrades_the_attachments_it_manages_at_start() -> Result<()> {
 /// Completions and man pages come from the clap definitions, so every command has them.
 #[test]
 fn completions_and_man_pages_cover_every_command() -> Result<()> {
-    for shell in ["bash", "zsh", "fish"] {
+    // Each shell gets its own language: a marker only its script has.
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef shaper"),
+        ("fish", "complete -c shaper"),
+    ] {
         let output = shaper(&["completions", shell]);
         assert!(output.status.success(), "{}", stderr(&output));
         let script = stdout(&output);
+        assert!(
+            script.contains(marker),
+            "the {shell} script lacks {marker:?}"
+        );
         for command in COMMANDS {
             assert!(
                 script.contains(command),

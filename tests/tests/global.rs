@@ -512,13 +512,45 @@ fn published_limits_replace_the_callers_and_a_hosts_acl_cannot_write_them() -> R
     // The environment's password is the one sent: a wrong one is refused.
     let (ok, _, stderr) = publish_with_password(&["-f", path, "--redis", &admin], "wrong");
     assert!(!ok && !stderr.contains("wrong"), "{stderr}");
+    // --dry-run says what it would publish and writes nothing: the publish after it is
+    // the first (version 1).
+    let (ok, stdout, stderr) =
+        publish_with_password(&["-f", path, "--redis", &admin, "--dry-run"], "admin-pw");
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("would publish p: limit 30Mbit,"),
+        "{stdout}"
+    );
     let (ok, stdout, stderr) = publish_with_password(&["-f", path, "--redis", &admin], "admin-pw");
     assert!(ok, "{stderr}");
     assert!(
         stdout.contains("published p: limit 30Mbit,") && stdout.contains("(version 1)"),
         "{stdout}"
     );
-    let (_, stdout, _) = publish_with_password(&["-f", path, "--redis", &admin], "admin-pw");
+    // The password from --password-file (a file of the owner's alone), none in the
+    // environment; a wrong one in the file is refused.
+    let password_file = file.with_extension("password");
+    let _remove_password = Remove(&password_file);
+    let with_file = |password: &str| {
+        std::fs::write(&password_file, password).unwrap();
+        std::fs::set_permissions(
+            &password_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        publish(&[
+            "-f",
+            path,
+            "--redis",
+            &admin,
+            "--password-file",
+            password_file.to_str().unwrap(),
+        ])
+    };
+    let (ok, _, stderr) = with_file("wrong");
+    assert!(!ok && !stderr.contains("wrong"), "{stderr}");
+    let (ok, stdout, stderr) = with_file("admin-pw");
+    assert!(ok, "{stderr}");
     assert!(
         stdout.starts_with("unchanged p:") && stdout.contains("(version 1)"),
         "{stdout}"
@@ -990,7 +1022,26 @@ fn tcp_through(cluster: bool) -> Result<()> {
     // The flows start on hosts whose daemons already agreed on their parts, as on nodes
     // that ran a while. (A flow that starts on a host squeezed to its floor sits in
     // retransmission backoff for a few seconds first: see `RAMP_GRACE`.)
-    lab.wait_equal_parts()?;
+    let mut shares = lab.wait_equal_parts()?;
+    // The daemons fill (no allocator here) with the headroom: three idle hosts get equal
+    // parts of the limit less 2 %, within 1 %.
+    let part = LIMIT * (1.0 - HEADROOM_PPM as f64 / 1e6) / 3.0;
+    let near = |shares: &[u64]| {
+        shares
+            .iter()
+            .all(|share| (*share as f64 - part).abs() <= 0.01 * part)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !near(&shares) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+        shares = (0..3)
+            .map(|index| lab.share(index))
+            .collect::<Result<_>>()?;
+    }
+    assert!(
+        near(&shares),
+        "the daemons' parts {shares:?}, not {part:.0} each (the limit less the headroom, over 3)"
+    );
     // Those parts do not last: the first flow to start asks for more and the idle hosts'
     // shares fall at once, so flows that start a moment later slow-start into half a part,
     // lose a burst and may sit out retransmission timeouts (up to 2.5 s) before the parts

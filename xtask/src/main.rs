@@ -56,18 +56,27 @@ enum Task {
         #[arg(long, requires = "vm", conflicts_with = "rows")]
         isolation: bool,
     },
-    /// Mutation testing of shaper-common's arithmetic with cargo-mutants (hours; not in
-    /// CI): prints and writes target/mutants/summary.md, fails below 90 % caught.
+    /// Mutation testing with cargo-mutants: every file of shaper-common (over an hour),
+    /// failing below 90 % caught; or, with --in-diff, what changed since a commit in
+    /// shaper-common and the library's pure modules (CI's, from xtask/mutants-judged-at),
+    /// failing on a survivor xtask/mutants-accepted.txt does not accept.
     Mutants {
         /// Mutants built and tested at once.
         #[arg(long, default_value_t = 2)]
         jobs: u32,
-        /// Run only this pass (arithmetic or meter); the others' last outcomes count.
-        #[arg(long)]
+        /// Run only this pass (arithmetic or meter).
+        #[arg(long, conflicts_with = "in_diff")]
         only: Option<String>,
         /// Judge again only the mutants the last full run of a pass missed.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "in_diff")]
         retest: bool,
+        /// Only the mutants of what changed since this commit (the working tree's changes
+        /// included).
+        #[arg(long, value_name = "BASE")]
+        in_diff: Option<String>,
+        /// With --in-diff: when it passes, write HEAD into xtask/mutants-judged-at.
+        #[arg(long, requires = "in_diff")]
+        record: bool,
     },
     /// The lab tests that matter most for a kernel, inside Debian 12's own kernels (6.1
     /// and 6.12 from the Debian registry) under qemu: KVM when it boots, TCG otherwise.
@@ -136,9 +145,18 @@ fn run(task: Task) -> Result<()> {
                 bench(quick, json)
             }
         }
-        Task::Mutants { jobs, only, retest } => {
+        Task::Mutants {
+            jobs,
+            only,
+            retest,
+            in_diff,
+            record,
+        } => {
             setup::setup()?;
-            mutants::run(jobs, only.as_deref(), retest)
+            match in_diff {
+                Some(base) => mutants::in_diff(&base, jobs, record),
+                None => mutants::run(jobs, only.as_deref(), retest),
+            }
         }
         Task::VmTest {
             kernel,
@@ -316,6 +334,14 @@ fn man() -> Result<()> {
 }
 
 fn test() -> Result<()> {
+    // Each stage's end, so a log shows where the suite's time goes.
+    let started = std::time::Instant::now();
+    let done = |stage: &str| {
+        println!(
+            "[xtask] test: {stage} done at {:.0} s",
+            started.elapsed().as_secs_f64()
+        )
+    };
     cargo(&["fmt", "--all", "--", "--check"])?;
     // Clippy builds in a directory of its own: without a real eBPF object (see
     // shaper/build.rs) it spares a minute of building one.
@@ -331,11 +357,13 @@ fn test() -> Result<()> {
     ]);
     std::env::remove_var("AYA_BUILD_SKIP");
     linted?;
+    done("fmt and clippy");
     build_shaper()?;
     // The delay line is a package binary: the test build below makes it.
     use_binaries_of(dist::Profile::Dev);
     // The package tests install what `dist` built, from the debug build just made.
     std::env::set_var("SHAPER_DEB", dist::dist(dist::Profile::Dev)?);
+    done("the build and the package");
     // Unit, property and lab tests in one build: two invocations (the workspace's, then
     // the lab's with the bench feature) unified features differently and compiled aya,
     // shaper and their dependencies twice (a minute). One at a time, since the lab tests'
@@ -356,8 +384,15 @@ fn test() -> Result<()> {
         "--",
         "--test-threads=1",
     ])?;
+    done("unit, property and lab tests");
+    // The mutants of what changed since the last commit judged so (none: nothing to do).
+    mutants::in_diff(&mutants::judged_base()?, 2, false)?;
+    done("mutants of what changed");
     // The bench's quick run, so it cannot rot, with the driver the lab-test build made.
     run_bench(true, None)?;
+    done("the quick bench");
     // The kernels users run (Debian 11's refusal, Debian 12's 6.1 and 6.12), CI's share.
-    vm::vm_test(&[], vm::Plan::Ci).map(|_| ())
+    vm::vm_test(&[], vm::Plan::Ci)?;
+    done("the guests");
+    Ok(())
 }

@@ -229,8 +229,8 @@ fn cargo_deb() -> Result<()> {
     cargo_tool("cargo-deb", "deb", CARGO_DEB_VERSION)
 }
 
-/// The cargo-mutants release `cargo xtask mutants` runs (installed by that task only: it
-/// takes minutes to build and nothing else needs it).
+/// The cargo-mutants release `cargo xtask mutants` runs (installed only when a run has a
+/// mutant to judge: it takes minutes to build, and `cargo xtask test` mostly has none).
 pub const CARGO_MUTANTS_VERSION: &str = "27.1.0";
 
 pub fn cargo_mutants() -> Result<()> {

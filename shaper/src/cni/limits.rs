@@ -337,6 +337,32 @@ mod tests {
         let wanted = desired(&drop, "veth0", Some(&container)).unwrap().unwrap();
         assert_eq!(wanted.interfaces[0].netns, None);
         assert_eq!(wanted.interfaces[0].directions, vec![Direction::Ingress]);
+        assert_eq!(
+            wanted.interfaces[0].classes[0].1.action.action,
+            Action::Drop
+        );
+    }
+
+    #[test]
+    fn egress_actions_other_than_shape_stay_on_the_host_veth_as_asked() {
+        let container = Container {
+            netns: "cni-1".into(),
+            ifname: "eth0".into(),
+        };
+        for (text, action) in [("ecn", Action::Ecn), ("drop", Action::Drop)] {
+            let c = conf(&format!(
+                r#"{{"cniVersion":"1.0.0","egressRate":5000000,"egressBurst":800000,
+                "egressAction":"{text}"}}"#
+            ));
+            let wanted = desired(&c, "veth0", Some(&container)).unwrap().unwrap();
+            let host = &wanted.interfaces[0];
+            assert_eq!((host.netns.as_deref(), host.dev.as_str()), (None, "veth0"));
+            assert_eq!(host.directions, vec![Direction::Ingress]);
+            assert_eq!(
+                host.classes[0].1.action.action, action,
+                "egressAction {text}"
+            );
+        }
     }
 
     #[test]

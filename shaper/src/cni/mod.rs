@@ -270,6 +270,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn version_answers_in_the_version_the_runtime_speaks() {
+        let env = Env {
+            command: "VERSION".into(),
+            container_id: String::new(),
+            netns: None,
+            ifname: String::new(),
+        };
+        for version in ["0.4.0", "1.0.0"] {
+            let stdin = format!(r#"{{"cniVersion":"{version}"}}"#);
+            let answer = run(&env, stdin.as_bytes()).unwrap();
+            assert_eq!(answer["cniVersion"], version);
+            assert!(answer["supportedVersions"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(version)));
+        }
+    }
+
+    #[test]
     fn a_record_names_the_host_veth_and_the_containers_interface() {
         let container = Container {
             netns: "cni-1".into(),

@@ -102,6 +102,10 @@ pub fn attach_fresh(
         let program = load_program(&mut ebpf, name)?;
         program.pin(staging.join(PROG_PIN))?;
         let program_id = program.info()?.id();
+        log::debug!(
+            "{}: program loaded ({name}, id {program_id})",
+            location.describe()
+        );
         let (mode, created_clsact) = attach_program(
             program,
             location,

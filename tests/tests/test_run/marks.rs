@@ -343,3 +343,134 @@ fn ipv6_keys_tell_addresses_apart_by_every_word() {
         );
     }
 }
+
+/// A 1000-byte IPv4/UDP frame from the client's port 40000 to `dst`:`dport`.
+fn ipv4_to(dst: [u8; 4], dport: u16) -> Vec<u8> {
+    ipv4(
+        V4 {
+            dst,
+            ..V4::default()
+        },
+        udp(dport, 1000 - 42),
+    )
+}
+
+/// `--per flow` keys flows that differ only in their destination port, or only in their
+/// destination address (one source port throughout): each gets its own bucket, whose
+/// burst holds two 1000-byte packets at one instant.
+#[test]
+fn per_flow_keys_tell_destination_ports_and_addresses_apart() {
+    let mut harness = Harness::new(&[
+        &[
+            "ports",
+            "--proto",
+            "udp",
+            "--dport",
+            "9620-9621",
+            "--per",
+            "flow",
+            "--rate",
+            "8mbit",
+            "--burst",
+            "2000",
+        ],
+        &[
+            "hosts", "--proto", "udp", "--dport", "9622", "--per", "flow", "--rate", "8mbit",
+            "--burst", "2000",
+        ],
+    ]);
+    let now = 5_000_000_000u64;
+    for (name, frames) in [
+        (
+            "ports",
+            [ipv4_to(V4_SERVER, 9620), ipv4_to(V4_SERVER, 9621)],
+        ),
+        (
+            "hosts",
+            [ipv4_to(V4_SERVER, 9622), ipv4_to(V4_ELSEWHERE, 9622)],
+        ),
+    ] {
+        let mut verdicts = Vec::new();
+        for frame in &frames {
+            for _ in 0..3 {
+                let (verdict, counted) = harness.run(frame, now, 1);
+                assert_eq!(counted.as_deref(), Some(name));
+                verdicts.push(verdict);
+            }
+        }
+        assert_eq!(
+            verdicts,
+            [PASS, PASS, SHOT, PASS, PASS, SHOT],
+            "{name}: each flow its own bucket"
+        );
+        let id = harness.class_id(name);
+        assert_eq!(
+            harness.attachment.new_keys(id).unwrap(),
+            2,
+            "{name}: two keys"
+        );
+    }
+}
+
+/// A meter kept per flow (`--per flow` with `--peak-rate`, or with `--excess-burst`):
+/// each of two flows at one instant runs through its own green, yellow and red (committed
+/// burst two packets, peak or excess room for one more), where one meter for the class would turn
+/// the second flow red at once.
+#[test]
+fn per_flow_meters_colour_each_flow_on_its_own() {
+    let meter = |name: &'static str, dport: &'static str, second: [&'static str; 2]| {
+        [
+            vec![
+                name,
+                "--proto",
+                "udp",
+                "--dport",
+                dport,
+                "--per",
+                "flow",
+                "--rate",
+                "8mbit",
+                "--burst",
+                "2000",
+                "--exceed",
+                "dscp=af12",
+            ],
+            second.to_vec(),
+        ]
+        .concat()
+    };
+    let trtcm = [
+        meter("trtcm", "9630", ["--peak-rate", "16mbit"]),
+        vec!["--peak-burst", "3000"],
+    ]
+    .concat();
+    let srtcm = meter("srtcm", "9631", ["--excess-burst", "1514"]);
+    let mut harness = Harness::new(&[&trtcm, &srtcm]);
+    let now = 5_000_000_000u64;
+    for (name, port) in [("trtcm", 9630u16), ("srtcm", 9631)] {
+        let mut verdicts = Vec::new();
+        for frame in [ipv4_to(V4_SERVER, port), ipv4_to(V4_ELSEWHERE, port)] {
+            for _ in 0..4 {
+                verdicts.push(harness.run(&frame, now, 1).0);
+            }
+        }
+        // Green, green, yellow (remarked, passed), red (dropped), for each flow.
+        assert_eq!(
+            verdicts,
+            [PASS, PASS, PASS, SHOT, PASS, PASS, PASS, SHOT],
+            "{name}: a meter per flow"
+        );
+        let id = harness.class_id(name);
+        let stats = harness.attachment.class_stats(id).unwrap();
+        assert_eq!(
+            [stats.green_packets, stats.yellow_packets, stats.red_packets],
+            [4, 2, 2],
+            "{name}: the colour counters"
+        );
+        assert_eq!(
+            harness.attachment.new_keys(id).unwrap(),
+            2,
+            "{name}: two keys"
+        );
+    }
+}

@@ -32,11 +32,17 @@ pub fn bench_vm(kernels: &[String], rows: VmRows) -> Result<()> {
         VmRows::Isolation => super::only_peers_rows("isolation: ".to_string()),
         VmRows::Named(text) => super::only_peers_rows(text),
     }
+    let commit = commit_measured()?;
     let outcomes = super::vm_test(kernels, super::Plan::Bench)?;
     let dir = workspace_root().join("target/vm");
     for outcome in &outcomes {
         let path = dir.join(format!("{prefix}-{}.json", outcome.kernel));
-        std::fs::write(&path, outcome.report.join("\n"))?;
+        let mut report: serde_json::Value = serde_json::from_str(&outcome.report.join("\n"))
+            .with_context(|| format!("the guest of {} printed no JSON report", outcome.kernel))?;
+        // What the guest cannot know: the build it ran and how it was emulated.
+        report["commit"] = commit.clone().into();
+        report["accel"] = outcome.accel.into();
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
         println!("[xtask] {}'s figures: {}", outcome.kernel, path.display());
     }
     if prefix == "rows" {
@@ -71,4 +77,21 @@ pub fn bench_vm(kernels: &[String], rows: VmRows) -> Result<()> {
         bail!("the peers bench missed its targets (above)");
     }
     Ok(())
+}
+
+/// The commit the guests run: HEAD, with `-dirty` when the tree has changes not committed
+/// (such figures are for a look, and `--publish-peers` refuses to mix them with others).
+fn commit_measured() -> Result<String> {
+    let git = |args: &[&str]| -> Result<String> {
+        let output = Command::new("git")
+            .args(args)
+            .current_dir(workspace_root())
+            .output()
+            .context("cannot run git")?;
+        anyhow::ensure!(output.status.success(), "git {} failed", args.join(" "));
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"])?;
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    Ok(if dirty { format!("{head}-dirty") } else { head })
 }

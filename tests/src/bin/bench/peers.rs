@@ -456,6 +456,7 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
             .with_context(|| format!("{file} is not the bench's JSON"))?;
         parsed.push(value);
     }
+    refuse_mixed_commits(files, &parsed)?;
     let mut text = std::fs::read_to_string(report).unwrap_or_default();
     let mut all_broken = Vec::new();
     let with_rows: Vec<&Value> = parsed
@@ -480,6 +481,29 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
     }
     if !all_broken.is_empty() {
         bail!("{} target(s) missed", all_broken.len());
+    }
+    Ok(())
+}
+
+/// Figures of different builds are not one comparison: every file must name the same
+/// commit (`bench --vm` writes it; a file without one is from before it did).
+fn refuse_mixed_commits(files: &[String], parsed: &[Value]) -> Result<()> {
+    let commit_of = |file: &Value| file["commit"].as_str().unwrap_or("unknown").to_string();
+    let mut commits: Vec<String> = parsed.iter().map(commit_of).collect();
+    commits.sort();
+    commits.dedup();
+    if commits.len() > 1 {
+        let each: Vec<String> = files
+            .iter()
+            .zip(parsed)
+            .map(|(file, value)| format!("{file}: {}", commit_of(value)))
+            .collect();
+        bail!(
+            "the figures come from {} builds ({}): measure every kernel at one commit, or \
+             remove the older files",
+            commits.len(),
+            each.join("; ")
+        );
     }
     Ok(())
 }
@@ -677,6 +701,20 @@ impl Section {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn figures_of_two_builds_are_not_published_together() {
+        let files = ["a.json".to_string(), "b.json".to_string()];
+        let same = [json!({"commit": "abc"}), json!({"commit": "abc"})];
+        assert!(refuse_mixed_commits(&files, &same).is_ok());
+        let mixed = [json!({"commit": "abc"}), json!({"commit": "def"})];
+        let error = refuse_mixed_commits(&files, &mixed)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("b.json: def"), "{error}");
+        let unstamped = [json!({"commit": "abc"}), json!({"kernel": "6.1"})];
+        assert!(refuse_mixed_commits(&files, &unstamped).is_err());
+    }
 
     #[test]
     fn the_section_is_replaced_in_place_and_kept() {
