@@ -6,6 +6,8 @@ mod cli;
 mod commands;
 mod config_file;
 #[cfg(test)]
+mod doc_figures;
+#[cfg(test)]
 mod docs;
 #[cfg(test)]
 mod guards;

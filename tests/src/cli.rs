@@ -141,6 +141,26 @@ impl Netns {
             .unwrap_or_default())
     }
 
+    /// Every attachment `shaper status --json` shows here: (interface, direction, program
+    /// id), sorted.
+    pub fn attachments(&self) -> Result<Vec<(String, String, u64)>> {
+        let rows = self.shaper_json(&["status", "--json"])?;
+        let mut found: Vec<(String, String, u64)> = rows
+            .as_array()
+            .context("status is a list")?
+            .iter()
+            .map(|row| {
+                (
+                    row["dev"].as_str().unwrap_or_default().to_string(),
+                    row["direction"].as_str().unwrap_or_default().to_string(),
+                    row["program_id"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect();
+        found.sort();
+        Ok(found)
+    }
+
     /// The first row of `shaper status --json` here (the lab's tests attach one interface
     /// and direction).
     pub fn status_row(&self) -> Result<Value> {

@@ -39,25 +39,6 @@ fn row(dev: &str, direction: &str, name: &str, mbit: u64) -> (String, String, St
     (dev.into(), direction.into(), name.into(), mbit * 1_000_000)
 }
 
-/// Every attachment `status --json` shows: (dev, direction, program id), sorted.
-fn attachments(ns: &Netns) -> Result<Vec<(String, String, u64)>> {
-    let rows = ns.shaper_json(&["status", "--json"])?;
-    let mut found: Vec<_> = rows
-        .as_array()
-        .context("status is a list")?
-        .iter()
-        .map(|row| {
-            (
-                row["dev"].as_str().unwrap_or_default().to_string(),
-                row["direction"].as_str().unwrap_or_default().to_string(),
-                row["program_id"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect();
-    found.sort();
-    Ok(found)
-}
-
 /// One name in both directions of r1 and a class on r0; each command narrowed to one of
 /// them touches only it: `class list`, `stats` and `export` by `--dev`; `class change`,
 /// `class del`, `upgrade` and `detach` by `--direction` (and a name in both directions
@@ -133,7 +114,7 @@ fn every_command_keeps_to_the_device_and_direction_it_names() -> Result<()> {
         vec![row("r0", "egress", "y", 4), row("r1", "ingress", "x", 3)]
     );
 
-    let before = attachments(router)?;
+    let before = router.attachments()?;
     router.shaper(&[
         "upgrade",
         ROUTER_TO_SERVER,
@@ -141,7 +122,7 @@ fn every_command_keeps_to_the_device_and_direction_it_names() -> Result<()> {
         "--direction",
         "ingress",
     ])?;
-    let after = attachments(router)?;
+    let after = router.attachments()?;
     let changed: Vec<(&str, &str)> = before
         .iter()
         .zip(&after)
@@ -151,7 +132,8 @@ fn every_command_keeps_to_the_device_and_direction_it_names() -> Result<()> {
     assert_eq!(changed, [("r1", "ingress")], "{before:?} -> {after:?}");
 
     router.shaper(&["detach", ROUTER_TO_SERVER, "--direction", "ingress"])?;
-    let left: Vec<(String, String)> = attachments(router)?
+    let left: Vec<(String, String)> = router
+        .attachments()?
         .into_iter()
         .map(|(dev, direction, _)| (dev, direction))
         .collect();
@@ -387,11 +369,12 @@ fn attach_both_directions_with_split_aggregates_splits_the_ingress() -> Result<(
     if !shaper::qdisc::ifb_redirect_works() {
         let output = router.shaper_output(&[&["attach", ROUTER_TO_CLIENT][..], &args].concat());
         assert!(!output.status.success());
-        assert!(attachments(router)?.is_empty(), "nothing half-attached");
+        assert!(router.attachments()?.is_empty(), "nothing half-attached");
         return Ok(());
     }
     router.attach(ROUTER_TO_CLIENT, &args)?;
-    let directions: Vec<(String, String)> = attachments(router)?
+    let directions: Vec<(String, String)> = router
+        .attachments()?
         .into_iter()
         .map(|(dev, direction, _)| (dev, direction))
         .collect();

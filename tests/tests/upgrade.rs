@@ -247,26 +247,6 @@ fn upgrade_swaps_the_clsact_program_under_load_without_a_gap() -> Result<()> {
     upgrade_under_load("clsact")
 }
 
-/// The program ids of every attachment `shaper status --json` shows in `ns`, by
-/// (interface, direction).
-fn program_ids(ns: &Netns) -> Result<Vec<(String, String, u64)>> {
-    let rows = ns.shaper_json(&["status", "--json"])?;
-    let mut ids: Vec<(String, String, u64)> = rows
-        .as_array()
-        .context("status is a list")?
-        .iter()
-        .map(|row| {
-            (
-                row["dev"].as_str().unwrap_or_default().to_string(),
-                row["direction"].as_str().unwrap_or_default().to_string(),
-                row["program_id"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect();
-    ids.sort();
-    Ok(ids)
-}
-
 /// `upgrade --all` (with `--netns`: that namespace's attachments only) swaps the program
 /// of every attachment there, both directions, keeps their classes and counters, and
 /// leaves another namespace's attachment alone.
@@ -294,10 +274,10 @@ fn upgrade_all_swaps_every_attachment_of_the_namespace() -> Result<()> {
         ],
     )?;
     lab.client.attach(CLIENT_DEV, &[])?;
-    let client_before = program_ids(&lab.client)?;
+    let client_before = lab.client.attachments()?;
     lab.udp(&Udp::at("10M", 2))?;
     let counters_before = counted(&router)?;
-    let before = program_ids(&router)?;
+    let before = router.attachments()?;
     let upgraded = router.shaper(&["upgrade", "--all", "--reload"])?;
     // No traffic since: the counters are exactly as they were.
     ensure!(
@@ -306,7 +286,7 @@ fn upgrade_all_swaps_every_attachment_of_the_namespace() -> Result<()> {
         counted(&router)?
     );
     println!("{}", upgraded.trim());
-    let after = program_ids(&router)?;
+    let after = router.attachments()?;
     println!("router before {before:?}, after {after:?}");
     ensure!(after.len() == 2, "{after:?}");
     for ((dev, direction, old), (_, _, new)) in before.iter().zip(&after) {
@@ -317,7 +297,7 @@ fn upgrade_all_swaps_every_attachment_of_the_namespace() -> Result<()> {
         );
     }
     ensure!(
-        program_ids(&lab.client)? == client_before,
+        lab.client.attachments()? == client_before,
         "the client namespace's attachment changed"
     );
     let run = lab.udp(&Udp::at("10M", 3))?;

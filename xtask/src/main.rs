@@ -78,15 +78,17 @@ enum Task {
         #[arg(long, requires = "in_diff")]
         record: bool,
     },
-    /// The lab tests that matter most for a kernel, inside Debian 12's own kernels (6.1
-    /// and 6.12 from the Debian registry) under qemu: KVM when it boots, TCG otherwise.
+    /// The lab tests that matter most for a kernel, inside Debian's own kernels (5.10,
+    /// 6.1 and 6.12, pinned packages of the Debian registry) under qemu: KVM when it
+    /// boots, TCG otherwise.
     VmTest {
-        /// A kernel: 6.1, 6.12, or the path of a linux-image .deb (repeatable; default
-        /// both).
+        /// A kernel: 5.10, 6.1, 6.12, or the path of a linux-image .deb (repeatable;
+        /// default all three).
         #[arg(long)]
         kernel: Vec<String>,
         /// CI's share of the plan (what `cargo xtask test` runs): every program variant
-        /// loaded, attach, policing and detach in the kernel's mode, the floor's refusal.
+        /// loaded, flow isolation, attach, policing and detach in the kernel's mode, DSCP
+        /// marks, one shaped Cubic flow, the CNI plugin, the floor's refusal.
         #[arg(long)]
         quick: bool,
         /// Only the plan's tests whose name contains this (kernels with none are not
@@ -333,6 +335,18 @@ fn man() -> Result<()> {
     Ok(())
 }
 
+/// `cargo test`'s selection for the suite (and the guests' build of the same binaries):
+/// the workspace without the eBPF shell, with the bench's own checks of its report (no
+/// root, no lab), built once with the features the bench's quick run needs.
+pub const TEST_SELECTION: &[&str] = &[
+    "test",
+    "--workspace",
+    "--exclude",
+    "shaper-ebpf",
+    "--features",
+    "shaper-tests/bench",
+];
+
 fn test() -> Result<()> {
     // Each stage's end, so a log shows where the suite's time goes.
     let started = std::time::Instant::now();
@@ -370,20 +384,15 @@ fn test() -> Result<()> {
     // measurements share two cores. shaper-ebpf is an empty shell on the host, and
     // selecting it would build its objects with other settings and so the eBPF object
     // once more (50 s).
-    cargo(&[
-        "test",
-        "--workspace",
-        "--exclude",
-        "shaper-ebpf",
-        // With the bench's own checks of its report (no root, no lab), and built once
-        // with the features the bench's quick run below needs.
-        "--features",
-        "shaper-tests/bench",
-        // Every test binary runs even when one fails, so a CI log shows all failures at once.
-        "--no-fail-fast",
-        "--",
-        "--test-threads=1",
-    ])?;
+    cargo(
+        &[
+            TEST_SELECTION,
+            // Every test binary runs even when one fails, so a CI log shows all failures
+            // at once.
+            &["--no-fail-fast", "--", "--test-threads=1"],
+        ]
+        .concat(),
+    )?;
     done("unit, property and lab tests");
     // The mutants of what changed since the last commit judged so (none: nothing to do).
     mutants::in_diff(&mutants::judged_base()?, 2, false)?;

@@ -60,15 +60,10 @@ pub(super) fn guest_binaries() -> Result<GuestBinaries> {
     // The same selection and features as `cargo xtask test`'s build, so nothing is built
     // twice when it runs the guests after its own tests.
     let args = [
-        "test",
-        "--workspace",
-        "--exclude",
-        "shaper-ebpf",
-        "--features",
-        "shaper-tests/bench",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ];
+        crate::TEST_SELECTION,
+        &["--no-run", "--message-format=json-render-diagnostics"],
+    ]
+    .concat();
     println!("[xtask] cargo {}", args.join(" "));
     let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(args)
