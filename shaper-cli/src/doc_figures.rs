@@ -3,8 +3,6 @@
 //! value it had when the quote was written. A changed bound fails here until the document
 //! says the new one.
 
-use std::path::Path;
-
 /// (what docs/TESTING.md says, the file, the constant, its value as the code writes it).
 const QUOTES: &[(&str, &str, &str, &str)] = &[
     (
@@ -250,7 +248,7 @@ fn constant<'a>(source: &'a str, name: &str) -> Option<&'a str> {
 
 #[test]
 fn testing_md_quotes_the_codes_own_figures() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = crate::docs::repository();
     let doc = std::fs::read_to_string(root.join("docs/TESTING.md")).expect("docs/TESTING.md");
     // Quotes may wrap: compared with every run of white space as one space.
     let doc = doc.split_whitespace().collect::<Vec<_>>().join(" ");

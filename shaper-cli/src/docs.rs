@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-fn repository() -> PathBuf {
+pub(crate) fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("shaper-cli sits in the repository")

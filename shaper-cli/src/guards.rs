@@ -6,17 +6,7 @@
 
 use crate::cli::Cli;
 use clap::CommandFactory as _;
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::{Path, PathBuf},
-};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace above shaper-cli/")
-        .to_path_buf()
-}
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Every option and positional argument, as `COMMAND PATH --long` or `COMMAND PATH
 /// VALUE` (global options once, without a command).
@@ -61,7 +51,7 @@ fn name_of(arg: &clap::Arg) -> Option<String> {
 /// tests/guards.toml: a section per kind (`options`, `fields`, `cni`), each name with
 /// its tests (`FILE::TEST`, FILE under the workspace).
 fn registry() -> BTreeMap<String, BTreeMap<String, Vec<String>>> {
-    let path = workspace().join("tests/guards.toml");
+    let path = crate::docs::repository().join("tests/guards.toml");
     let text = std::fs::read_to_string(&path).expect("tests/guards.toml");
     toml::from_str(&text).expect("tests/guards.toml: a table of name = [\"FILE::TEST\", ...]")
 }
@@ -71,7 +61,7 @@ fn is_a_test(guard: &str) -> Result<(), String> {
     let (file, test) = guard
         .rsplit_once("::")
         .ok_or_else(|| format!("{guard}: not FILE::TEST"))?;
-    let text = std::fs::read_to_string(workspace().join(file))
+    let text = std::fs::read_to_string(crate::docs::repository().join(file))
         .map_err(|_| format!("{guard}: no file {file}"))?;
     let lines: Vec<&str> = text.lines().collect();
     let at = lines

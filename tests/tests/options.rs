@@ -35,6 +35,19 @@ fn classes(ns: &Netns, args: &[&str]) -> Result<Vec<(String, String, String, u64
     Ok(rows)
 }
 
+/// Every (interface, direction) shaper is attached to in `ns`, sorted.
+fn hooked(ns: &Netns) -> Result<Vec<(String, String)>> {
+    Ok(ns
+        .attachments()?
+        .into_iter()
+        .map(|(dev, direction, _)| (dev, direction))
+        .collect())
+}
+
+fn pair(dev: &str, direction: &str) -> (String, String) {
+    (dev.to_string(), direction.to_string())
+}
+
 fn row(dev: &str, direction: &str, name: &str, mbit: u64) -> (String, String, String, u64) {
     (dev.into(), direction.into(), name.into(), mbit * 1_000_000)
 }
@@ -132,12 +145,7 @@ fn every_command_keeps_to_the_device_and_direction_it_names() -> Result<()> {
     assert_eq!(changed, [("r1", "ingress")], "{before:?} -> {after:?}");
 
     router.shaper(&["detach", ROUTER_TO_SERVER, "--direction", "ingress"])?;
-    let left: Vec<(String, String)> = router
-        .attachments()?
-        .into_iter()
-        .map(|(dev, direction, _)| (dev, direction))
-        .collect();
-    let pair = |dev: &str, direction: &str| (dev.to_string(), direction.to_string());
+    let left = hooked(router)?;
     assert_eq!(left, [pair("r0", "egress"), pair("r1", "egress")]);
     Ok(())
 }
@@ -373,12 +381,7 @@ fn attach_both_directions_with_split_aggregates_splits_the_ingress() -> Result<(
         return Ok(());
     }
     router.attach(ROUTER_TO_CLIENT, &args)?;
-    let directions: Vec<(String, String)> = router
-        .attachments()?
-        .into_iter()
-        .map(|(dev, direction, _)| (dev, direction))
-        .collect();
-    let pair = |dev: &str, direction: &str| (dev.to_string(), direction.to_string());
+    let directions = hooked(router)?;
     assert_eq!(directions, [pair("r0", "egress"), pair("r0", "ingress")]);
     let ifb = router.split_through(ROUTER_TO_CLIENT)?;
     assert!(ifb.is_some(), "the ingress splits through an ifb");

@@ -239,6 +239,23 @@ fn cargo(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// `git ARGS` in the workspace: its stdout, or an error with its stderr.
+pub fn git(args: &[&str]) -> Result<String> {
+    let output = Command::new("git")
+        .args(args)
+        .current_dir(workspace_root())
+        .output()
+        .context("cannot run git")?;
+    if !output.status.success() {
+        bail!(
+            "git {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 /// The delay line's executable (tests/src/bin/delay_line.rs).
 const DELAY_LINE: &str = "shaper-delay-line";
 

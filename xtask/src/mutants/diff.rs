@@ -5,9 +5,9 @@
 //! so CI judges every change made since.
 
 use super::{read_outcomes, run_pass, Outcomes, Pass};
-use crate::{setup, workspace_root};
+use crate::{git, setup, workspace_root};
 use anyhow::{bail, Context as _, Result};
-use std::{fmt::Write as _, fs, process::Command};
+use std::{fmt::Write as _, fs};
 
 /// The core library's modules with no kernel in them, each judged by the library's unit
 /// tests (no root, no eBPF object).
@@ -247,22 +247,6 @@ fn split_name(name: &str) -> Option<(String, String, String)> {
         mutation.trim().to_string(),
         function.trim().to_string(),
     ))
-}
-
-fn git(args: &[&str]) -> Result<String> {
-    let output = Command::new("git")
-        .args(args)
-        .current_dir(workspace_root())
-        .output()
-        .context("cannot run git")?;
-    if !output.status.success() {
-        bail!(
-            "git {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 #[cfg(test)]

@@ -82,16 +82,11 @@ pub fn bench_vm(kernels: &[String], rows: VmRows) -> Result<()> {
 /// The commit the guests run: HEAD, with `-dirty` when the tree has changes not committed
 /// (such figures are for a look, and `--publish-peers` refuses to mix them with others).
 fn commit_measured() -> Result<String> {
-    let git = |args: &[&str]| -> Result<String> {
-        let output = Command::new("git")
-            .args(args)
-            .current_dir(workspace_root())
-            .output()
-            .context("cannot run git")?;
-        anyhow::ensure!(output.status.success(), "git {} failed", args.join(" "));
-        Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
-    };
-    let head = git(&["rev-parse", "--short=12", "HEAD"])?;
-    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    let head = crate::git(&["rev-parse", "--short=12", "HEAD"])?
+        .trim()
+        .to_string();
+    let dirty = !crate::git(&["status", "--porcelain", "--untracked-files=no"])?
+        .trim()
+        .is_empty();
     Ok(if dirty { format!("{head}-dirty") } else { head })
 }
