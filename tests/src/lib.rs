@@ -39,6 +39,7 @@ pub mod sentinel;
 pub mod state_lock;
 pub mod topology;
 pub mod traffic;
+pub mod web;
 
 pub use assertions::{
     assert_goodput_fraction, assert_programs_unloaded, assert_within, loaded_program_ids,

@@ -202,7 +202,7 @@ impl Default for Udp {
 
 impl Lab {
     /// A port no earlier run of this lab used.
-    fn port(&mut self) -> u16 {
+    pub fn port(&mut self) -> u16 {
         self.next_port += 1;
         self.next_port
     }

@@ -55,6 +55,11 @@ enum Task {
         /// in target/vm/isolation-KERNEL.json and published as their own section.
         #[arg(long, requires = "vm", conflicts_with = "rows")]
         isolation: bool,
+        /// With --vm: only the held-out cells on equal terms (shaper's defaults and
+        /// `--burst 32k`, CAKE's defaults and the path's `rtt`), kept in
+        /// target/vm/heldout-KERNEL.json and published as their own section.
+        #[arg(long, requires = "vm", conflicts_with_all = ["rows", "isolation"])]
+        held_out: bool,
     },
     /// Mutation testing with cargo-mutants: every file of shaper-common (over an hour),
     /// failing below 90 % caught; or, with --in-diff, what changed since a commit in
@@ -133,12 +138,15 @@ fn run(task: Task) -> Result<()> {
             kernel,
             rows,
             isolation,
+            held_out,
         } => {
             require_root("bench")?;
             setup::setup()?;
             if vm {
                 let rows = if isolation {
                     vm::VmRows::Isolation
+                } else if held_out {
+                    vm::VmRows::HeldOut
                 } else {
                     rows.map_or(vm::VmRows::All, vm::VmRows::Named)
                 };

@@ -14,6 +14,8 @@ pub enum VmRows {
     All,
     /// The flow isolation rows: their section published.
     Isolation,
+    /// The held-out cells: their section published.
+    HeldOut,
     /// The rows whose setup contains the text: a quick look, not published.
     Named(String),
 }
@@ -22,6 +24,7 @@ pub fn bench_vm(kernels: &[String], rows: VmRows) -> Result<()> {
     let prefix = match &rows {
         VmRows::All => "peers",
         VmRows::Isolation => "isolation",
+        VmRows::HeldOut => "heldout",
         // A quick look (its tables were printed by the guest): kept apart from the
         // published figures.
         VmRows::Named(_) => "rows",
@@ -30,6 +33,8 @@ pub fn bench_vm(kernels: &[String], rows: VmRows) -> Result<()> {
         VmRows::All => {}
         // Every isolation row's setup starts so (`shaper-bench`'s `peer_setup`).
         VmRows::Isolation => super::only_peers_rows("isolation: ".to_string()),
+        // And every held-out row's with "held-out: " (`shaper-bench`'s heldout::PREFIX).
+        VmRows::HeldOut => super::only_peers_rows("held-out: ".to_string()),
         VmRows::Named(text) => super::only_peers_rows(text),
     }
     let commit = commit_measured()?;
@@ -50,13 +55,16 @@ pub fn bench_vm(kernels: &[String], rows: VmRows) -> Result<()> {
     }
     // Every kernel measured so far (one at a time is fine: `--kernel 6.12`, then 6.1),
     // newest kernel first; each table carries its kernel and date, and the bench takes
-    // each kernel's newest isolation rows from the files that have them.
+    // each kernel's newest isolation and held-out rows from the files that have them.
     let mut files: Vec<String> = std::fs::read_dir(&dir)?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| {
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
             name.is_some_and(|n| {
-                (n.starts_with("peers-") || n.starts_with("isolation-")) && n.ends_with(".json")
+                ["peers-", "isolation-", "heldout-"]
+                    .iter()
+                    .any(|prefix| n.starts_with(prefix))
+                    && n.ends_with(".json")
             })
         })
         .map(|path| path.display().to_string())

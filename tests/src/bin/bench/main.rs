@@ -14,6 +14,7 @@
 
 mod fairness;
 mod global;
+mod heldout;
 mod latency;
 mod peers;
 mod plots;

@@ -44,6 +44,11 @@ pub const PEERS: Section = Section {
     begin: "<!-- peers: written by `cargo xtask bench --vm` -->",
     end: "<!-- peers: end -->",
 };
+/// Held-out cells on equal terms (`bench --vm --held-out` alone, or the full `bench --vm`).
+pub const HELD_OUT: Section = Section {
+    begin: "<!-- held-out: written by `cargo xtask bench --vm` -->",
+    end: "<!-- held-out: end -->",
+};
 /// Flow isolation beside CAKE and htb + fq_codel (`bench --vm --isolation` alone, or the
 /// full `bench --vm`).
 pub const ISOLATION: Section = Section {
@@ -144,8 +149,9 @@ fn cases() -> Vec<PeerCase> {
     cases
 }
 
-/// Packets dropped on the bottleneck: every qdisc's drops there, and shaper's own.
-fn drops(lab: &Lab, limiter: Limiter) -> Result<u64> {
+/// Packets dropped on the bottleneck: every qdisc's drops there, and shaper's own when
+/// `shaper` is one of its rows.
+pub fn bottleneck_drops(lab: &Lab, shaper: bool) -> Result<u64> {
     let output = lab.router.run(
         "tc",
         &["-s", "-j", "qdisc", "show", "dev", ROUTER_TO_SERVER],
@@ -157,7 +163,7 @@ fn drops(lab: &Lab, limiter: Limiter) -> Result<u64> {
         .flatten()
         .filter_map(|q| q["drops"].as_u64())
         .sum();
-    if limiter.is_shaper() {
+    if shaper {
         total += lab
             .router
             .stats()?
@@ -219,7 +225,7 @@ fn one_row(case: &PeerCase) -> Result<Value> {
         "probe_p99_ms": run.added.p99_ms,
         "probes": run.added.samples,
         "probes_lost": run.added.lost,
-        "drops": drops(&lab, case.limiter)?,
+        "drops": bottleneck_drops(&lab, case.limiter.is_shaper())?,
         "bulk_series": run
             .sender_rtt_series
             .iter()
@@ -260,8 +266,10 @@ pub fn run(rows: Option<&str>) -> Result<Value> {
             runs.push(row);
         }
     }
-    // Flow isolation beside CAKE and htb + fq_codel (issue 50), after the latency rows.
+    // Flow isolation beside CAKE and htb + fq_codel (issue 50), after the latency rows,
+    // then the held-out cells (issue 52).
     let isolation = crate::fairness::beside_peers(rows)?;
+    let held_out = crate::heldout::run(rows)?;
     let report = json!({
         "kernel": kernel,
         "date": crate::date(),
@@ -272,6 +280,7 @@ pub fn run(rows: Option<&str>) -> Result<Value> {
         "rows_filter": rows,
         "rows": runs.into_iter().map(median_row).collect::<Vec<_>>(),
         "isolation": isolation,
+        "held_out": held_out,
     });
     println!("{}", table(&report));
     println!("{}", crate::fairness::peers_table(&isolation_of(&report)));
@@ -290,11 +299,12 @@ fn cases_named(rows: Option<&str>) -> Result<Vec<PeerCase>> {
         .filter(|case| case.setup().contains(text))
         .cloned()
         .collect();
-    if chosen.is_empty() && !crate::fairness::any_peer_row(text) {
+    if chosen.is_empty() && !crate::fairness::any_peer_row(text) && !crate::heldout::any_row(text) {
         let names: Vec<String> = all
             .iter()
             .map(PeerCase::setup)
             .chain(crate::fairness::peer_rows())
+            .chain(crate::heldout::row_names())
             .collect();
         bail!(
             "--rows {text:?} matches no row; the rows are: {}",
@@ -446,8 +456,9 @@ fn table(report: &Value) -> String {
 
 /// `--publish-peers FILE,FILE --report docs/BENCHMARKS.md`: writes the sections the files
 /// carry into the report in place of the last ones: the latency rows' (tables, plots,
-/// targets) from every file with them, the isolation rows' from the newest file of each
-/// kernel with them; a section no file carries is kept. Fails when a target broke.
+/// targets) from every file with them, the isolation rows' and the held-out rows' from the
+/// newest file of each kernel with them; a section no file carries is kept. The files of
+/// one section must come from one build. Fails when a target broke.
 pub fn publish(files: &[String], report: &Path) -> Result<()> {
     let mut parsed = Vec::new();
     for file in files {
@@ -456,23 +467,34 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
             .with_context(|| format!("{file} is not the bench's JSON"))?;
         parsed.push(value);
     }
-    refuse_mixed_commits(files, &parsed)?;
+    let named: Vec<(&str, &Value)> = files.iter().map(String::as_str).zip(&parsed).collect();
     let mut text = std::fs::read_to_string(report).unwrap_or_default();
     let mut all_broken = Vec::new();
-    let with_rows: Vec<&Value> = parsed
+    let with_rows: Vec<(&str, &Value)> = named
         .iter()
-        .filter(|file| file["rows"].as_array().is_some_and(|rows| !rows.is_empty()))
+        .copied()
+        .filter(|(_, file)| has_latency_rows(file))
         .collect();
     if !with_rows.is_empty() {
-        let (section, broken) = latency_section(&with_rows, report)?;
+        refuse_mixed_commits(&with_rows)?;
+        let values: Vec<&Value> = with_rows.iter().map(|(_, file)| *file).collect();
+        let (section, broken) = latency_section(&values, report)?;
         text = PEERS.replace_in(&text, &section);
         all_broken.extend(broken);
     }
-    let isolation = newest_isolation_by_kernel(&parsed);
+    let isolation = newest_by_kernel(&named, |file| !isolation_of(file).is_empty());
     if !isolation.is_empty() {
-        let (section, broken) = isolation_section(&isolation);
+        refuse_mixed_commits(&isolation)?;
+        let values: Vec<&Value> = isolation.iter().map(|(_, file)| *file).collect();
+        let (section, broken) = isolation_section(&values);
         text = ISOLATION.replace_in(&text, &section);
         all_broken.extend(broken);
+    }
+    let held_out = newest_by_kernel(&named, has_held_out_rows);
+    if !held_out.is_empty() {
+        refuse_mixed_commits(&held_out)?;
+        let values: Vec<&Value> = held_out.iter().map(|(_, file)| *file).collect();
+        text = HELD_OUT.replace_in(&text, &held_out_section(&values));
     }
     std::fs::write(report, text)?;
     println!("wrote {}", report.display());
@@ -485,18 +507,27 @@ pub fn publish(files: &[String], report: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Figures of different builds are not one comparison: every file must name the same
-/// commit (`bench --vm` writes it; a file without one is from before it did).
-fn refuse_mixed_commits(files: &[String], parsed: &[Value]) -> Result<()> {
+fn has_latency_rows(file: &Value) -> bool {
+    file["rows"].as_array().is_some_and(|rows| !rows.is_empty())
+}
+
+fn has_held_out_rows(file: &Value) -> bool {
+    file["held_out"]["rows"]
+        .as_array()
+        .is_some_and(|rows| !rows.is_empty())
+}
+
+/// Figures of different builds are not one comparison: every file of a section must name
+/// the same commit (`bench --vm` writes it; a file without one is from before it did).
+fn refuse_mixed_commits(files: &[(&str, &Value)]) -> Result<()> {
     let commit_of = |file: &Value| file["commit"].as_str().unwrap_or("unknown").to_string();
-    let mut commits: Vec<String> = parsed.iter().map(commit_of).collect();
+    let mut commits: Vec<String> = files.iter().map(|(_, file)| commit_of(file)).collect();
     commits.sort();
     commits.dedup();
     if commits.len() > 1 {
         let each: Vec<String> = files
             .iter()
-            .zip(parsed)
-            .map(|(file, value)| format!("{file}: {}", commit_of(value)))
+            .map(|(name, value)| format!("{name}: {}", commit_of(value)))
             .collect();
         bail!(
             "the figures come from {} builds ({}): measure every kernel at one commit, or \
@@ -508,22 +539,70 @@ fn refuse_mixed_commits(files: &[String], parsed: &[Value]) -> Result<()> {
     Ok(())
 }
 
-/// Of the files with isolation rows, the newest of each kernel (by its date), newest
+/// Of the files for which `has` holds, the newest of each kernel (by its date), newest
 /// kernel first.
-fn newest_isolation_by_kernel(files: &[Value]) -> Vec<&Value> {
-    let mut chosen: Vec<&Value> = Vec::new();
-    for file in files.iter().filter(|file| !isolation_of(file).is_empty()) {
+fn newest_by_kernel<'a>(
+    files: &[(&'a str, &'a Value)],
+    has: impl Fn(&Value) -> bool,
+) -> Vec<(&'a str, &'a Value)> {
+    let mut chosen: Vec<(&str, &Value)> = Vec::new();
+    for &(name, file) in files.iter().filter(|(_, file)| has(file)) {
         match chosen
             .iter_mut()
-            .find(|kept| kept["kernel"] == file["kernel"])
+            .find(|(_, kept)| kept["kernel"] == file["kernel"])
         {
-            Some(kept) if kept["date"].as_str() < file["date"].as_str() => *kept = file,
+            Some(kept) if kept.1["date"].as_str() < file["date"].as_str() => *kept = (name, file),
             Some(_) => {}
-            None => chosen.push(file),
+            None => chosen.push((name, file)),
         }
     }
-    chosen.sort_by(|a, b| b["kernel"].as_str().cmp(&a["kernel"].as_str()));
+    chosen.sort_by(|a, b| b.1["kernel"].as_str().cmp(&a.1["kernel"].as_str()));
     chosen
+}
+
+/// The held-out section: each kernel's table, losses and configurations.
+fn held_out_section(files: &[&Value]) -> String {
+    let held_out = |key: &str| {
+        files
+            .first()
+            .map_or(Value::Null, |file| file["held_out"][key].clone())
+    };
+    let mut section = format!(
+        "{}\n## Held-out cells on equal terms (Debian's kernels under qemu)\n\n\
+         `cargo xtask bench --vm --held-out` (or the full `bench --vm`) runs cells no target \
+         was set on, each a fresh lab as above with one limiter on the router's egress toward \
+         the server, and the target cell (20 Mbit/s, 40 ms, one Cubic flow) again. Every \
+         cell runs under four limiters: shaper with its defaults (a 128 KiB shape burst), \
+         shaper with `--burst 32k` (the burst tbf has in this bench, HTB's order at these \
+         rates), CAKE with its defaults (`rtt 100ms`) and CAKE with `rtt` set to the path's \
+         RTT (`datacentre` on the µs lab). Each cell runs {} times in interleaved passes \
+         (every cell under every limiter once, then again); a row is the run with the median \
+         goodput, every figure from that run, the range over the runs in brackets. Runs are \
+         {} s, figures from {} s on: goodput is the TCP flows' together over the rate (in the \
+         web mix with the short uploads started from then on and completed); Jain's index is \
+         the bulk flows'; the bulk RTT is the senders' smoothed RTT (iperf3, every 0.5 s, all \
+         flows pooled) over the idle RTT; the probe is a 20 Hz ping's RTT over the idle RTT; \
+         UDP's share is its L2 rate received over the rate; short uploads are 64 KiB each on \
+         a new connection, five a second, timed from connect to the server's answer; drops \
+         are the bottleneck's. Nothing here is a target: the figures are as measured and \
+         shaper's losses are listed.\n",
+        HELD_OUT.begin,
+        held_out("runs"),
+        held_out("run_s"),
+        held_out("steady_from_s"),
+    );
+    for file in files {
+        section.push_str(&format!(
+            "\n### {} ({}; commit {}, {})\n",
+            file["kernel"].as_str().unwrap_or("?"),
+            file["date"].as_str().unwrap_or("?"),
+            file["commit"].as_str().unwrap_or("unknown"),
+            file["accel"].as_str().unwrap_or("?"),
+        ));
+        section.push_str(&crate::heldout::table(&file["held_out"]));
+    }
+    section.push_str(&format!("\n{}\n", HELD_OUT.end));
+    section
 }
 
 /// The latency section: each file's table, its plot (written beside `report`), and the
@@ -704,16 +783,14 @@ mod tests {
 
     #[test]
     fn figures_of_two_builds_are_not_published_together() {
-        let files = ["a.json".to_string(), "b.json".to_string()];
-        let same = [json!({"commit": "abc"}), json!({"commit": "abc"})];
-        assert!(refuse_mixed_commits(&files, &same).is_ok());
-        let mixed = [json!({"commit": "abc"}), json!({"commit": "def"})];
-        let error = refuse_mixed_commits(&files, &mixed)
+        let (abc, def) = (json!({"commit": "abc"}), json!({"commit": "def"}));
+        assert!(refuse_mixed_commits(&[("a.json", &abc), ("b.json", &abc)]).is_ok());
+        let error = refuse_mixed_commits(&[("a.json", &abc), ("b.json", &def)])
             .unwrap_err()
             .to_string();
         assert!(error.contains("b.json: def"), "{error}");
-        let unstamped = [json!({"commit": "abc"}), json!({"kernel": "6.1"})];
-        assert!(refuse_mixed_commits(&files, &unstamped).is_err());
+        let unstamped = json!({"kernel": "6.1"});
+        assert!(refuse_mixed_commits(&[("a.json", &abc), ("b.json", &unstamped)]).is_err());
     }
 
     #[test]
@@ -745,10 +822,11 @@ mod tests {
             // A run before the isolation rows: nothing to publish.
             file("6.1", "2026-12-07 08:00 UTC", 0),
         ];
-        let chosen = newest_isolation_by_kernel(&files);
+        let named: Vec<(&str, &Value)> = files.iter().map(|file| ("f.json", file)).collect();
+        let chosen = newest_by_kernel(&named, |file| !isolation_of(file).is_empty());
         let seen: Vec<(&str, &str)> = chosen
             .iter()
-            .map(|f| (f["kernel"].as_str().unwrap(), f["date"].as_str().unwrap()))
+            .map(|(_, f)| (f["kernel"].as_str().unwrap(), f["date"].as_str().unwrap()))
             .collect();
         assert_eq!(
             seen,
