@@ -6,6 +6,18 @@
 /// (what docs/TESTING.md says, the file, the constant, its value as the code writes it).
 const QUOTES: &[(&str, &str, &str, &str)] = &[
     (
+        "Every cell runs 3 times in interleaved passes",
+        "tests/src/bin/bench/heldout/mod.rs",
+        "RUNS",
+        "3",
+    ),
+    (
+        "a transfer over 10 s counts as failed",
+        "tests/src/web.rs",
+        "TRANSFER_LIMIT",
+        "Duration::from_secs(10)",
+    ),
+    (
         "1 000 deterministic cases",
         "shaper-common/tests/bucket_properties.rs",
         "CASES",
