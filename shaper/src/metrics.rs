@@ -65,6 +65,8 @@ struct Families {
     global_expired: Family<Labels, Gauge>,
     flows: Family<Labels, Gauge>,
     flows_over_share: Family<Labels, Gauge>,
+    queue_delay: Family<Labels, FloatGauge>,
+    codel_target: Family<Labels, FloatGauge>,
     shape_dropped_packets: Family<Labels, Counter>,
     shape_dropped_bytes: Family<Labels, Counter>,
     fair_marked: Family<Labels, Counter>,
@@ -194,6 +196,13 @@ fn shape_metrics(shape: &crate::report::CodelRow, class: &Labels, families: &Fam
     families.flows.get_or_create(class).set(shape.flows as i64);
     let over = shape.flows_over_share as i64;
     families.flows_over_share.get_or_create(class).set(over);
+    let delay = shape.queue_delay_us as f64 / 1e6;
+    families.queue_delay.get_or_create(class).set(delay);
+    // The report spells the target as the file does ("5ms"); the alert rules compare.
+    if let Ok(target_ns) = crate::units::parse_duration_ns(&shape.target) {
+        let target = target_ns as f64 / 1e9;
+        families.codel_target.get_or_create(class).set(target);
+    }
     for (cause, packets, bytes) in [
         (
             "queue",
@@ -295,6 +304,8 @@ fn register_attachment_families(registry: &mut Registry, families: Families) {
         (global_expired, "shaper_class_global_share_expired", "1 when a global class's share expired and the packet path holds it at its floor"),
         (flows, "shaper_class_flows", "Bulk flows of a shape class in its last CoDel interval"),
         (flows_over_share, "shaper_class_flows_over_share", "Flows of a fair shape class over their fair share in its last CoDel interval"),
+        (queue_delay, "shaper_class_queue_delay_seconds", "How long the packet at the head of a shape class's queue waited (its CoDel sojourn time) now"),
+        (codel_target, "shaper_class_codel_target_seconds", "A shape class's CoDel target: the queue delay it tolerates standing"),
         (shape_dropped_packets, "shaper_class_shape_dropped_packets", "Packets a shape class dropped, by cause: queue (the class queue's CoDel or cap), fair (a flow over its fair share) or leaf (its HTB leaf: fq_codel's CoDel on a flow's own queue, or a full FIFO)"),
         (shape_dropped_bytes, "shaper_class_shape_dropped_bytes", "Bytes a shape class dropped, by cause (as shaper_class_shape_dropped_packets)"),
         (fair_marked, "shaper_class_fair_marked_packets", "Packets a fair shape class CE-marked on flows over their fair share"),
@@ -459,6 +470,8 @@ mod tests {
         for line in [
             "shaper_class_flows{class=\"vm\"} 4",
             "shaper_class_flows_over_share{class=\"vm\"} 3",
+            "shaper_class_queue_delay_seconds{class=\"vm\"} 0.0008",
+            "shaper_class_codel_target_seconds{class=\"vm\"} 0.005",
             "shaper_class_shape_dropped_packets_total{class=\"vm\",cause=\"fair\"} 7",
             "shaper_class_shape_dropped_packets_total{class=\"vm\",cause=\"queue\"} 2",
             "shaper_class_shape_dropped_bytes_total{class=\"vm\",cause=\"fair\"} 10500",

@@ -38,6 +38,71 @@ pub fn enter(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// `ip netns exec NAME shaper …` runs shaper in a mount namespace of its own with /sys
+/// mounted afresh, without the host's bpffs: pins made there would vanish when the command
+/// exits. Seen as: no bpffs on /sys/fs/bpf, a mount namespace other than the parent
+/// process's (the shell `ip` was run from: `ip netns exec` execs the command), and the
+/// network namespace of `/run/netns/NAME` (same inode); a sandbox that keeps the bpffs
+/// (systemd's) is left alone. shaper then goes back to the parent's mount namespace (its
+/// working directory kept) and goes on as `--netns NAME`: `Some(NAME)`. Where it cannot,
+/// it refuses in one line naming `--netns`. `None` when not run so.
+pub fn leave_ip_netns_exec() -> Result<Option<String>> {
+    use std::os::unix::fs::MetadataExt;
+    if bpffs_mounted_here() {
+        return Ok(None);
+    }
+    let id = |path: &str| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let parent = format!("/proc/{}/ns/mnt", nix::unistd::getppid());
+    let ours = id("/proc/self/ns/mnt");
+    if ours.is_none() || ours == id(&parent) {
+        return Ok(None);
+    }
+    let here = id("/proc/thread-self/ns/net");
+    let Ok(entries) = std::fs::read_dir(NETNS_RUN_DIR) else {
+        return Ok(None);
+    };
+    let Some(name) = entries
+        .filter_map(|entry| entry.ok())
+        .find(|entry| here.is_some() && id(&entry.path().to_string_lossy()) == here)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+    else {
+        // Another private mount namespace, without a named network namespace.
+        return Ok(None);
+    };
+    let refuse = |why: String| {
+        runtime(format!(
+            "shaper runs under `ip netns exec {name}`, whose private /sys loses shaper's pins when \
+             it exits, and cannot return to the host's mount namespace ({why}): run \
+             `shaper --netns {name} ...` instead"
+        ))
+    };
+    let cwd = std::env::current_dir().ok();
+    let host = File::open(&parent).map_err(|e| refuse(format!("{parent}: {e}")))?;
+    setns(host, CloneFlags::CLONE_NEWNS).map_err(|e| refuse(e.to_string()))?;
+    // Joining a mount namespace moves the working directory to its root.
+    if let Some(cwd) = cwd {
+        let _ = std::env::set_current_dir(cwd);
+    }
+    log::debug!(
+        "under `ip netns exec {name}`: back in the host's mount namespace, as --netns {name}"
+    );
+    Ok(Some(name))
+}
+
+/// Whether this mount namespace has a bpffs on /sys/fs/bpf (`/proc/self/mountinfo`: the
+/// mount point is the fifth field, the file system type the first after ` - `).
+fn bpffs_mounted_here() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|mounts| {
+        mounts.lines().any(|line| {
+            let mount_point = line.split(' ').nth(4);
+            let fs_type = line
+                .split_once(" - ")
+                .and_then(|(_, rest)| rest.split(' ').next());
+            mount_point == Some("/sys/fs/bpf") && fs_type == Some("bpf")
+        })
+    })
+}
+
 /// The longest interface name Linux takes (IFNAMSIZ - 1).
 pub const IFNAME_MAX: usize = 15;
 
@@ -156,9 +221,11 @@ pub fn in_namespace<T>(netns: &Option<String>, work: impl FnOnce() -> Result<T>)
 }
 
 /// `go` moves this thread into another network namespace; `work` runs there, then the
-/// thread returns to the namespace it came from.
+/// thread returns to the namespace it came from. Its own: `/proc/self` names the main
+/// thread, which may be inside another namespace at that moment (the daemon's plan while
+/// a scrape renders on another thread), and would take this thread there.
 fn round_trip<T>(go: impl FnOnce() -> Result<()>, work: impl FnOnce() -> Result<T>) -> Result<T> {
-    let home = File::open("/proc/self/ns/net")
+    let home = File::open("/proc/thread-self/ns/net")
         .map_err(|e| runtime(format!("cannot open the current network namespace: {e}")))?;
     go()?;
     let result = work();

@@ -272,6 +272,11 @@ fn free_ports<const N: usize>() -> Result<[u16; N]> {
 pub const REDIS_TLS_PREFIX: &str = "shaper-redis-tls-";
 
 impl RedisServer {
+    /// Where a server outside a cluster keeps whatever it writes (see `spawn`).
+    fn data_dir(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("shaper-redis-{}-{}", std::process::id(), self.port))
+    }
+
     pub fn start() -> Result<Self> {
         Self::launch(free_port()?, None, None)
     }
@@ -407,6 +412,15 @@ impl RedisServer {
                 "--protected-mode",
                 "yes",
             ]);
+        if self.cluster.is_none() {
+            // A replica writes what its primary sends into its working directory (a
+            // dump.rdb, even with --save ""): a directory of its own, removed on drop,
+            // never the caller's (the tests run in the source tree).
+            let dir = self.data_dir();
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            command.arg("--dir").arg(&dir);
+        }
         if let Some(primary) = self.replica_of {
             command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
             if self.tls.is_some() {
@@ -571,5 +585,6 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(self.data_dir());
     }
 }

@@ -82,6 +82,19 @@ impl Netns {
             .with_context(|| format!("setns into namespace {}", self.name))
     }
 
+    /// A TCP connection to `address` made from inside the namespace (on a thread of its
+    /// own: setns is per thread; the socket stays the namespace's wherever it is used).
+    pub fn connect(&self, address: &str) -> Result<std::net::TcpStream> {
+        let (ns, address) = (self.clone(), address.to_string());
+        std::thread::spawn(move || -> Result<std::net::TcpStream> {
+            ns.enter()?;
+            std::net::TcpStream::connect(&address)
+                .with_context(|| format!("cannot connect to {address} in {}", ns.name))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the connecting thread panicked"))?
+    }
+
     fn ip(&self, args: &[&str]) -> Result<()> {
         let mut all = vec!["-n", &self.name];
         all.extend_from_slice(args);

@@ -387,3 +387,51 @@ fn attach_both_directions_with_split_aggregates_splits_the_ingress() -> Result<(
     assert!(ifb.is_some(), "the ingress splits through an ifb");
     Ok(())
 }
+
+/// Issue 53: `ip netns exec NS shaper …` works as `shaper --netns NS …`. ip netns exec
+/// gives the command a private /sys without the host's bpffs; shaper goes back to the
+/// host's mount namespace, so its pins outlive the command and `--netns` finds them (and
+/// the other way round).
+#[test]
+fn ip_netns_exec_works_as_netns() -> Result<()> {
+    let lab = Lab::new()?;
+    let router = &lab.router;
+    let shaper = shaper_bin();
+    let exec = |args: &[&str]| -> Result<String> {
+        let output = output_bounded(
+            router
+                .command(shaper.to_str().context("a UTF-8 path")?)
+                .args(args),
+            COMMAND_LIMIT,
+        )?;
+        anyhow::ensure!(
+            output.status.success(),
+            "ip netns exec {} shaper {}: {}",
+            router.name,
+            args.join(" "),
+            stderr(&output)
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    exec(&["attach", ROUTER_TO_SERVER])?;
+    assert_eq!(hooked(router)?, [pair(ROUTER_TO_SERVER, "egress")]);
+    exec(&[
+        "class",
+        "add",
+        "web",
+        "--dev",
+        ROUTER_TO_SERVER,
+        "--rate",
+        "5mbit",
+    ])?;
+    assert_eq!(
+        classes(router, &[])?,
+        [row(ROUTER_TO_SERVER, "egress", "web", 5)]
+    );
+    router.class_add("api", ROUTER_TO_SERVER, &["--rate", "2mbit"])?;
+    let listed = exec(&["class", "list"])?;
+    assert!(listed.contains("api") && listed.contains("web"), "{listed}");
+    exec(&["detach", ROUTER_TO_SERVER])?;
+    assert!(hooked(router)?.is_empty());
+    Ok(())
+}

@@ -84,6 +84,8 @@ fn the_package_holds_every_file_and_lintian_finds_no_error() {
         "/usr/share/doc/shaper/LICENSE-APACHE".into(),
         "/usr/share/doc/shaper/changelog.Debian.gz".into(),
         "/usr/share/doc/shaper/examples/shaper.toml".into(),
+        "/usr/share/shaper/prometheus/shaper-rules.yml".into(),
+        "/usr/share/shaper/grafana/shaper.json".into(),
     ];
     wanted.extend(
         man_page_names()

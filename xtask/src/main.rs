@@ -248,6 +248,23 @@ fn cargo(args: &[&str]) -> Result<()> {
 }
 
 /// `git ARGS` in the workspace: its stdout, or an error with its stderr.
+/// Files in the work tree that git does not track (ignored ones included), outside
+/// target/.
+fn files_left_in_tree() -> Result<Vec<String>> {
+    let status = git(&[
+        "status",
+        "--porcelain",
+        "--ignored",
+        "--untracked-files=all",
+    ])?;
+    Ok(status
+        .lines()
+        .filter_map(|line| line.strip_prefix("?? ").or(line.strip_prefix("!! ")))
+        .filter(|path| !path.starts_with("target/"))
+        .map(String::from)
+        .collect())
+}
+
 pub fn git(args: &[&str]) -> Result<String> {
     let output = Command::new("git")
         .args(args)
@@ -338,6 +355,19 @@ fn run_bench(quick: bool, json: Option<PathBuf>) -> Result<()> {
     if !status.success() {
         bail!("{} failed", driver.display());
     }
+    if !quick {
+        // The dashboard drawn from a lab run with a real Prometheus, beside the report
+        // (docs/bench/dashboard.png, shown in docs/GUIDE.md).
+        let mut command = Command::new(&driver);
+        command
+            .args(["--only", "dashboard", "--report"])
+            .arg(&report)
+            .current_dir(&root);
+        println!("[xtask] {command:?}");
+        if !command.status()?.success() {
+            bail!("drawing the dashboard failed");
+        }
+    }
     Ok(())
 }
 
@@ -403,6 +433,7 @@ fn test() -> Result<()> {
     // The package tests install what `dist` built, from the debug build just made.
     std::env::set_var("SHAPER_DEB", dist::dist(dist::Profile::Dev)?);
     done("the build and the package");
+    let files_before = files_left_in_tree()?;
     // Unit, property and lab tests in one build: two invocations (the workspace's, then
     // the lab's with the bench feature) unified features differently and compiled aya,
     // shaper and their dependencies twice (a minute). One at a time, since the lab tests'
@@ -425,6 +456,16 @@ fn test() -> Result<()> {
     // The bench's quick run, so it cannot rot, with the driver the lab-test build made.
     run_bench(true, None)?;
     done("the quick bench");
+    // What the tests and the bench write belongs under target/ or in temporary
+    // directories they remove: a file that appeared in the tree (tracked or ignored) is
+    // one a test forgot (a server's snapshot in its working directory, say).
+    let left: Vec<String> = files_left_in_tree()?
+        .into_iter()
+        .filter(|file| !files_before.contains(file))
+        .collect();
+    if !left.is_empty() {
+        bail!("the tests left files in the tree: {}", left.join(", "));
+    }
     // The kernels users run (Debian 11's refusal, Debian 12's 6.1 and 6.12), CI's share.
     vm::vm_test(&[], vm::Plan::Ci)?;
     done("the guests");

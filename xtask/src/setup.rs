@@ -34,6 +34,10 @@ const PACKAGES: &[(&str, &str)] = &[
     // redis-server on a loopback port they pick (redis-cli reads its INFO).
     ("redis-server", "redis-server"),
     ("redis-tools", "redis-cli"),
+    // The alert rules' checks and unit tests (promtool), and the lab's own Prometheus and
+    // Alertmanager that scrape a daemon and deliver its alerts (on loopback ports they pick).
+    ("prometheus", "promtool"),
+    ("prometheus-alertmanager", "prometheus-alertmanager"),
     // The TLS test's private CAs and the server certificate (`rediss://`).
     ("openssl", "openssl"),
     // The package's own check (`cargo xtask dist`, the package tests), and what the
@@ -283,29 +287,35 @@ fn debian_packages() -> Result<()> {
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
     .context("apt-get install failed")?;
-    if missing.contains(&"redis-server") {
-        quiet_packaged_redis();
+    for service in SERVICES_TESTS_RUN_THEMSELVES {
+        if missing.contains(service) {
+            quiet_packaged_service(service);
+        }
     }
     Ok(())
 }
 
-/// Debian starts the packaged redis-server as a service on 127.0.0.1:6379; nothing here
-/// uses it (tests start their own, on ports they pick), so it is stopped and disabled.
-fn quiet_packaged_redis() {
-    if Path::new("/run/systemd/system").exists() {
-        step("redis-server: stopping the packaged service (tests start their own)");
-        let _ = Command::new("systemctl")
-            .args(["disable", "--now", "redis-server"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+/// Packages whose Debian service starts on install (redis-server on 127.0.0.1:6379,
+/// Prometheus on :9090 and its node exporter, Alertmanager on :9093): nothing here uses
+/// them, the tests start their own on loopback ports they pick.
+const SERVICES_TESTS_RUN_THEMSELVES: &[&str] =
+    &["redis-server", "prometheus", "prometheus-alertmanager"];
+
+/// Stops and disables a packaged service the tests do not use.
+fn quiet_packaged_service(service: &str) {
+    step(&format!(
+        "{service}: stopping the packaged service (tests start their own)"
+    ));
+    let mut command = if Path::new("/run/systemd/system").exists() {
+        let mut command = Command::new("systemctl");
+        command.args(["disable", "--now", service]);
+        command
     } else {
-        let _ = Command::new("service")
-            .args(["redis-server", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
+        let mut command = Command::new("service");
+        command.args([service, "stop"]);
+        command
+    };
+    let _ = command.stdout(Stdio::null()).stderr(Stdio::null()).status();
 }
 
 #[cfg(test)]

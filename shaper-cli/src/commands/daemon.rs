@@ -11,6 +11,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use shaper::{
     daemon::{coordinate, respond, retry_pause, Daemon},
     error::{runtime, usage},
+    metrics::Health,
 };
 use std::{
     cell::RefCell, collections::VecDeque, convert::Infallible, net::SocketAddr, rc::Rc, sync::Arc,
@@ -19,7 +20,7 @@ use std::{
 use tokio::{
     net::TcpListener,
     signal::unix::{signal, SignalKind},
-    sync::{oneshot, Semaphore},
+    sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore},
 };
 
 pub fn run(netns: Option<String>, args: DaemonArgs) -> Result<()> {
@@ -104,6 +105,10 @@ const METRICS_CONNECTIONS: usize = 64;
 /// How long a client may take to send a request's headers, and to be served in all.
 const METRICS_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const METRICS_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client may take to read its answer once it is rendered: one that never
+/// reads (its answer larger than the sockets' buffers) frees its slot then, not after
+/// [`METRICS_CONNECTION_TIMEOUT`].
+const METRICS_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The connections still waiting for their request, oldest first: each with the sender
 /// that closes it (a sender dropped as its connection is served closes nothing).
@@ -162,29 +167,18 @@ async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
             );
             daemon.borrow_mut().count_refused_connection();
         }
+        // Told when the answer is ready: from then on the client has
+        // METRICS_ANSWER_TIMEOUT to read it.
+        let answered = Rc::new(Notify::new());
         let service = {
             let (daemon, waiting, serving) = (daemon.clone(), waiting.clone(), serving.clone());
+            let answered = answered.clone();
             service_fn(move |request: Request<hyper::body::Incoming>| {
                 waiting.borrow_mut().leave(id);
                 let path = request.uri().path().to_string();
                 let health = daemon.borrow().health();
-                let slot = serving.clone().try_acquire_owned();
-                async move {
-                    let Ok(slot) = slot else {
-                        return Ok::<_, Infallible>(response(503, "text/plain", "busy\n".into()));
-                    };
-                    // The slot goes with the render: a client gone meanwhile does not
-                    // free it while the render still runs.
-                    let answer = tokio::task::spawn_blocking(move || {
-                        let _slot = slot;
-                        respond(&health, &path)
-                    })
-                    .await;
-                    let (status, content_type, body) = answer.unwrap_or_else(|error| {
-                        (500, "text/plain", format!("metrics failed: {error}\n"))
-                    });
-                    Ok::<_, Infallible>(response(status, content_type, body))
-                }
+                let slot = serving.clone().try_acquire_owned().ok();
+                answer(slot, health, path, answered.clone())
             })
         };
         let waiting = waiting.clone();
@@ -202,11 +196,39 @@ async fn serve_metrics(listener: TcpListener, daemon: Rc<RefCell<Daemon>>) {
                 },
                 // Closed for a newer connection while it still waited for its request.
                 Ok(()) = evict => {}
+                () = async {
+                    answered.notified().await;
+                    tokio::time::sleep(METRICS_ANSWER_TIMEOUT).await;
+                } => log::debug!("metrics connection: the answer was not read in time; closed"),
             }
             waiting.borrow_mut().leave(id);
             drop(connection_slot);
         });
     }
+}
+
+/// The answer to one request, rendered off the daemon's thread while `slot` is held (503
+/// without one); `answered` is told once it is ready.
+async fn answer(
+    slot: Option<OwnedSemaphorePermit>,
+    health: Health,
+    path: String,
+    answered: Rc<Notify>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let Some(slot) = slot else {
+        return Ok(response(503, "text/plain", "busy\n".into()));
+    };
+    // The slot goes with the render: a client gone meanwhile does not free it while the
+    // render still runs.
+    let answer = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        respond(&health, &path)
+    })
+    .await;
+    let (status, content_type, body) =
+        answer.unwrap_or_else(|error| (500, "text/plain", format!("metrics failed: {error}\n")));
+    answered.notify_one();
+    Ok(response(status, content_type, body))
 }
 
 fn response(status: u16, content_type: &str, body: String) -> Response<Full<Bytes>> {

@@ -16,7 +16,15 @@ use anyhow::Result;
 use shaper::state::Direction;
 
 pub fn run(cli: Cli) -> Result<()> {
-    let netns = cli.netns;
+    // `ip netns exec NS shaper …` works as `shaper --netns NS …` (its private /sys would
+    // lose the pins).
+    let netns = match cli.netns {
+        Some(name) => Some(name),
+        None if !matches!(cli.command, Command::Completions(_) | Command::Manpages(_)) => {
+            shaper::netns::leave_ip_netns_exec()?
+        }
+        None => None,
+    };
     shaper::state::set_lock_wait(std::time::Duration::from_secs(cli.wait));
     match cli.command {
         Command::Attach(args) => attach::run(netns, args),

@@ -36,16 +36,35 @@ enum Restore {
     Add,
 }
 
+/// A plan that failed: the step it failed at, as the plan prints it (none when it failed
+/// before any step), and the error.
+pub struct Failed {
+    pub step: Option<String>,
+    pub error: anyhow::Error,
+}
+
+impl Failed {
+    /// A failure outside the plan's steps (planning, the state lock).
+    pub fn unnamed(error: anyhow::Error) -> Self {
+        Self { step: None, error }
+    }
+}
+
 /// Carries out a plan, in order; each step inside its namespace. Consecutive adds to one
 /// attachment go in one batch. On a failing step the steps done are undone, newest
 /// first, and the step's error returned (with the steps that cannot be undone, detaches
 /// and forgotten pins, named in it).
 pub fn execute(plan: &Plan) -> Result<()> {
+    execute_naming_the_failure(plan).map_err(|failed| failed.error)
+}
+
+/// [`execute`], naming the step that failed (a class of a batch of adds by itself).
+pub fn execute_naming_the_failure(plan: &Plan) -> std::result::Result<(), Failed> {
     let mut done: Vec<Undo> = Vec::new();
     let mut index = 0;
     while index < plan.steps.len() {
         let (taken, result) = run_step(plan, index, &mut done);
-        if let Err(error) = result {
+        if let Err((step, error)) = result {
             let kept: Vec<String> = done
                 .iter()
                 .filter_map(|undo| match undo {
@@ -66,23 +85,28 @@ pub fn execute(plan: &Plan) -> Result<()> {
             } else {
                 error.context(format!("not undone: {}", kept.join("; ")))
             };
+            let step = Some(step);
             if failures.is_empty() {
                 if undone > 0 {
                     log::debug!("rolled back {undone} step(s) of the failed plan");
                 }
-                return Err(error);
+                return Err(Failed { step, error });
             }
-            return Err(error.context(format!("and rolling back failed: {}", failures.join("; "))));
+            let error = error.context(format!("and rolling back failed: {}", failures.join("; ")));
+            return Err(Failed { step, error });
         }
         index += taken;
     }
     Ok(())
 }
 
+/// A step's result, naming the step (as the plan prints it) when it failed.
+type StepResult = std::result::Result<(), (String, anyhow::Error)>;
+
 /// Runs the step at `index` (with the adds to one attachment after it); the steps it
 /// took and its result. What it did is pushed on `done`, a failing batch's partial adds
 /// included.
-fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<()>) {
+fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, StepResult) {
     let netns_of = |location: &Location| location.netns.clone();
     let in_ns = |location: &Location, f: &mut dyn FnMut() -> Result<()>| {
         netns::in_namespace(&netns_of(location), f)
@@ -156,7 +180,7 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, Result<(
             })
         }),
     };
-    (1, result)
+    (1, result.map_err(|error| (step.to_string(), error)))
 }
 
 /// Runs `step` on class `name`, remembering the class as it was, so that a later step's
@@ -192,7 +216,7 @@ fn add_batch(
     index: usize,
     location: &Location,
     done: &mut Vec<Undo>,
-) -> (usize, Result<()>) {
+) -> (usize, StepResult) {
     let specs: Vec<ClassSpec> = plan.steps[index..]
         .iter()
         .map_while(|step| match step {
@@ -203,8 +227,21 @@ fn add_batch(
     // Recorded first: a batch that fails midway keeps the classes before the failing one.
     let names = specs.iter().map(|spec| spec.name.clone()).collect();
     done.push(Undo::Delete(location.clone(), names));
+    // The class that failed: the first the attachment does not hold (those before it stay).
+    let mut failed: Option<&ClassSpec> = None;
     let result = netns::in_namespace(&location.netns.clone(), || {
-        classes::add_many(&Attachment::open(location)?, &specs).map(|_| ())
+        let attachment = Attachment::open(location)?;
+        classes::add_many(&attachment, &specs)
+            .map(|_| ())
+            .inspect_err(|_| {
+                failed = specs
+                    .iter()
+                    .find(|spec| !matches!(classes::find(&attachment, &spec.name), Ok(Some(_))));
+            })
+    });
+    let result = result.map_err(|error| {
+        let spec = failed.unwrap_or(&specs[0]).clone();
+        (Step::Add(location.clone(), spec).to_string(), error)
     });
     (specs.len(), result)
 }
@@ -251,4 +288,81 @@ fn undo_step(undo: Undo) -> Result<()> {
         Undo::Split(location, on) => classes::set_split(&Attachment::open(location)?, *on),
         Undo::Kept(_) => Ok(()),
     })
+}
+
+impl Step {
+    /// Where the step acts.
+    pub fn location(&self) -> &Location {
+        match self {
+            Step::Attach { location, .. }
+            | Step::Reattach(location)
+            | Step::SwitchMode { location, .. }
+            | Step::Resize { location, .. }
+            | Step::Split { location, .. }
+            | Step::Detach(location)
+            | Step::Forget(location)
+            | Step::Add(location, _)
+            | Step::Change { location, .. }
+            | Step::Replace(location, _)
+            | Step::Requeue(location, _)
+            | Step::Delete(location, _) => location,
+        }
+    }
+
+    /// The class a step adds, changes or replaces.
+    fn class(&self) -> Option<&ClassSpec> {
+        match self {
+            Step::Add(_, spec) | Step::Replace(_, spec) | Step::Change { wanted: spec, .. } => {
+                Some(spec)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `later`, a step after this one in a plan, may need this one done first:
+    /// its interface attached or reconfigured, its parent class made, or (for an add)
+    /// a class deleted that frees a name or a slot.
+    fn may_prepare(&self, later: &Step) -> bool {
+        if self.location() != later.location() {
+            return false;
+        }
+        let parent = later
+            .class()
+            .and_then(|spec| spec.tree.as_ref())
+            .map(|tree| tree.parent.as_str());
+        match self {
+            Step::Delete(..) => matches!(later, Step::Add(..)),
+            Step::Add(..) | Step::Change { .. } | Step::Replace(..) => {
+                parent.is_some_and(|parent| self.class().is_some_and(|c| c.name == parent))
+            }
+            Step::Detach(_) | Step::Forget(_) => false,
+            _ => true,
+        }
+    }
+}
+
+impl Plan {
+    /// Moves the step `failed` names (as the plan prints it) to the front, so that a
+    /// retry of a plan that failed there fails again before changing anything; false
+    /// (the order kept) when the plan has no such step or a step before it may be one
+    /// it needs ([`Step::may_prepare`]).
+    pub fn failed_step_first(&mut self, failed: &str) -> bool {
+        let Some(index) = self
+            .steps
+            .iter()
+            .position(|step| step.to_string() == failed)
+        else {
+            return false;
+        };
+        let step = &self.steps[index];
+        if self.steps[..index]
+            .iter()
+            .any(|before| before.may_prepare(step))
+        {
+            return false;
+        }
+        let step = self.steps.remove(index);
+        self.steps.insert(0, step);
+        true
+    }
 }

@@ -35,7 +35,7 @@ mod plan;
 mod schema;
 
 pub use coordination::Coordination;
-pub use execute::execute;
+pub use execute::{execute, execute_naming_the_failure, Failed};
 pub use export::export;
 pub use parse::{parse, Desired, DesiredInterface, Problem, Problems};
 pub use plan::{plan, Plan, Prune, Step};

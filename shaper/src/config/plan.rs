@@ -212,7 +212,20 @@ pub fn plan(desired: &Desired, prune: Prune) -> Result<Plan> {
             }
         }
     }
+    detaches_last(&mut plan.steps);
     Ok(plan)
+}
+
+/// Detaches and forgotten pins run last: they cannot be undone, so they come only after
+/// every step that can fail has succeeded, and a failing apply keeps every attachment it
+/// found. The order is otherwise kept (no detached location is attached again in the
+/// same plan).
+fn detaches_last(steps: &mut Vec<Step>) {
+    let (others, last): (Vec<Step>, Vec<Step>) = steps
+        .drain(..)
+        .partition(|step| !matches!(step, Step::Detach(_) | Step::Forget(_)));
+    steps.extend(others);
+    steps.extend(last);
 }
 
 fn plan_interface(interface: &DesiredInterface, plan: &mut Plan) -> Result<()> {
@@ -453,5 +466,36 @@ rate = "5mbit"
         sort_by_depth(&mut specs);
         let order: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(order, ["other", "top", "mid", "leaf"]);
+    }
+
+    fn location(dev: &str) -> Location {
+        Location {
+            netns: None,
+            dev: dev.into(),
+            direction: Direction::Egress,
+        }
+    }
+
+    #[test]
+    fn detaches_and_forgotten_pins_come_after_every_other_step() {
+        let desired = parse("good.toml", GOOD).unwrap();
+        let spec = desired.interfaces[0].classes[0].1.clone();
+        let mut steps = vec![
+            Step::Detach(location("a0")),
+            Step::Add(location("b0"), spec.clone()),
+            Step::Forget(location("c0")),
+            Step::Delete(location("b0"), "old".into()),
+            Step::Reattach(location("d0")),
+        ];
+        detaches_last(&mut steps);
+        let order: Vec<String> = steps.iter().map(|s| s.to_string()).collect();
+        assert!(
+            order[0].starts_with("add     class voip on b0"),
+            "{order:?}"
+        );
+        assert!(order[1].starts_with("delete  class old on b0"), "{order:?}");
+        assert!(order[2].starts_with("reattach d0"), "{order:?}");
+        assert!(order[3].starts_with("detach  a0"), "{order:?}");
+        assert!(order[4].starts_with("forget  c0"), "{order:?}");
     }
 }

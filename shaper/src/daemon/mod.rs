@@ -3,7 +3,10 @@
 //! - applies the file at start (an invalid file at start is the caller's error);
 //! - re-applies on [`Daemon::reload`] (SIGHUP) and when the file's content changes; an
 //!   invalid file is logged with every problem and the last good configuration stays in
-//!   force;
+//!   force; a file that parses but fails to apply is retried with backoff
+//!   ([`retry_delay`]), the step it failed at first, so that a retry that fails again
+//!   changes nothing in the kernel (no class replaced, no counter reset, no bucket
+//!   refilled);
 //! - every [`Daemon::tick`], re-checks the kernel against the last good configuration,
 //!   which re-attaches an interface that was re-created (a container restarted, a VM's
 //!   tap came back) and attaches one that appeared late;
@@ -22,8 +25,7 @@ use crate::{
     metrics::{self, Health},
     state,
 };
-use anyhow::Result;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub mod coordinate;
 mod shares;
@@ -37,12 +39,33 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// How long after its `attempts`-th failure a file that fails to apply is tried again: 1 s
+/// after the first, doubling to 60 s. A change to the file, or SIGHUP, tries at once.
+pub fn retry_delay(attempts: u32) -> Duration {
+    let doubled = 1u64 << attempts.saturating_sub(1).min(6);
+    Duration::from_secs(doubled.min(60))
+}
+
+/// A configuration that parsed but failed to apply, waiting for its next try.
+struct Pending {
+    desired: Desired,
+    /// Interfaces it dropped from the file: detached when it applies.
+    dropped: Vec<(Option<String>, String)>,
+    /// The step it failed at last (as the plan prints it), tried first next time.
+    failed_step: Option<String>,
+    attempts: u32,
+    next_try: Instant,
+}
+
 /// The daemon's state, shared by the control loop, the coordination loop and the metrics
 /// server.
 pub struct Daemon {
     file: String,
-    /// The last configuration that parsed.
+    /// The configuration in force: the last that applied (at start, the file's until a
+    /// first application fails; then nothing until it applies).
     desired: Desired,
+    /// A newer configuration that failed to apply, retried with backoff.
+    pending: Option<Pending>,
     /// The file's content as last read (to notice changes).
     last_text: Option<String>,
     health: Health,
@@ -68,6 +91,7 @@ impl Daemon {
         Self {
             file: file.to_string(),
             desired,
+            pending: None,
             last_text: std::fs::read_to_string(file).ok(),
             health: Health {
                 started_unix: unix_now(),
@@ -82,19 +106,24 @@ impl Daemon {
     }
 
     /// The first application of the file. A failure is logged and counted, not fatal:
-    /// the ticks retry (an interface may come up later).
+    /// nothing of the file is in force (all or nothing) and it is retried with backoff.
     pub fn start(&mut self) {
-        match self.converge(Prune::Nothing) {
+        let desired = std::mem::take(&mut self.desired);
+        match self.converge(&desired, Prune::Nothing, None) {
             // The lock was busy: the first tick reloads the file as if it had changed.
-            Ok(false) => self.last_text = None,
+            Ok(false) => {
+                self.desired = desired;
+                self.last_text = None;
+            }
             Ok(true) => {
+                self.desired = desired;
                 self.health.reloads_ok = 1;
                 self.health.config_valid = true;
                 self.health.last_success_unix = unix_now();
             }
-            Err(error) => {
-                log::error!("applying {} failed: {error:#}", self.file);
-                self.health.reloads_failed = 1;
+            Err(failed) => {
+                self.health.interfaces_configured = 0;
+                self.failed("start", desired, Vec::new(), failed, 0);
             }
         }
     }
@@ -124,11 +153,17 @@ impl Daemon {
             .collect()
     }
 
-    /// Plans against `desired` and carries the plan out, logging each step. Never waits
-    /// for the state lock (metrics and signals are served on this thread): when another
-    /// shaper holds it, this check is skipped and `Ok(false)` returned.
-    fn converge(&mut self, prune: Prune) -> Result<bool> {
-        let Some(_lock) = state::try_lock()? else {
+    /// Plans against `desired` and carries the plan out, logging each step; with
+    /// `failed_first`, the step a plan failed at before runs first where it can. Never
+    /// waits for the state lock (metrics and signals are served on this thread): when
+    /// another shaper holds it, this check is skipped and `Ok(false)` returned.
+    fn converge(
+        &mut self,
+        desired: &Desired,
+        prune: Prune,
+        failed_first: Option<&str>,
+    ) -> Result<bool, config::Failed> {
+        let Some(_lock) = state::try_lock().map_err(config::Failed::unnamed)? else {
             self.health.lock_busy += 1;
             if !std::mem::replace(&mut self.retry_soon, true) {
                 log::warn!("another shaper command holds the state lock; checking again shortly");
@@ -137,9 +172,14 @@ impl Daemon {
         };
         self.retry_soon = false;
         if std::mem::take(&mut self.upgrade_pending) {
-            self.upgrade_attached();
+            self.upgrade_attached(desired);
         }
-        let plan = config::plan(&self.desired, prune)?;
+        let mut plan = config::plan(desired, prune).map_err(config::Failed::unnamed)?;
+        if let Some(step) = failed_first {
+            if plan.failed_step_first(step) {
+                log::info!("trying first what failed last time");
+            }
+        }
         for step in &plan.steps {
             log::info!("{step}");
         }
@@ -150,9 +190,9 @@ impl Daemon {
             self.missing = plan.missing.clone();
         }
         self.health.interfaces_missing = plan.missing.len();
-        if let Err(error) = config::execute(&plan) {
+        if let Err(failed) = config::execute_naming_the_failure(&plan) {
             self.health.apply_errors += 1;
-            return Err(error);
+            return Err(failed);
         }
         if !plan.steps.is_empty() {
             log::info!(
@@ -167,8 +207,8 @@ impl Daemon {
     /// Swaps this build's program in on the configured interfaces that another build
     /// attached (as `shaper upgrade`); an attachment that cannot be upgraded is logged and
     /// left as it is. Called with the state lock held.
-    fn upgrade_attached(&mut self) {
-        for (netns, dev) in Self::interfaces(&self.desired) {
+    fn upgrade_attached(&mut self, desired: &Desired) {
+        for (netns, dev) in Self::interfaces(desired) {
             for direction in state::Direction::BOTH {
                 let location = state::Location {
                     netns: netns.clone(),
@@ -196,7 +236,8 @@ impl Daemon {
         }
     }
 
-    /// Reads and applies the file; on a bad file keeps the last good configuration.
+    /// Reads and applies the file (at once: a change or SIGHUP does not wait for a
+    /// pending retry); on a bad file keeps the last good configuration.
     pub fn reload(&mut self, why: &str) {
         let text = match std::fs::read_to_string(&self.file) {
             Ok(text) => text,
@@ -212,6 +253,9 @@ impl Daemon {
             }
         };
         self.last_text = Some(text.clone());
+        // What was pending is superseded by what the file says now; the step it failed at
+        // still goes first if the new plan has it (SIGHUP on an unchanged broken file).
+        let failed_step = self.pending.take().and_then(|pending| pending.failed_step);
         match config::parse(&self.file, &text) {
             Err(problems) => {
                 for line in problems.to_string().lines() {
@@ -227,48 +271,102 @@ impl Daemon {
             Ok(desired) => {
                 log::info!("{why}: applying {}", self.file);
                 // Interfaces dropped from the file are detached; others are left alone.
-                let before = Self::interfaces(&self.desired);
                 let after = Self::interfaces(&desired);
-                let dropped: Vec<_> = before.into_iter().filter(|i| !after.contains(i)).collect();
-                let previous = std::mem::replace(&mut self.desired, desired);
-                self.health.interfaces_configured = self.desired.interfaces.len();
-                match self.converge(Prune::These(&dropped)) {
-                    Ok(false) => {
-                        // Not applied yet: the next tick sees a changed file and retries.
-                        self.desired = previous;
-                        self.last_text = None;
-                    }
-                    Ok(true) => {
-                        self.health.reloads_ok += 1;
-                        self.health.config_valid = true;
-                        self.health.last_success_unix = unix_now();
-                    }
-                    Err(error) => {
-                        // The last good configuration stays the one to keep, and the
-                        // next tick tries this file again (with its interfaces to detach).
-                        log::error!(
-                            "{why}: applying failed: {error:#}; keeping the last good configuration"
-                        );
-                        self.desired = previous;
-                        self.health.interfaces_configured = self.desired.interfaces.len();
-                        self.last_text = None;
-                        self.health.reloads_failed += 1;
-                        self.health.config_valid = false;
-                    }
-                }
+                let dropped: Vec<_> = Self::interfaces(&self.desired)
+                    .into_iter()
+                    .filter(|i| !after.contains(i))
+                    .collect();
+                self.attempt(why, desired, dropped, failed_step, 0);
             }
         }
     }
 
-    /// One tick: reload when the file changed, else bring the kernel back to the file.
+    /// Applies `desired` (detaching `dropped`), trying `failed_step` first; on success it
+    /// is the configuration in force, else it waits for its next try (`attempts` so far).
+    fn attempt(
+        &mut self,
+        why: &str,
+        desired: Desired,
+        dropped: Vec<(Option<String>, String)>,
+        failed_step: Option<String>,
+        attempts: u32,
+    ) {
+        match self.converge(&desired, Prune::These(&dropped), failed_step.as_deref()) {
+            // Not applied yet (the lock was held): tried again at the next check.
+            Ok(false) => {
+                self.pending = Some(Pending {
+                    desired,
+                    dropped,
+                    failed_step,
+                    attempts,
+                    next_try: Instant::now(),
+                })
+            }
+            Ok(true) => {
+                self.desired = desired;
+                self.health.interfaces_configured = self.desired.interfaces.len();
+                self.health.reloads_ok += 1;
+                self.health.config_valid = true;
+                self.health.last_success_unix = unix_now();
+            }
+            Err(failed) => self.failed(why, desired, dropped, failed, attempts),
+        }
+    }
+
+    /// `desired` failed to apply: the last good configuration stays in force, and it is
+    /// tried again after [`retry_delay`], the step it failed at first.
+    fn failed(
+        &mut self,
+        why: &str,
+        desired: Desired,
+        dropped: Vec<(Option<String>, String)>,
+        failed: config::Failed,
+        attempts: u32,
+    ) {
+        let attempts = attempts + 1;
+        let delay = retry_delay(attempts);
+        log::error!(
+            "{why}: applying {} failed: {:#}; keeping the last good configuration, trying again in {} s",
+            self.file,
+            failed.error,
+            delay.as_secs()
+        );
+        self.health.reloads_failed += 1;
+        self.health.config_valid = false;
+        self.pending = Some(Pending {
+            desired,
+            dropped,
+            failed_step: failed.step,
+            attempts,
+            next_try: Instant::now() + delay,
+        });
+    }
+
+    /// One tick: reload when the file changed, try a pending configuration again when
+    /// its time has come, else bring the kernel back to the configuration in force.
     pub fn tick(&mut self) {
         let text = std::fs::read_to_string(&self.file).ok();
         if text != self.last_text {
             self.reload("file changed");
             return;
         }
-        if let Err(error) = self.converge(Prune::Nothing) {
-            log::error!("re-checking the configuration failed: {error:#}");
+        if let Some(pending) = self.pending.take() {
+            if Instant::now() >= pending.next_try {
+                let Pending {
+                    desired,
+                    dropped,
+                    failed_step,
+                    attempts,
+                    ..
+                } = pending;
+                self.attempt("retry", desired, dropped, failed_step, attempts);
+                return;
+            }
+            self.pending = Some(pending);
+        }
+        let desired = self.desired.clone();
+        if let Err(failed) = self.converge(&desired, Prune::Nothing, None) {
+            log::error!("re-checking the configuration failed: {:#}", failed.error);
         }
     }
 
@@ -347,5 +445,17 @@ pub fn respond(health: &Health, path: &str) -> (u16, &'static str, String) {
             "the configuration on disk is not applied (see the daemon's log)\n".to_string(),
         ),
         _ => (404, "text/plain", "try /metrics or /healthz\n".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_file_is_tried_again_after_1_s_doubling_to_60() {
+        let delays: Vec<u64> = (1..=9).map(|n| retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(retry_delay(u32::MAX), Duration::from_secs(60));
     }
 }

@@ -10,8 +10,11 @@
 //! setup contains TEXT).
 //! (`--only latency` runs the latency section alone, for a quick look; its report and
 //! JSON hold that section only and its targets are the only ones checked.)
+//! `--only dashboard [--report FILE]` draws contrib/grafana/shaper.json's panels from a
+//! lab run with a real Prometheus into `bench/dashboard.png` beside the report.
 //! (plots go to `bench/` beside the report).
 
+mod dashboard;
 mod fairness;
 mod global;
 mod heldout;
@@ -36,7 +39,7 @@ use shaper::{
 use shaper_common::{map_names, program_names, Bucket, BucketKey, Scope, FAMILY_V4, PROTO_UDP};
 use shaper_tests::{output_bounded, Lab, Netns, COMMAND_LIMIT};
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
@@ -90,11 +93,12 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                     "uploads",
                     "fairness",
                     "senders",
+                    "dashboard",
                 ]
                 .contains(&section.as_str())
                 {
                     bail!(
-                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads, senders, fairness and peers"
+                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads, senders, fairness, peers and dashboard"
                     );
                 }
                 options.only = Some(section);
@@ -116,7 +120,7 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                 options.report = Some(args.next().context("--report needs a file")?.into())
             }
             other => {
-                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|uploads|senders|fairness|peers, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
+                bail!("unknown argument {other} (expected --quick, --only latency|per-packet|forwarding|global|uploads|senders|fairness|peers|dashboard, --compare OBJECT,OBJECT, --publish-peers FILE,FILE, --rows TEXT, --json FILE, --report FILE)")
             }
         }
     }
@@ -271,6 +275,16 @@ fn main() -> Result<()> {
             bail!("broken: {}", broken.join("; "));
         }
         return Ok(());
+    }
+    if options.only.as_deref() == Some("dashboard") {
+        // The dashboard drawn from a lab run, beside the report (docs/bench/).
+        let report = options
+            .report
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("docs/BENCHMARKS.md"));
+        let dir = report.parent().unwrap_or(Path::new(".")).join("bench");
+        std::fs::create_dir_all(&dir)?;
+        return dashboard::dashboard(&dir.join("dashboard.png"));
     }
     if options.only.as_deref() == Some("senders") {
         // The every-sender section alone, printed (a quick look).

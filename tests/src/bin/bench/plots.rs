@@ -262,3 +262,75 @@ fn added_rtt_over_time(
         None,
     )
 }
+
+/// Small charts in a grid, two a row, each with its title and one line per series
+/// (x: seconds since the run's start): a dashboard's panels drawn from their data.
+pub fn panel_grid(
+    path: &Path,
+    title: &str,
+    panels: &[(String, Vec<(String, Series)>)],
+) -> Result<()> {
+    let rows = panels.len().div_ceil(2).max(1);
+    let root = BitMapBackend::new(path, (1400, 60 + 330 * rows as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let root = root.titled(title, ("sans-serif", 26)).map_err(err)?;
+    let cells = root.split_evenly((rows, 2));
+    for ((panel_title, series), cell) in panels.iter().zip(cells.iter()) {
+        let end = series
+            .iter()
+            .flat_map(|(_, points)| points.iter().map(|p| p.0))
+            .fold(1.0, f64::max);
+        let top = values(series).fold(0.0, f64::max);
+        let top = if top > 0.0 { top * 1.15 } else { 1.0 };
+        let mut chart = ChartBuilder::on(cell)
+            .caption(panel_title.as_str(), ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(28)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..end, 0.0..top)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("s")
+            .y_label_formatter(&|v| short_number(*v))
+            .draw()
+            .map_err(err)?;
+        // At most six series a panel, the rest left out of the picture (not of the data).
+        for (index, (label, points)) in series.iter().take(6).enumerate() {
+            let colour = COLOURS[index % COLOURS.len()];
+            chart
+                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
+                .map_err(err)?
+                .label(label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", 12))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// A number for an axis: 12k, 3.4M, 0.005.
+fn short_number(value: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude >= 1e9 {
+        format!("{:.1}G", value / 1e9)
+    } else if magnitude >= 1e6 {
+        format!("{:.1}M", value / 1e6)
+    } else if magnitude >= 1e3 {
+        format!("{:.0}k", value / 1e3)
+    } else if magnitude >= 10.0 || magnitude == 0.0 {
+        format!("{value:.0}")
+    } else if magnitude >= 1.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.3}")
+    }
+}
