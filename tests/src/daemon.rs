@@ -3,9 +3,8 @@
 //! HTTP answers (`/metrics`, `/healthz`).
 
 use crate::{dies_with_parent, shaper_bin, wait_bounded, BoundedCommand, Netns};
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 use std::{
-    io::{Read as _, Write as _},
     path::PathBuf,
     process::{Child, Command, Stdio},
     thread,
@@ -186,24 +185,7 @@ impl Drop for Daemon {
 
 /// GET `path` from the daemon's metrics address inside the router's namespace.
 pub fn http_get(router: &Netns, path: &str) -> Result<(u16, String)> {
-    let mut stream = router.connect("127.0.0.1:9464")?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("no HTTP status")?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    router.http_get("127.0.0.1:9464", path)
 }
 
 /// The value of the one sample whose name and labels contain all of `parts`.

@@ -131,7 +131,12 @@ impl Monitoring {
         )?;
         for address in [PROMETHEUS, ALERTMANAGER] {
             let deadline = Instant::now() + Duration::from_secs(30);
-            while get(ns, address, "/-/ready").map(|(status, _)| status).ok() != Some(200) {
+            while ns
+                .http_get(address, "/-/ready")
+                .map(|(status, _)| status)
+                .ok()
+                != Some(200)
+            {
                 if Instant::now() > deadline {
                     bail!(
                         "{address} is not ready after 30 s; logs in {}",
@@ -173,11 +178,27 @@ impl Monitoring {
     /// Prometheus's answer to an instant query: its `data.result` (an error when the
     /// query failed).
     pub fn query(&self, expr: &str) -> Result<Vec<Value>> {
-        let (status, body) = get(
-            &self.ns,
-            PROMETHEUS,
+        self.api(
+            expr,
             &format!("/api/v1/query?query={}", percent_encoded(expr)),
-        )?;
+        )
+    }
+
+    /// A range query from `start` to `end` (unix seconds) every `step` seconds: its
+    /// `data.result` (one object per series, `metric` and `values`).
+    pub fn query_range(&self, expr: &str, start: f64, end: f64, step: f64) -> Result<Vec<Value>> {
+        self.api(
+            expr,
+            &format!(
+                "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step}",
+                percent_encoded(expr)
+            ),
+        )
+    }
+
+    /// A query API call's `data.result`, or the error Prometheus gave for `expr`.
+    fn api(&self, expr: &str, path: &str) -> Result<Vec<Value>> {
+        let (status, body) = self.ns.http_get(PROMETHEUS, path)?;
         let answer: Value = serde_json::from_str(&body)
             .with_context(|| format!("Prometheus answered {status}: {body}"))?;
         if answer["status"] != "success" {
@@ -189,26 +210,19 @@ impl Monitoring {
             .unwrap_or_default())
     }
 
-    /// A range query from `start` to `end` (unix seconds) every `step` seconds: its
-    /// `data.result` (one object per series, `metric` and `values`).
-    pub fn query_range(&self, expr: &str, start: f64, end: f64, step: f64) -> Result<Vec<Value>> {
-        let (status, body) = get(
-            &self.ns,
-            PROMETHEUS,
-            &format!(
-                "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step}",
-                percent_encoded(expr)
-            ),
-        )?;
-        let answer: Value = serde_json::from_str(&body)
-            .with_context(|| format!("Prometheus answered {status}: {body}"))?;
-        if answer["status"] != "success" {
-            bail!("{expr}: {}", answer["error"]);
+    /// Waits (30 s at most) until Prometheus has scraped its target.
+    pub fn wait_until_scraped(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self
+            .query("up{job=\"shaper\"} == 1")
+            .is_ok_and(|result| !result.is_empty())
+        {
+            if Instant::now() > deadline {
+                bail!("Prometheus has not scraped the daemon in 30 s");
+            }
+            thread::sleep(Duration::from_millis(200));
         }
-        Ok(answer["data"]["result"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default())
+        Ok(())
     }
 
     /// Prometheus's clock now (unix seconds): `time()`, a scalar `[timestamp, "value"]`.
@@ -222,7 +236,7 @@ impl Monitoring {
 
     /// The alerts Prometheus holds now (pending and firing).
     pub fn alerts(&self) -> Result<Vec<Value>> {
-        let (_, body) = get(&self.ns, PROMETHEUS, "/api/v1/alerts")?;
+        let (_, body) = self.ns.http_get(PROMETHEUS, "/api/v1/alerts")?;
         let answer: Value = serde_json::from_str(&body)?;
         Ok(answer["data"]["alerts"]
             .as_array()
@@ -261,52 +275,6 @@ impl Drop for Monitoring {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A GET to `address` inside `ns`: the status and the body.
-fn get(ns: &Netns, address: &str, path: &str) -> Result<(u16, String)> {
-    let mut stream = ns.connect(address)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("no HTTP status")?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default();
-    // Prometheus answers small bodies whole; a chunked one is unwrapped.
-    Ok((status, dechunked(&response, body)))
-}
-
-/// The body of a chunked answer joined (`Transfer-Encoding: chunked`), else as it is.
-fn dechunked(response: &str, body: String) -> String {
-    if !response
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return body;
-    }
-    let mut out = String::new();
-    let mut rest = body.as_str();
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if size == 0 || after.len() < size {
-            break;
-        }
-        out.push_str(&after[..size]);
-        rest = after[size..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// A query string's value, percent-encoded.

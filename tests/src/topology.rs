@@ -95,6 +95,37 @@ impl Netns {
         .map_err(|_| anyhow::anyhow!("the connecting thread panicked"))?
     }
 
+    /// `GET path` from `address` inside the namespace, one request on its own connection:
+    /// the status and the body (a chunked body joined).
+    pub fn http_get(&self, address: &str, path: &str) -> Result<(u16, String)> {
+        use std::io::{Read as _, Write as _};
+        let mut stream = self.connect(address)?;
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .context("no HTTP status")?;
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        let chunked = head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        Ok((
+            status,
+            if chunked {
+                dechunked(body)
+            } else {
+                body.to_string()
+            },
+        ))
+    }
+
     fn ip(&self, args: &[&str]) -> Result<()> {
         let mut all = vec!["-n", &self.name];
         all.extend_from_slice(args);
@@ -356,4 +387,21 @@ impl Drop for Lab {
             remove_namespace(&ns.name);
         }
     }
+}
+
+/// A chunked HTTP body (`Transfer-Encoding: chunked`) joined.
+fn dechunked(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || after.len() < size {
+            break;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    out
 }

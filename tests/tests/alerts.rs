@@ -76,7 +76,7 @@ fn every_alert_says_what_to_do_and_is_tested_firing_and_quiet() {
 #[test]
 fn alerts_fire_and_resolve_in_a_real_prometheus() -> anyhow::Result<()> {
     use shaper_tests::{
-        daemon::{wait_for, ConfigFile, Daemon},
+        daemon::{ConfigFile, Daemon},
         monitoring::{Monitoring, EVALUATION_INTERVAL},
         Lab, Udp,
     };
@@ -102,15 +102,7 @@ fn alerts_fire_and_resolve_in_a_real_prometheus() -> anyhow::Result<()> {
     );
     let daemon = Daemon::start(&router, &file, &[])?;
     let monitoring = Monitoring::start(&router, "127.0.0.1:9464")?;
-    wait_for(
-        "Prometheus to scrape the daemon",
-        Duration::from_secs(30),
-        || {
-            Ok(monitoring
-                .query("up{job=\"shaper\"} == 1")
-                .is_ok_and(|result| !result.is_empty()))
-        },
-    )?;
+    monitoring.wait_until_scraped()?;
     // The rule's 10-minute `for:`, read as seconds.
     let hold = Duration::from_secs(10);
     let flood = Udp::at("20M", 25);

@@ -10,7 +10,7 @@
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 use shaper_tests::{
-    daemon::{wait_for, ConfigFile, Daemon},
+    daemon::{ConfigFile, Daemon},
     monitoring::Monitoring,
     Lab, Tcp, Udp,
 };
@@ -31,15 +31,7 @@ pub fn dashboard(png: &Path) -> Result<()> {
     );
     let daemon = Daemon::start(&router, &file, &[])?;
     let monitoring = Monitoring::start(&router, "127.0.0.1:9464")?;
-    wait_for(
-        "Prometheus to scrape the daemon",
-        Duration::from_secs(30),
-        || {
-            Ok(monitoring
-                .query("up{job=\"shaper\"} == 1")
-                .is_ok_and(|result| !result.is_empty()))
-        },
-    )?;
+    monitoring.wait_until_scraped()?;
     let start = monitoring.now()?;
     thread::sleep(Duration::from_secs(5));
     let tcp = Tcp {
