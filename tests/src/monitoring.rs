@@ -234,16 +234,6 @@ impl Monitoring {
             .with_context(|| format!("time() answered {answer:?}"))
     }
 
-    /// The alerts Prometheus holds now (pending and firing).
-    pub fn alerts(&self) -> Result<Vec<Value>> {
-        let (_, body) = self.ns.http_get(PROMETHEUS, "/api/v1/alerts")?;
-        let answer: Value = serde_json::from_str(&body)?;
-        Ok(answer["data"]["alerts"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default())
-    }
-
     /// The first notification of `alertname` with `status` within `limit`.
     pub fn wait_for(&self, alertname: &str, status: &str, limit: Duration) -> Result<Notification> {
         let deadline = Instant::now() + limit;
