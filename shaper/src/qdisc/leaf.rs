@@ -1,34 +1,14 @@
-//! A shape class's leaves: each one bounded FIFO (the program alone keeps the flows
+//! A shape class's leaves (made in `htb`): each one bounded FIFO (the program alone keeps the flows
 //! apart: DESIGN.md, flow isolation), and the counters tc keeps for them. Shaper 0.3
 //! made a fair class's bulk leaf an fq_codel where the kernel had one; such a leaf is
 //! still read (and the program still leaves its flows' CoDel to it) until a `class
 //! change` or an `apply` makes it a FIFO.
 
-use super::{tc, BULK_BASE, HTB_MAJOR};
+use super::htb::{BULK_BASE, HTB_MAJOR};
+use super::tc;
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
-
-/// Makes (or changes) `leaf`'s qdisc. An existing one is changed in place: replacing it
-/// would drop its queue, a burst of losses at every rate change (a global class's share
-/// moves every few seconds); one of another kind (an fq_codel leaf an earlier shaper
-/// made) is replaced.
-pub(super) fn set_leaf_qdisc(
-    dev: &str,
-    leaf: &str,
-    kind_and_options: &[&str],
-    create: bool,
-) -> Result<()> {
-    let qdisc = |verb: &str| {
-        let mut args = vec!["qdisc", verb, "dev", dev, "parent", leaf];
-        args.extend_from_slice(kind_and_options);
-        tc(&args)
-    };
-    if create || qdisc("change").is_err() {
-        qdisc("replace")?;
-    }
-    Ok(())
-}
 
 /// What a shape class's bulk leaf did itself: one FIFO, or a queue per flow (an fq_codel
 /// shaper 0.3 made), and the packets it dropped and CE-marked (tc's counters; no bytes:
@@ -76,8 +56,8 @@ fn leaf_counts_of(qdiscs: &Value) -> BTreeMap<u32, LeafCounts> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::htb::bulk_leaf;
     use super::*;
-    use crate::qdisc::bulk_leaf;
 
     #[test]
     fn bulk_leaves_counters_are_read_from_tc_by_handle() {

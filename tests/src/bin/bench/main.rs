@@ -22,6 +22,7 @@ mod latency;
 mod peers;
 mod plots;
 mod senders;
+mod shape_scale;
 mod traffic;
 mod uploads;
 
@@ -94,11 +95,12 @@ fn options_from(mut args: impl Iterator<Item = String>) -> Result<Options> {
                     "fairness",
                     "senders",
                     "dashboard",
+                    "shape-scale",
                 ]
                 .contains(&section.as_str())
                 {
                     bail!(
-                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads, senders, fairness, peers and dashboard"
+                        "--only {section}: the sections that run alone are latency, per-packet, forwarding, global, uploads, senders, fairness, peers, dashboard and shape-scale"
                     );
                 }
                 options.only = Some(section);
@@ -300,6 +302,12 @@ fn main() -> Result<()> {
         let lab = Lab::new()?;
         return compare_objects(&lab, &options.compare);
     }
+    if options.only.as_deref() == Some("shape-scale") {
+        // Shape classes at scale alone, printed (a quick look).
+        let lab = Lab::new()?;
+        shape_scale::shape_scale(&lab, effort.control_plane_classes.into())?;
+        return Ok(());
+    }
     if options.only.as_deref() == Some("forwarding") {
         // The forwarding rows alone, at the run's effort (5 rounds in the full run).
         let lab = Lab::new()?;
@@ -326,6 +334,8 @@ fn main() -> Result<()> {
         effort.control_plane_classes
     );
     let control = control_plane(&lab, &effort)?;
+    println!("== shape classes at scale");
+    let shape_scale = shape_scale::shape_scale(&lab, effort.control_plane_classes.into())?;
     drop(lab);
     // A fresh lab for traffic: the per-packet attachments above hold large maps.
     let mut lab = Lab::new()?;
@@ -366,6 +376,7 @@ fn main() -> Result<()> {
         "scaling": scaling,
         "memory": memory,
         "control_plane": control,
+        "shape_scale": shape_scale,
         "throughput": throughput,
         "sender_max_udp_bps": accuracy["sender_max_udp_bps"],
         "accuracy": accuracy["rows"],
@@ -1391,6 +1402,7 @@ fn markdown(report: &Value) -> String {
         f(&control["tree_apply_seconds"]["tc_batch_htb_u32"]),
         f(&control["tree_apply_ratio_shaper_to_tc"]),
     ));
+    out.push_str(&shape_scale::markdown(&report["shape_scale"]));
     out.push_str(&traffic_markdown(report));
     out.push_str(&latency::markdown(report));
     out.push_str(&uploads::markdown(report));
