@@ -25,7 +25,9 @@ mod leaf;
 mod netlink;
 mod redirect;
 use htb::HTB_MAJOR;
-pub(crate) use htb::{bulk_leaf, delete_class, has_class, set_class, sparse_leaf, HtbClass};
+pub(crate) use htb::{
+    bulk_leaf, delete_class, delete_classes, has_class, set_class, sparse_leaf, HtbClass,
+};
 pub(crate) use ifb::{
     check_ifb_name, ensure_ifb, ensure_splitter_ifb, has_splitter_filter, ifb_gso_max_segs,
     remove_ifb, remove_splitter_filter, remove_splitter_ifb, set_splitter_filter,

@@ -288,3 +288,80 @@ fn a_kernel_refusal_mid_batch_fails_in_one_line_and_leaves_no_half_made_class() 
     assert_eq!(class_ids(router), ids, "apply took back what it added");
     assert_eq!(htb_classes(router, ROUTER_TO_SERVER), kernel);
 }
+
+/// `class del` lines in a batch go together (one read of the state): checked first (a
+/// parent before its children is refused and nothing goes), a part of the classes leaves
+/// the others' HTB classes whole, and the last ones take shaper's root with them.
+#[test]
+fn a_batch_deletes_its_classes_together_and_the_last_take_the_root() {
+    let lab = Lab::new().unwrap();
+    let router = &lab.router;
+    router.attach(ROUTER_TO_SERVER, &[]).unwrap();
+    let shape = ["--action", "shape", "--proto", "tcp"];
+    router
+        .class_add(
+            "p",
+            ROUTER_TO_SERVER,
+            &[&["--rate", "10mbit"][..], &shape].concat(),
+        )
+        .unwrap();
+    for child in ["c1", "c2"] {
+        let options = ["--parent", "p", "--rate", "2mbit", "--dport", "80"];
+        router
+            .class_add(child, ROUTER_TO_SERVER, &[&options[..], &shape].concat())
+            .unwrap();
+    }
+    let flat = ConfigFile::new("flat", &batch_lines(50));
+    router.shaper(&["batch", "-f", flat.path()]).unwrap();
+    let del = |names: &[String]| -> String {
+        names
+            .iter()
+            .map(|name| format!("class del {name} --dev {ROUTER_TO_SERVER}\n"))
+            .collect()
+    };
+    let names = |list: &[&str]| -> Vec<String> { list.iter().map(|n| n.to_string()).collect() };
+
+    let parent_first = ConfigFile::new("parent-first", &del(&names(&["b0", "p", "c1", "c2"])));
+    let output = router.shaper_output(&["batch", "-f", parent_first.path()]);
+    let message = stderr(&output).trim().to_string();
+    assert_eq!(output.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("class del: class 'p' is the parent of c1, c2: delete or move them first"),
+        "{message}"
+    );
+    assert_eq!(class_ids(router).len(), 53, "nothing deleted");
+    assert_eq!(htb_classes(router, ROUTER_TO_SERVER).len(), 3 * 53);
+
+    let half: Vec<String> = (0..25).map(|i| format!("b{i}")).collect();
+    let half = ConfigFile::new("half", &del(&half));
+    let done = router.shaper(&["batch", "-f", half.path()]).unwrap();
+    assert!(done.contains("25 classes deleted"), "{done}");
+    let ids = class_ids(router);
+    assert_eq!(ids.len(), 28);
+    let kernel = htb_classes(router, ROUTER_TO_SERVER);
+    assert_eq!(
+        kernel.len(),
+        3 * 28,
+        "the others' HTB classes whole: {kernel:?}"
+    );
+    for id in ids.values() {
+        for handle in handles(*id) {
+            assert!(kernel.contains_key(&handle), "{handle} of class {id}");
+        }
+    }
+
+    let mut rest: Vec<String> = (25..50).map(|i| format!("b{i}")).collect();
+    rest.extend(names(&["c2", "c1", "p"]));
+    let rest = ConfigFile::new("rest", &del(&rest));
+    router.shaper(&["batch", "-f", rest.path()]).unwrap();
+    assert!(class_ids(router).is_empty());
+    assert!(htb_classes(router, ROUTER_TO_SERVER).is_empty());
+    let root = router
+        .run("tc", &["qdisc", "show", "dev", ROUTER_TO_SERVER, "root"])
+        .unwrap();
+    assert!(
+        !stdout(&root).contains("5348:"),
+        "shaper's root is gone: {}",
+        stdout(&root)
+    );
+}

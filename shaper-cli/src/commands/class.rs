@@ -70,7 +70,7 @@ fn add(netns: Option<String>, args: ClassAddArgs) -> Result<()> {
 
 /// The attachment holding class `name` on `dev`: the given direction, or the only one
 /// that has it.
-fn locate(
+pub(super) fn locate(
     netns: &Option<String>,
     dev: &str,
     name: &str,

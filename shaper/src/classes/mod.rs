@@ -35,7 +35,7 @@ pub use renewal::{renew_share, set_share, share_of, Renewal, ShareUpdate};
 pub use replace::replace;
 pub use requeue::{requeue, stale_queues};
 pub use split::{check_split, refresh_split, set_split, split_needs_ingress, split_state, Split};
-pub use table::{delete, find};
+pub use table::{delete, delete_many, find};
 
 /// Everything that defines a class.
 #[derive(Clone, Debug, PartialEq, Eq)]

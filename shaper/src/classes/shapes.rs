@@ -96,11 +96,11 @@ pub(super) struct Remaining {
     pub(super) shapes_in_use: Vec<bool>,
 }
 
-/// Computes [`Remaining`] for `classes` (id, spec, rank) without class `deleted`. Pure:
-/// it touches only the in-memory shape table.
+/// Computes [`Remaining`] for `classes` (id, spec, rank) without the classes `deleted`
+/// says are going. Pure: it touches only the in-memory shape table.
 pub(super) fn remaining_without(
     classes: &[(u32, ClassSpec, u64)],
-    deleted: u32,
+    deleted: impl Fn(u32) -> bool,
     shapes: &mut ShapeTable,
 ) -> Result<Remaining> {
     let mut remaining = Remaining {
@@ -110,8 +110,8 @@ pub(super) fn remaining_without(
     };
     for (class_id, spec, rank) in classes {
         let keys = class_entries(&spec.rule, shapes)?;
-        if *class_id == deleted {
-            remaining.deleted_keys = keys;
+        if deleted(*class_id) {
+            remaining.deleted_keys.extend(keys);
             continue;
         }
         let value = RuleValue {
@@ -212,7 +212,7 @@ mod remaining_tests {
             (2, class("urgent", "53", "5"), rank(5, 0, 3)),
         ];
         let mut shapes = empty_shapes();
-        let without_urgent = remaining_without(&classes, 2, &mut shapes).unwrap();
+        let without_urgent = remaining_without(&classes, |id| id == 2, &mut shapes).unwrap();
         assert!(!without_urgent.deleted_keys.is_empty());
         for key in &without_urgent.deleted_keys {
             assert_eq!(
@@ -220,7 +220,7 @@ mod remaining_tests {
                 "the older of two ties"
             );
         }
-        let without_older = remaining_without(&classes, 0, &mut shapes).unwrap();
+        let without_older = remaining_without(&classes, |id| id == 0, &mut shapes).unwrap();
         for key in &without_older.deleted_keys {
             assert_eq!(without_older.wanted[key].class_id, 2, "the lowest prio");
         }
@@ -233,8 +233,8 @@ mod remaining_tests {
             (1, class("a-range", "1000-1001", "10"), rank(10, 0, 2)),
         ];
         let mut shapes = empty_shapes();
-        let all = remaining_without(&classes, u32::MAX, &mut shapes).unwrap();
-        let without_range = remaining_without(&classes, 1, &mut shapes).unwrap();
+        let all = remaining_without(&classes, |_| false, &mut shapes).unwrap();
+        let without_range = remaining_without(&classes, |id| id == 1, &mut shapes).unwrap();
         let used = |r: &Remaining| r.shapes_in_use.iter().filter(|u| **u).count();
         assert!(
             used(&without_range) < used(&all),

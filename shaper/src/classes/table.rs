@@ -15,6 +15,7 @@ use crate::{
 use anyhow::Result;
 use aya::maps::MapError;
 use shaper_common::{Action, ClassConfig, ClassMeta, RuleKey, RuleValue, Shape, MAX_RULES};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Why a classifier entry could not be written, in the user's terms.
 fn rule_insert_error(error: &MapError) -> String {
@@ -98,19 +99,46 @@ pub(super) fn not_found(attachment: &Attachment, name: &str) -> anyhow::Error {
 
 /// Deletes a class; keys it owned go to the next-best class that matches them.
 pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
+    delete_many(attachment, std::slice::from_ref(&name.to_string()))
+}
+
+/// Deletes classes, reading the attachment's state once (the batch and apply path: each
+/// delete alone reads every class). Checked before anything goes: every name exists, and
+/// a parent goes only after all its children (earlier in `names`).
+pub fn delete_many(attachment: &Attachment, names: &[String]) -> Result<()> {
     let all = attachment.class_list()?;
-    let (id, _) = all
+    let by_name: HashMap<String, u32> = all
         .iter()
-        .find(|(_, m)| decode_name(&m.name) == name)
-        .cloned()
-        .ok_or_else(|| not_found(attachment, name))?;
+        .map(|(id, meta)| (decode_name(&meta.name), *id))
+        .collect();
+    let ids = names
+        .iter()
+        .map(|name| {
+            by_name
+                .get(name)
+                .copied()
+                .ok_or_else(|| not_found(attachment, name))
+        })
+        .collect::<Result<Vec<u32>>>()?;
     let tree = TreeView::read(attachment, &all)?;
-    let children: Vec<&str> = tree.children(id).map(|(_, n)| n.name.as_str()).collect();
-    if !children.is_empty() {
-        return Err(runtime(format!(
-            "class '{name}' is the parent of {}: delete or move them first",
-            children.join(", ")
-        )));
+    let mut gone = HashSet::new();
+    for (name, &id) in names.iter().zip(&ids) {
+        if gone.contains(&id) {
+            // Named twice: gone by the second time.
+            return Err(not_found(attachment, name));
+        }
+        let children: Vec<&str> = tree
+            .children(id)
+            .filter(|(child, _)| !gone.contains(*child))
+            .map(|(_, node)| node.name.as_str())
+            .collect();
+        if !children.is_empty() {
+            return Err(runtime(format!(
+                "class '{name}' is the parent of {}: delete or move them first",
+                children.join(", ")
+            )));
+        }
+        gone.insert(id);
     }
     let configs = attachment.classes()?;
     let mut shapes = ShapeTable::read(attachment)?;
@@ -122,8 +150,10 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
         wanted,
         deleted_keys,
         shapes_in_use,
-    } = remaining_without(&classes, id, &mut shapes)?;
+    } = remaining_without(&classes, |id| gone.contains(&id), &mut shapes)?;
     let mut rules = attachment.rules()?;
+    // Classes deleted together may share keys: each is rewritten once.
+    let deleted_keys: BTreeSet<_> = deleted_keys.into_iter().collect();
     let rewritten = deleted_keys
         .iter()
         .try_for_each(|key| match wanted.get(key) {
@@ -133,30 +163,38 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
                 Err(e) => Err(anyhow::Error::from(e)),
             },
         });
-    // At once (and after a failure too): the class's cached verdicts would keep its
+    // At once (and after a failure too): the classes' cached verdicts would keep their
     // packets unclassified until the end of the delete, or for good if a later step
     // failed; the search finds the next-best class.
     attachment.rules_changed()?;
     rewritten?;
-    let mut meta_map = attachment.meta()?;
-    let name = meta_map.get(&id, 0)?.name;
-    meta_map.set(id, ClassMeta::default(), 0)?;
-    match attachment.class_index()?.remove(&name) {
-        Ok(()) | Err(MapError::KeyNotFound) => {}
-        Err(e) => return Err(e.into()),
-    }
+    let (mut meta_map, mut index) = (attachment.meta()?, attachment.class_index()?);
     let mut configs = configs;
-    let config = configs.get(&id, 0)?;
-    let in_htb = config.action == Action::Shape as u8 && config.action_arg != 0;
-    configs.set(id, ClassConfig::default(), 0)?;
-    if config.global != 0 {
-        attachment
-            .shares()?
-            .set(id, shaper_common::GlobalShare::default(), 0)?;
+    let mut in_htb = Vec::new();
+    let mut shaping = false;
+    for &id in &ids {
+        let name = meta_map.get(&id, 0)?.name;
+        meta_map.set(id, ClassMeta::default(), 0)?;
+        match index.remove(&name) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let config = configs.get(&id, 0)?;
+        shaping |= config.action == Action::Shape as u8;
+        if config.action == Action::Shape as u8 && config.action_arg != 0 {
+            in_htb.push(id);
+        }
+        configs.set(id, ClassConfig::default(), 0)?;
+        if config.global != 0 {
+            attachment
+                .shares()?
+                .set(id, shaper_common::GlobalShare::default(), 0)?;
+        }
     }
-    if in_htb {
-        release_htb(attachment, &tree, id)?;
-    }
+    let htb_left = classes.iter().any(|(id, spec, _)| {
+        !gone.contains(id) && spec.action.action == Action::Shape && spec.action.arg != 0
+    });
+    release_htb(attachment, &tree, &in_htb, &gone, htb_left)?;
     // Free shapes no class uses any more.
     for (index, slot) in shapes.slots.iter_mut().enumerate() {
         if !shapes_in_use[index] {
@@ -166,21 +204,46 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
     set_shape_count(attachment, shapes.count())?;
     write_shapes(attachment, &shapes, &before)?;
     attachment.rules_changed()?;
-    if config.action == Action::Shape as u8 {
+    if shaping {
         super::shape_classes_changed(attachment);
     }
     Ok(())
 }
 
-/// A deleted shape class's HTB classes go, and its parent gives their guarantee back to
-/// its other leaves (unless the parent's queue went with a deleted ifb).
-fn release_htb(attachment: &Attachment, tree: &TreeView, id: u32) -> Result<()> {
+/// Deleted shape classes' HTB classes go (children first: `ids` in delete order), and
+/// each parent left gives their guarantee back to its other leaves (unless the parent's
+/// queue went with a deleted ifb). With no HTB class left (`htb_left`) shaper's root goes
+/// instead, all at once: the kernel walks every class of the qdisc for each class
+/// deleted (10 000 shape classes took 17 s one by one, 2 s with the root).
+fn release_htb(
+    attachment: &Attachment,
+    tree: &TreeView,
+    ids: &[u32],
+    gone: &HashSet<u32>,
+    htb_left: bool,
+) -> Result<()> {
     let queue_dev = attachment.location.queue_dev();
-    qdisc::delete_class(&queue_dev, id)?;
-    let parent = tree.classes.get(&id).and_then(|node| node.parent);
-    if let Some(parent) = parent.filter(|&parent| qdisc::has_class(&queue_dev, parent)) {
-        let tree = TreeView::read(attachment, &attachment.class_list()?)?;
-        refresh_htb(attachment, &tree, parent, 0)?;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    if !htb_left {
+        qdisc::remove_root(&queue_dev);
+        return Ok(());
+    }
+    qdisc::delete_classes(&queue_dev, ids)?;
+    let parents: BTreeSet<u32> = ids
+        .iter()
+        .filter_map(|id| tree.classes.get(id).and_then(|node| node.parent))
+        .filter(|parent| !gone.contains(parent))
+        .collect();
+    if parents.is_empty() {
+        return Ok(());
+    }
+    let tree = TreeView::read(attachment, &attachment.class_list()?)?;
+    for parent in parents {
+        if qdisc::has_class(&queue_dev, parent) {
+            refresh_htb(attachment, &tree, parent, 0)?;
+        }
     }
     Ok(())
 }

@@ -257,7 +257,7 @@ pub(super) fn rerank(attachment: &Attachment) -> Result<()> {
     let configs = attachment.classes()?;
     let classes = ranked(&all, &tree, &configs)?;
     let mut shapes = ShapeTable::read(attachment)?;
-    let wanted = remaining_without(&classes, u32::MAX, &mut shapes)?.wanted;
+    let wanted = remaining_without(&classes, |_| false, &mut shapes)?.wanted;
     let mut rules = attachment.rules()?;
     let rewritten = wanted.into_iter().try_for_each(|(key, value)| {
         if rules.get(&key, 0).ok() != Some(value) {

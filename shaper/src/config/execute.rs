@@ -174,11 +174,7 @@ fn run_step(plan: &Plan, index: usize, done: &mut Vec<Undo>) -> (usize, StepResu
             done.push(Undo::Kept(step.to_string()));
             Ok(())
         }),
-        Step::Delete(location, name) => in_ns(location, &mut || {
-            restoring(location, name, Restore::Add, done, &|attachment| {
-                classes::delete(attachment, name)
-            })
-        }),
+        Step::Delete(location, _) => return delete_batch(plan, index, location, done),
     };
     (1, result.map_err(|error| (step.to_string(), error)))
 }
@@ -244,6 +240,48 @@ fn add_batch(
         (Step::Add(location.clone(), spec).to_string(), error)
     });
     (specs.len(), result)
+}
+
+/// The deletes from `location` from `index` on, in one batch (each delete alone reads
+/// every class); the steps taken and the result. Each class deleted is recorded to be
+/// added again if a later step fails.
+fn delete_batch(
+    plan: &Plan,
+    index: usize,
+    location: &Location,
+    done: &mut Vec<Undo>,
+) -> (usize, StepResult) {
+    let names: Vec<String> = plan.steps[index..]
+        .iter()
+        .map_while(|step| match step {
+            Step::Delete(next, name) if next == location => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    let result = netns::in_namespace(&location.netns.clone(), || {
+        let attachment = Attachment::open(location)?;
+        let before = names
+            .iter()
+            .map(|name| current(&attachment, name))
+            .collect::<Result<Vec<ClassSpec>>>()?;
+        let deleted = classes::delete_many(&attachment, &names);
+        // What went, whether or not all did, is put back if this or a later step fails.
+        for spec in before {
+            if deleted.is_ok() || classes::find(&attachment, &spec.name)?.is_none() {
+                done.push(Undo::Restore(
+                    location.clone(),
+                    Box::new(spec),
+                    Restore::Add,
+                ));
+            }
+        }
+        deleted
+    });
+    let result = result.map_err(|error| {
+        let step = Step::Delete(location.clone(), names[0].clone());
+        (step.to_string(), error)
+    });
+    (names.len(), result)
 }
 
 /// The class `name` as the attachment holds it now.

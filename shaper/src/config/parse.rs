@@ -97,8 +97,12 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
             message,
         }])
     })?;
+    let line_starts = std::iter::once(0)
+        .chain(text.match_indices('\n').map(|(at, _)| at + 1))
+        .collect();
     let mut checker = FileChecker {
         text,
+        line_starts,
         found: Vec::new(),
         interfaces: BTreeMap::new(),
         global_keys: BTreeMap::new(),
@@ -140,6 +144,9 @@ pub fn parse(file: &str, text: &str) -> Result<Desired, Problems> {
 /// Checks a file's entries, collecting every problem with its line.
 pub(super) struct FileChecker<'a> {
     text: &'a str,
+    /// Where each line of `text` starts: a span's line by binary search (counting the
+    /// newlines before every class name made a 10 000-class file take 5 s to check).
+    line_starts: Vec<usize>,
     found: Vec<Problem>,
     /// Interfaces described so far, with the line that described them.
     interfaces: BTreeMap<(Option<String>, String), usize>,
@@ -149,7 +156,8 @@ pub(super) struct FileChecker<'a> {
 
 impl FileChecker<'_> {
     fn line(&self, span: Range<usize>) -> usize {
-        line_of(self.text, span)
+        self.line_starts
+            .partition_point(|&start| start <= span.start)
     }
 
     pub(super) fn report(&mut self, span: Range<usize>, field: &str, message: String) {

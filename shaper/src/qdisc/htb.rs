@@ -124,16 +124,18 @@ fn requests(
 /// device that is gone (an ifb someone deleted) took them with it; one made again never
 /// had them; a leaf never made (a failed add) is not an error.
 pub(crate) fn delete_class(dev: &str, class_id: u32) -> Result<()> {
+    delete_classes(dev, &[class_id])
+}
+
+/// [`delete_class`] for many classes (children before their parents), as many per send
+/// as fit.
+pub(crate) fn delete_classes(dev: &str, class_ids: &[u32]) -> Result<()> {
     let Ok(ifindex) = ifindex(dev) else {
         return Ok(());
     };
-    let handles = [
-        sparse_leaf(class_id),
-        bulk_leaf(class_id),
-        class_handle(class_id),
-    ];
-    let requests: Vec<Request> = handles
-        .into_iter()
+    let requests: Vec<Request> = class_ids
+        .iter()
+        .flat_map(|&id| [sparse_leaf(id), bulk_leaf(id), class_handle(id)])
         .map(|classid| Request::delete_class(dev, ifindex, classid))
         .collect();
     netlink::run(&requests)

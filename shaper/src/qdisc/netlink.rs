@@ -212,8 +212,11 @@ fn with_connection<T>(work: impl FnOnce(&mut Connection) -> Result<T>) -> Result
     })
 }
 
-/// A datagram's worth of requests: the kernel handles a send's messages in order.
+/// A send's worth of requests: the kernel handles a send's messages in order, and its
+/// answers must fit the socket's receive buffer until read (each costs about a kilobyte
+/// there: 277 of them fill the default 208 KiB, and the kernel drops the rest).
 const SEND_BYTES: usize = 32 * 1024;
+const SEND_REQUESTS: usize = 64;
 
 /// Sends `requests` in order and checks every acknowledgement; the first refusal, in
 /// one line. The kernel goes on with the requests after a refused one (each is its own
@@ -275,7 +278,7 @@ fn serialize(connection: &mut Connection, requests: &[Request]) -> (usize, Vec<u
         );
         message.finalize();
         let length = message.buffer_len();
-        if count > 0 && bytes.len() + length > SEND_BYTES {
+        if count > 0 && (bytes.len() + length > SEND_BYTES || count == SEND_REQUESTS) {
             break;
         }
         connection.sequence = connection.sequence.wrapping_add(1);

@@ -23,6 +23,7 @@ const PURE_MODULES: &[&str] = &[
     "shaper/src/global/tracker.rs",
     "shaper/src/global/answer.rs",
     "shaper/src/cni/limits.rs",
+    "shaper/src/qdisc/netlink/options.rs",
 ];
 
 /// The passes of an in-diff run, each given the diff of its own files.

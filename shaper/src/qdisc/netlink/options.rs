@@ -174,6 +174,8 @@ mod tests {
         init.emit_value(&mut bytes);
         let fields: Vec<u32> = (0..5).map(|i| u32_at(&bytes, i * 4)).collect();
         assert_eq!(fields, [3, 10, 0x10, 0, 0]);
+        // fq (the EDT root) with the kernel's defaults: its kind alone.
+        assert_eq!(plain("fq"), [TcAttribute::Kind("fq".into())]);
         // A bfifo's limit is the bare struct, not nested attributes.
         let fifo = bfifo(250_000);
         assert_eq!(
