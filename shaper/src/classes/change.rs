@@ -222,12 +222,16 @@ pub(crate) fn apply(attachment: &Attachment, name: &str, change: Change) -> Resu
     let htb = shaping && config.action_arg != 0;
     if htb && (change.rate_bits_per_sec.is_some() || placement.moved()) {
         // The parents' own leaves are guaranteed what their children are not.
-        let tree = TreeView::read(attachment, &attachment.class_list()?)?;
-        for parent in [placement.old_parent, placement.new_parent]
+        let parents: Vec<u32> = [placement.old_parent, placement.new_parent]
             .into_iter()
             .flatten()
-        {
-            refresh_htb(attachment, &tree, parent, 0)?;
+            .collect();
+        // Read only for a class in a tree (each read is every class's).
+        if !parents.is_empty() {
+            let tree = TreeView::read(attachment, &attachment.class_list()?)?;
+            for parent in parents {
+                refresh_htb(attachment, &tree, parent, 0)?;
+            }
         }
     }
     Ok(())

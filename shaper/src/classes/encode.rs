@@ -237,6 +237,8 @@ pub(crate) fn bucket_cost(
 /// Reads every class of an attachment with its counters.
 pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
     let configs = attachment.classes()?;
+    // Opened once: each open is a syscall and a descriptor to close.
+    let stats = attachment.stats()?;
     let list = attachment.class_list()?;
     let names: std::collections::HashMap<u32, String> = list
         .iter()
@@ -252,7 +254,7 @@ pub fn read_classes(attachment: &Attachment) -> Result<Vec<ClassView>> {
             id,
             spec,
             seq: meta.seq,
-            stats: attachment.class_stats(id)?,
+            stats: crate::state::summed(&stats.get(&id, 0)?),
         });
     }
     Ok(views)

@@ -2,11 +2,7 @@
 //! ([`encode`](mod@encode)), the rule shapes its entries use ([`shapes`](mod@shapes)), and
 //! adding, changing and deleting classes ([`table`](mod@table)).
 
-use crate::{
-    actions::ActionSpec,
-    rules::Rule,
-    state::{encode_name, Attachment},
-};
+use crate::{actions::ActionSpec, rules::Rule, state::encode_name};
 use anyhow::Result;
 use shaper_common::{
     codel::{CodelConfig, DEFAULT_INTERVAL_NS, DEFAULT_TARGET_NS, FRAME_BYTES},
@@ -34,7 +30,10 @@ pub use encode::{read_class, read_classes};
 pub use renewal::{renew_share, set_share, share_of, Renewal, ShareUpdate};
 pub use replace::replace;
 pub use requeue::{requeue, stale_queues};
-pub use split::{check_split, refresh_split, set_split, split_needs_ingress, split_state, Split};
+pub use split::{
+    check_split, refresh_split, set_split, shape_classes_changed, split_needs_ingress, split_state,
+    Split,
+};
 pub use table::{delete, delete_many, find};
 
 /// Everything that defines a class.
@@ -390,55 +389,6 @@ pub struct ClassView {
     pub spec: ClassSpec,
     pub seq: u64,
     pub stats: ClassStats,
-}
-
-/// After every add, change and delete that involves a shape class: on egress the
-/// device's aggregate cap follows its shape classes (`crate::state::aggregates`); on
-/// ingress the ifb goes with the last shape class unless it splits aggregates (also after
-/// a failed add or a rolled back apply); and after a re-attach (a re-created device has its own value again). Best effort: the classes are in place whatever happens here, so a
-/// device that refuses the cap is logged, not an error.
-pub fn shape_classes_changed(attachment: &Attachment) {
-    let location = &attachment.location;
-    let slowest = read_classes(attachment).map(|views| {
-        views
-            .iter()
-            .filter(|view| view.spec.action.action == shaper_common::Action::Shape)
-            .map(|view| view.spec.drain().0)
-            .min()
-    });
-    if location.direction == crate::state::Direction::Ingress {
-        let splitting = !matches!(split_state(attachment), Ok(Split::Off));
-        if let (Ok(None), false) = (slowest, splitting) {
-            crate::qdisc::remove_ifb(&location.dev);
-        }
-        return;
-    }
-    let Ok(slowest) = slowest else {
-        log::warn!(
-            "{}: cannot read the classes; aggregates stay as they were",
-            location.describe()
-        );
-        return;
-    };
-    if let Err(error) = crate::state::aggregates::refresh(location, slowest) {
-        log::warn!(
-            "{}: aggregates stay as they were ({error:#}); a TSO sender on this host may queue \
-             up to 64 KiB at a time in its shape classes",
-            location.describe()
-        );
-    }
-    if attachment
-        .globals()
-        .is_ok_and(|globals| globals.link_header_len == 0)
-    {
-        return;
-    }
-    if let Err(error) = crate::state::splitter::refresh(attachment, slowest) {
-        log::warn!(
-            "{}: forwarded aggregates reach the shape classes whole ({error:#})",
-            location.describe()
-        );
-    }
 }
 
 /// Validates a class name without touching state.

@@ -6,6 +6,7 @@
 //! classes queue on), whose `gso_max_segs` of 1 cuts aggregates into wire-size segments
 //! before it gives them back to the interface past the hook.
 
+use super::ClassSpec;
 use crate::{
     error::runtime,
     qdisc,
@@ -110,4 +111,62 @@ pub fn split_state(attachment: &Attachment) -> Result<Split> {
         Ok(index) if index == pointed => Split::On(name),
         _ => Split::Stale(name),
     })
+}
+
+/// The drain rate of the attachment's slowest shape class, from each class's meta and
+/// config alone (no counters: this runs after every shape class's change).
+fn slowest_shape_drain(attachment: &Attachment) -> Result<Option<u64>> {
+    let configs = attachment.classes()?;
+    let mut slowest: Option<u64> = None;
+    for (id, meta) in attachment.class_list()? {
+        let config = configs.get(&id, 0)?;
+        if config.action == shaper_common::Action::Shape as u8 {
+            let rate = ClassSpec::from_meta(&meta, &config).drain().0;
+            slowest = Some(slowest.map_or(rate, |slowest| slowest.min(rate)));
+        }
+    }
+    Ok(slowest)
+}
+
+/// After every add, change and delete that involves a shape class: on egress the
+/// device's aggregate cap follows its shape classes (`crate::state::aggregates`); on
+/// ingress the ifb goes with the last shape class unless it splits aggregates (also after
+/// a failed add or a rolled back apply); and after a re-attach (a re-created device has its own value again). Best effort: the classes are in place whatever happens here, so a
+/// device that refuses the cap is logged, not an error.
+pub fn shape_classes_changed(attachment: &Attachment) {
+    let location = &attachment.location;
+    let slowest = slowest_shape_drain(attachment);
+    if location.direction == crate::state::Direction::Ingress {
+        let splitting = !matches!(split_state(attachment), Ok(Split::Off));
+        if let (Ok(None), false) = (slowest, splitting) {
+            crate::qdisc::remove_ifb(&location.dev);
+        }
+        return;
+    }
+    let Ok(slowest) = slowest else {
+        log::warn!(
+            "{}: cannot read the classes; aggregates stay as they were",
+            location.describe()
+        );
+        return;
+    };
+    if let Err(error) = crate::state::aggregates::refresh(location, slowest) {
+        log::warn!(
+            "{}: aggregates stay as they were ({error:#}); a TSO sender on this host may queue \
+             up to 64 KiB at a time in its shape classes",
+            location.describe()
+        );
+    }
+    if attachment
+        .globals()
+        .is_ok_and(|globals| globals.link_header_len == 0)
+    {
+        return;
+    }
+    if let Err(error) = crate::state::splitter::refresh(attachment, slowest) {
+        log::warn!(
+            "{}: forwarded aggregates reach the shape classes whole ({error:#})",
+            location.describe()
+        );
+    }
 }

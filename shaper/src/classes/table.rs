@@ -107,39 +107,8 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
 /// a parent goes only after all its children (earlier in `names`).
 pub fn delete_many(attachment: &Attachment, names: &[String]) -> Result<()> {
     let all = attachment.class_list()?;
-    let by_name: HashMap<String, u32> = all
-        .iter()
-        .map(|(id, meta)| (decode_name(&meta.name), *id))
-        .collect();
-    let ids = names
-        .iter()
-        .map(|name| {
-            by_name
-                .get(name)
-                .copied()
-                .ok_or_else(|| not_found(attachment, name))
-        })
-        .collect::<Result<Vec<u32>>>()?;
     let tree = TreeView::read(attachment, &all)?;
-    let mut gone = HashSet::new();
-    for (name, &id) in names.iter().zip(&ids) {
-        if gone.contains(&id) {
-            // Named twice: gone by the second time.
-            return Err(not_found(attachment, name));
-        }
-        let children: Vec<&str> = tree
-            .children(id)
-            .filter(|(child, _)| !gone.contains(*child))
-            .map(|(_, node)| node.name.as_str())
-            .collect();
-        if !children.is_empty() {
-            return Err(runtime(format!(
-                "class '{name}' is the parent of {}: delete or move them first",
-                children.join(", ")
-            )));
-        }
-        gone.insert(id);
-    }
+    let (ids, gone) = delete_order(attachment, &all, &tree, names)?;
     let configs = attachment.classes()?;
     let mut shapes = ShapeTable::read(attachment)?;
     let before = ShapeTable {
@@ -168,11 +137,74 @@ pub fn delete_many(attachment: &Attachment, names: &[String]) -> Result<()> {
     // failed; the search finds the next-best class.
     attachment.rules_changed()?;
     rewritten?;
+    let (in_htb, shaping) = forget(attachment, configs, &ids)?;
+    let htb_left = classes.iter().any(|(id, spec, _)| {
+        !gone.contains(id) && spec.action.action == Action::Shape && spec.action.arg != 0
+    });
+    release_htb(attachment, &tree, &in_htb, &gone, htb_left)?;
+    // Free shapes no class uses any more.
+    for (index, slot) in shapes.slots.iter_mut().enumerate() {
+        if !shapes_in_use[index] {
+            *slot = Shape::default();
+        }
+    }
+    set_shape_count(attachment, shapes.count())?;
+    write_shapes(attachment, &shapes, &before)?;
+    attachment.rules_changed()?;
+    if shaping {
+        super::shape_classes_changed(attachment);
+    }
+    Ok(())
+}
+
+/// The ids of `names`, checked before anything goes: each exists and is named once, and
+/// a parent comes only after all its children.
+fn delete_order(
+    attachment: &Attachment,
+    all: &[(u32, ClassMeta)],
+    tree: &TreeView,
+    names: &[String],
+) -> Result<(Vec<u32>, HashSet<u32>)> {
+    let by_name: HashMap<String, u32> = all
+        .iter()
+        .map(|(id, meta)| (decode_name(&meta.name), *id))
+        .collect();
+    let mut ids = Vec::with_capacity(names.len());
+    let mut gone = HashSet::new();
+    for name in names {
+        let id = by_name
+            .get(name)
+            .copied()
+            .filter(|id| !gone.contains(id))
+            .ok_or_else(|| not_found(attachment, name))?;
+        let children: Vec<&str> = tree
+            .children(id)
+            .filter(|(child, _)| !gone.contains(*child))
+            .map(|(_, node)| node.name.as_str())
+            .collect();
+        if !children.is_empty() {
+            return Err(runtime(format!(
+                "class '{name}' is the parent of {}: delete or move them first",
+                children.join(", ")
+            )));
+        }
+        ids.push(id);
+        gone.insert(id);
+    }
+    Ok((ids, gone))
+}
+
+/// Clears the classes' meta, name, config and share; the ids of those shaped through
+/// HTB, and whether any was a shape class.
+fn forget(
+    attachment: &Attachment,
+    mut configs: aya::maps::Array<aya::maps::MapData, ClassConfig>,
+    ids: &[u32],
+) -> Result<(Vec<u32>, bool)> {
     let (mut meta_map, mut index) = (attachment.meta()?, attachment.class_index()?);
-    let mut configs = configs;
     let mut in_htb = Vec::new();
     let mut shaping = false;
-    for &id in &ids {
+    for &id in ids {
         let name = meta_map.get(&id, 0)?.name;
         meta_map.set(id, ClassMeta::default(), 0)?;
         match index.remove(&name) {
@@ -191,23 +223,7 @@ pub fn delete_many(attachment: &Attachment, names: &[String]) -> Result<()> {
                 .set(id, shaper_common::GlobalShare::default(), 0)?;
         }
     }
-    let htb_left = classes.iter().any(|(id, spec, _)| {
-        !gone.contains(id) && spec.action.action == Action::Shape && spec.action.arg != 0
-    });
-    release_htb(attachment, &tree, &in_htb, &gone, htb_left)?;
-    // Free shapes no class uses any more.
-    for (index, slot) in shapes.slots.iter_mut().enumerate() {
-        if !shapes_in_use[index] {
-            *slot = Shape::default();
-        }
-    }
-    set_shape_count(attachment, shapes.count())?;
-    write_shapes(attachment, &shapes, &before)?;
-    attachment.rules_changed()?;
-    if shaping {
-        super::shape_classes_changed(attachment);
-    }
-    Ok(())
+    Ok((in_htb, shaping))
 }
 
 /// Deleted shape classes' HTB classes go (children first: `ids` in delete order), and

@@ -362,12 +362,7 @@ impl Attachment {
 
     /// Per-class counters summed over CPUs.
     pub fn class_stats(&self, class_id: u32) -> Result<ClassStats> {
-        let per_cpu = self.stats()?.get(&class_id, 0)?;
-        let mut sum = ClassStats::default();
-        for cpu in per_cpu.iter() {
-            sum.accumulate(cpu);
-        }
-        Ok(sum)
+        Ok(summed(&self.stats()?.get(&class_id, 0)?))
     }
 
     /// Where the attachment stands. Run inside the attachment's network namespace: the
@@ -443,4 +438,13 @@ impl Attachment {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// A class's counters summed over CPUs.
+pub fn summed(per_cpu: &aya::maps::PerCpuValues<ClassStats>) -> ClassStats {
+    let mut sum = ClassStats::default();
+    for cpu in per_cpu.iter() {
+        sum.accumulate(cpu);
+    }
+    sum
 }

@@ -27,7 +27,7 @@ mod shape_flows;
 pub(crate) mod splitter;
 mod upgrade;
 
-pub use attachment::{Attachment, AttachmentStatus, KeyCensus, KeyPressure};
+pub use attachment::{summed, Attachment, AttachmentStatus, KeyCensus, KeyPressure};
 pub use loader::{
     attach_fresh, detach, forget, load_object, load_object_bytes, reattach, switch_mode,
 };
