@@ -1003,7 +1003,11 @@ fn tcp_through_a_global_shape_class_fills_the_limit() -> Result<()> {
     tcp_through(false)
 }
 
+/// Out of the suite (47 s of its 30 minutes): the fill is the same Lua on either
+/// backend, and the cluster's client is held by the failover test and the cluster twins
+/// of the bad days. `cargo test --test global -- --ignored` runs it.
 #[test]
+#[ignore = "the standalone twin runs in the suite: cargo test --test global -- --ignored"]
 fn tcp_through_a_global_shape_class_fills_the_limit_in_a_cluster() -> Result<()> {
     tcp_through(true)
 }
