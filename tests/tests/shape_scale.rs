@@ -168,6 +168,24 @@ fn a_thousand_shape_classes_apply_read_back_and_a_hundred_change_in_one_apply() 
     assert_in_the_kernel(router, 100);
 }
 
+/// An HTB class of someone else's, made with tc in shaper's root at `classid`.
+fn add_theirs(router: &Netns, classid: &str) {
+    let tc = [
+        "class",
+        "add",
+        "dev",
+        ROUTER_TO_SERVER,
+        "parent",
+        "5348:",
+        "classid",
+        classid,
+    ];
+    let output = router
+        .run("tc", &[&tc[..], &["htb", "rate", "1mbit"]].concat())
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
 /// Lines adding `count` shape classes b0, b1, … to the router's device.
 fn batch_lines(count: usize) -> String {
     (0..count)
@@ -196,20 +214,7 @@ fn a_kernel_refusal_mid_batch_fails_in_one_line_and_leaves_no_half_made_class() 
         .unwrap();
     // A class of someone else's where the batch's 500th class (id 500) will want its own.
     let taken = "5348:1f5";
-    let tc = [
-        "class",
-        "add",
-        "dev",
-        ROUTER_TO_SERVER,
-        "parent",
-        "5348:",
-        "classid",
-        taken,
-    ];
-    let output = router
-        .run("tc", &[&tc[..], &["htb", "rate", "1mbit"]].concat())
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr(&output));
+    add_theirs(router, taken);
     let file = ConfigFile::new("mid-batch", &batch_lines(CLASSES));
     let output = router.shaper_output(&["batch", "-f", file.path()]);
     let message = stderr(&output).trim().to_string();
@@ -250,20 +255,7 @@ fn a_kernel_refusal_mid_batch_fails_in_one_line_and_leaves_no_half_made_class() 
     let moved = "5348:2bd";
     let tc_del = ["class", "del", "dev", ROUTER_TO_SERVER, "classid", taken];
     assert!(router.run("tc", &tc_del).unwrap().status.success());
-    let tc = [
-        "class",
-        "add",
-        "dev",
-        ROUTER_TO_SERVER,
-        "parent",
-        "5348:",
-        "classid",
-        moved,
-    ];
-    let output = router
-        .run("tc", &[&tc[..], &["htb", "rate", "1mbit"]].concat())
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr(&output));
+    add_theirs(router, moved);
     let kernel = htb_classes(router, ROUTER_TO_SERVER);
     let mut wanted = router.shaper(&["export"]).unwrap();
     for i in 499..CLASSES {
