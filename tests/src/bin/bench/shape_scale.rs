@@ -114,7 +114,9 @@ pub(crate) fn shape_scale(lab: &Lab, count: u32) -> Result<Value> {
             "7mbit",
         ],
     ))?;
-    let exported = router.shaper(&["export"])?;
+    // This device's classes only: the bench's other sections leave attachments in the
+    // same namespace, which a whole export would apply too.
+    let exported = router.shaper(&["export", "--dev", "ss0"])?;
     let deletes: Vec<String> = (0..count)
         .map(|i| format!("class del s{i} --dev ss0"))
         .collect();
