@@ -35,7 +35,7 @@ pub(crate) use ifb::{
 pub use ifb::{ifb_name, splitter_ifb_name};
 pub(crate) use leaf::bulk_leaf_counts;
 pub use leaf::LeafCounts;
-use netlink::Request;
+use netlink::{handle_text, Request};
 pub(crate) use redirect::require_ifb_redirect;
 pub use redirect::{ifb_redirect_works, IFB_REDIRECT_KERNEL};
 
@@ -109,10 +109,6 @@ pub(crate) fn clsact_filter_of(dev: &str, direction: &str, program_id: u32) -> R
                  run `shaper attach {dev}` to re-hook it first"
             ))
         })
-}
-
-fn handle_text(handle: u32) -> String {
-    format!("{:x}:{:x}", handle >> 16, handle & 0xffff)
 }
 
 /// (kind, handle) of the root qdisc, if the kernel shows one.

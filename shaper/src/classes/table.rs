@@ -106,6 +106,9 @@ pub fn delete(attachment: &Attachment, name: &str) -> Result<()> {
 /// delete alone reads every class). Checked before anything goes: every name exists, and
 /// a parent goes only after all its children (earlier in `names`).
 pub fn delete_many(attachment: &Attachment, names: &[String]) -> Result<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
     let all = attachment.class_list()?;
     let tree = TreeView::read(attachment, &all)?;
     let (ids, gone) = delete_order(attachment, &all, &tree, names)?;

@@ -304,13 +304,15 @@ fn undo_step(undo: Undo) -> Result<()> {
     netns::in_namespace(&location.netns.clone(), || match &undo {
         Undo::Delete(location, names) => {
             let attachment = Attachment::open(location)?;
-            // Newest first: a child added after its parent goes before it.
+            // Newest first: a child added after its parent goes before it. Together: each
+            // delete alone reads every class.
+            let mut present = Vec::new();
             for name in names.iter().rev() {
                 if classes::find(&attachment, name)?.is_some() {
-                    classes::delete(&attachment, name)?;
+                    present.push(name.clone());
                 }
             }
-            Ok(())
+            classes::delete_many(&attachment, &present)
         }
         Undo::Restore(location, before, how) => {
             let attachment = Attachment::open(location)?;

@@ -32,7 +32,7 @@ pub(crate) struct Request {
     absent: &'static [i32],
 }
 
-fn handle_text(handle: u32) -> String {
+pub(super) fn handle_text(handle: u32) -> String {
     format!("{:x}:{:x}", handle >> 16, handle & 0xffff)
 }
 
